@@ -1,0 +1,51 @@
+# kwq: the two commands of the README, plus helpers.
+#   make run   - install missing Debian packages, build Release, run the main job
+#   make test  - the same set-up, then every test: ASan+UBSan (gcc, Debug), TSan (gcc),
+#                and clang with -Wthread-safety -Werror
+JOBS ?= 2
+CMAKE_GEN := -G Ninja
+CTEST := ctest --output-on-failure -j$(JOBS) --timeout 120
+
+.PHONY: run test setup release asan tsan clang bench scenarios clean format
+
+setup:
+	@bash scripts/setup.sh
+
+release: setup
+	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=OFF >/dev/null
+	@cmake --build build/release -j$(JOBS)
+
+run: release
+	./build/release/examples/context_timer_example
+
+asan: setup
+	cmake -S . -B build/asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ \
+	  -DKWQ_SANITIZE=address,undefined -DKWQ_INSTALL_TEST=ON -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
+	cmake --build build/asan -j$(JOBS)
+	cd build/asan && $(CTEST)
+
+tsan: setup
+	cmake -S . -B build/tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=g++ \
+	  -DKWQ_SANITIZE=thread -DKWQ_BUILD_BENCHMARKS=OFF -DKWQ_BUILD_TOOLS=OFF >/dev/null
+	cmake --build build/tsan -j$(JOBS)
+	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(CTEST)
+
+clang: setup
+	cmake -S . -B build/clang $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
+	  -DKWQ_THREAD_SAFETY=ON >/dev/null
+	cmake --build build/clang -j$(JOBS)
+	cd build/clang && $(CTEST)
+
+test: asan tsan clang
+
+bench: release
+	./build/release/bench/kwq_bench --benchmark_min_time=0.2
+
+scenarios: release
+	bash bench/run_scenarios.sh
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cc')
+
+clean:
+	rm -rf build

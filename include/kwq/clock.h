@@ -1,0 +1,118 @@
+// File: kwq/clock.h
+//
+// Clocks for everything in kwq that waits: timers, delaying queues, context deadlines.
+//
+// Every time-based component takes a `Clock*`, so that tests and the simulator can drive
+// time by hand. `RealClock` reads the monotonic clock (CLOCK_MONOTONIC): its absl::Time
+// values lie on a monotonic timeline, not the calendar, and must not be formatted as dates.
+// `FakeClock` only moves when told to; moving it runs every timer and wakes every sleeper
+// that became due, on the thread that moved it, before Advance/SetTime returns, so tests
+// never need a real sleep.
+//
+// Thread safety: every member of every clock here may be called from any thread.
+
+#ifndef KWQ_CLOCK_H_
+#define KWQ_CLOCK_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "kwq/internal/mutex.h"
+
+namespace kwq {
+
+// Told by a manual clock each time it moves. TimerService uses it to run due timers when
+// a FakeClock advances; users rarely implement it.
+class ClockObserver {
+ public:
+  virtual ~ClockObserver() = default;
+  // Called on the thread that moved the clock, with no clock lock held. `now` is the new
+  // time. May call Clock::Now(); must not move the clock (Advance would deadlock).
+  virtual void OnClockMoved(absl::Time now) = 0;
+};
+
+// A source of time. Implementations must be monotonic unless documented otherwise.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+
+  // The current time. Never blocks.
+  virtual absl::Time Now() const = 0;
+
+  // Blocks the calling thread until Now() >= deadline. Returns at once for a deadline in
+  // the past; absl::InfiniteFuture() blocks forever.
+  virtual void SleepUntil(absl::Time deadline) = 0;
+
+  // SleepUntil(Now() + d); saturates rather than overflowing for huge d.
+  void SleepFor(absl::Duration d) { SleepUntil(Now() + d); }
+
+  // True for clocks that move only when told to (FakeClock). Users of a manual clock do
+  // not wait with a thread of their own: they observe the clock (AddObserver).
+  virtual bool is_manual() const { return false; }
+
+  // Manual clocks accept observers and return true; real clocks return false, and their
+  // users must wait with their own thread. The observer must stay alive until removed.
+  virtual bool AddObserver(ClockObserver* observer);
+  // Removes an observer. After it returns, the observer is not being called and will not
+  // be called again. Must not be called from inside that observer's OnClockMoved.
+  virtual void RemoveObserver(ClockObserver* observer);
+};
+
+// The monotonic system clock (std::chrono::steady_clock, CLOCK_MONOTONIC on Linux).
+class RealClock final : public Clock {
+ public:
+  // The process-wide instance; never destroyed.
+  static RealClock* Default();
+
+  absl::Time Now() const override;
+  void SleepUntil(absl::Time deadline) override;
+};
+
+// A clock that moves only when told to. Starts at `start` (a fixed, arbitrary instant by
+// default). Advance and SetTime run the observers (the timers of every TimerService built
+// on this clock) and wake sleepers before they return. Calls to Advance/SetTime from
+// several threads are serialised.
+class FakeClock final : public Clock {
+ public:
+  explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'000'000'000));
+  ~FakeClock() override;
+
+  absl::Time Now() const override;
+
+  // Blocks until another thread moves the clock to or past `deadline`.
+  void SleepUntil(absl::Time deadline) override;
+
+  // Moves the clock forward by `d` (negative `d` is treated as zero; use SetTime to jump
+  // backwards). Advance(absl::ZeroDuration()) runs timers that are already due.
+  void Advance(absl::Duration d);
+
+  // Sets the clock to `t`, which may be earlier than Now() (a clock jump, for fault
+  // injection): nothing fires for a backward jump, and sleepers keep sleeping.
+  void SetTime(absl::Time t);
+
+  // Number of threads blocked in SleepUntil. Tests use it to know a thread is waiting.
+  size_t NumSleepers() const;
+
+  bool is_manual() const override { return true; }
+  bool AddObserver(ClockObserver* observer) override;
+  void RemoveObserver(ClockObserver* observer) override;
+
+ private:
+  void MoveTo(absl::Time t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+
+  // Held for the whole of a move, so observers are called by one mover at a time and
+  // RemoveObserver waits for a move in progress. Acquired before mu_.
+  internal::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<ClockObserver*> observers_ ABSL_GUARDED_BY(move_mu_);
+
+  mutable internal::Mutex mu_;
+  internal::CondVar moved_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+  size_t sleepers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kwq
+
+#endif  // KWQ_CLOCK_H_

@@ -1,0 +1,253 @@
+// File: kwq/context.h
+//
+// Go-style context cancellation trees: cancellation, deadlines, causes and request-scoped
+// values that flow from a root to every piece of work started on its behalf.
+//
+//   kwq::Context root = kwq::Background();
+//   auto [ctx, cancel] = kwq::WithTimeout(root, absl::Seconds(5));
+//   worker(ctx);                 // polls ctx.IsCancelled() or waits on ctx.Done()
+//   cancel();                    // or let the deadline fire
+//
+// Promises (pinned by tests/context_test.cc):
+//   - Cancelling a context cancels every descendant, with the same Err() and Cause(); a
+//     child's own cancel never touches its parent. Cancel after cancel is a no-op.
+//   - Err() is OK while live, then Cancelled or DeadlineExceeded; Cause() is the status
+//     given to the cancel function (or the deadline's cause), else Err().
+//   - IsCancelled() is one lock-free atomic load.
+//   - A deadline earlier in the parent wins; a deadline in the past cancels at once.
+//     Deadlines fire through a TimerService (the process default unless the root was made
+//     with BackgroundWithTimers), so no thread is created per context.
+//   - A child whose last handle (Context, CancelFunc, DoneSignal, AfterFuncHandle) is
+//     dropped is unlinked from its parent and freed, even if it was never cancelled.
+//   - Cancelling a tree of any depth or width, and destroying a chain of any depth, uses
+//     bounded stack; no lock of a parent is held while user callbacks run.
+//   - A child created while its parent is being cancelled is cancelled too (never missed).
+//
+// Thread safety: every function here may be called concurrently from any thread, on the
+// same or different handles. Handles are cheap to copy (one atomic increment).
+//
+// Differences from Go: AfterFunc runs `fn` on the cancelling thread (after its locks are
+// released) rather than in a new goroutine, and at once on the calling thread when the
+// context is already done; Done() is a waitable object rather than a channel.
+
+#ifndef KWQ_CONTEXT_H_
+#define KWQ_CONTEXT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kwq/internal/check.h"
+#include "kwq/timer.h"
+
+namespace kwq {
+
+namespace internal {
+struct ContextNode;
+struct AfterFuncRecord;
+// The cancellation word of contexts that can never be cancelled (always 0).
+extern const std::atomic<uint32_t> kNeverCancelledWord;
+inline constexpr uint32_t kCancelledBit = 1;
+}  // namespace internal
+
+// Identifies one value slot of a context. Identity is the key object's address, so a key
+// is usually a global or a static: `inline constexpr kwq::ContextKey<std::string>
+// kRequestId{"request-id"};`. The name is for debugging only.
+template <typename T>
+class ContextKey {
+ public:
+  constexpr explicit ContextKey(const char* name) : name_(name) {}
+  ContextKey(const ContextKey&) = delete;
+  ContextKey& operator=(const ContextKey&) = delete;
+  const char* name() const { return name_; }
+
+ private:
+  const char* name_;
+};
+
+class Context;
+class DoneSignal;
+class CancelFunc;
+class AfterFuncHandle;
+
+namespace internal {
+CancelFunc MakeCancelFunc(Context ctx);
+ContextNode* NodeOf(const Context& ctx);
+Context AdoptNode(ContextNode* node);
+}  // namespace internal
+
+// A handle to one node of a context tree. A default-constructed Context is Background().
+// A moved-from Context is invalid: using it fails a debug assertion (and behaves as
+// Background() in release builds).
+class Context {
+ public:
+  Context();
+  Context(const Context& other);
+  Context(Context&& other) noexcept;
+  Context& operator=(const Context& other);
+  Context& operator=(Context&& other) noexcept;
+  ~Context();
+
+  // True once this context is cancelled or its deadline passed. One acquire load; never
+  // blocks. Everything written before the cancel is visible after it returns true.
+  bool IsCancelled() const noexcept {
+    return (word_->load(std::memory_order_acquire) & internal::kCancelledBit) != 0;
+  }
+
+  // OK while live; then absl::CancelledError("context canceled") or
+  // absl::DeadlineExceededError("context deadline exceeded"). Lock-free while live.
+  absl::Status Err() const;
+
+  // The cause given when this context (or the ancestor that cancelled it) was cancelled;
+  // Err() when none was given; OK while live.
+  absl::Status Cause() const;
+
+  // The earliest deadline of this context and its ancestors; InfiniteFuture if none.
+  absl::Time Deadline() const;
+
+  // The done signal: wait on it, poll it, or register a callback.
+  DoneSignal Done() const;
+
+  // The value stored under `key` by the nearest WithValue ancestor (or this context), or
+  // nullptr. The pointer stays valid while this context is alive.
+  template <typename T>
+  const T* Value(const ContextKey<T>& key) const {
+    return static_cast<const T*>(FindValue(&key));
+  }
+
+  // The timer service deadlines of this tree use.
+  TimerService& timers() const;
+
+  // False only for a moved-from handle.
+  bool valid() const { return node_ != nullptr; }
+
+ private:
+  friend struct internal::ContextNode;
+  friend internal::ContextNode* internal::NodeOf(const Context& ctx);
+  friend Context internal::AdoptNode(internal::ContextNode* node);
+  friend class CancelFunc;
+  friend class DoneSignal;
+  friend AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
+  // Takes over one reference to `node`.
+  explicit Context(internal::ContextNode* node);
+  const void* FindValue(const void* key) const;
+  internal::ContextNode* node() const;  // the node, or Background's for a moved-from handle
+
+  internal::ContextNode* node_;
+  const std::atomic<uint32_t>* word_;  // the nearest cancellable ancestor's state word
+};
+
+// Returned by AfterFunc. Copyable; dropping it does not stop the function.
+class AfterFuncHandle {
+ public:
+  AfterFuncHandle() = default;
+  // Stops the function from running. Returns true when this call stopped it; false when
+  // it has already started (it may still be running: Stop does not wait) or was already
+  // stopped. Never blocks on the function.
+  bool Stop() const;
+
+ private:
+  friend AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
+  AfterFuncHandle(std::shared_ptr<internal::AfterFuncRecord> record, Context owner)
+      : record_(std::move(record)), owner_(std::move(owner)) {}
+  std::shared_ptr<internal::AfterFuncRecord> record_;
+  Context owner_;  // the node whose list holds the record (kept alive for Stop)
+};
+
+// The done signal of a context. Copyable; keeps its context alive.
+class DoneSignal {
+ public:
+  // True once the context is done. Lock-free.
+  bool HasFired() const noexcept { return ctx_.IsCancelled(); }
+  // Blocks until the context is done. Blocks forever on a context that cannot be
+  // cancelled (Background, WithoutCancel), as receiving from Go's nil Done channel does.
+  void Wait() const;
+  // Blocks until the context is done or `timeout` (real time) passes. Returns HasFired().
+  bool WaitFor(absl::Duration timeout) const;
+  // Runs `fn` once when the context is done: AfterFunc(context, fn).
+  AfterFuncHandle OnDone(absl::AnyInvocable<void()> fn) const;
+
+ private:
+  friend class Context;
+  explicit DoneSignal(Context ctx) : ctx_(std::move(ctx)) {}
+  Context ctx_;
+};
+
+// Cancels the context it was returned with (and its descendants). Copyable; each copy
+// keeps the context alive. Thread-safe; every call after the first does nothing.
+class CancelFunc {
+ public:
+  CancelFunc() = default;
+  // `cause` becomes Cause() of the cancelled contexts; an OK cause is replaced by
+  // Err()'s status. Err() is always Cancelled.
+  void operator()(absl::Status cause = absl::OkStatus()) const;
+
+ private:
+  friend CancelFunc internal::MakeCancelFunc(Context ctx);
+  explicit CancelFunc(Context ctx) : ctx_(std::move(ctx)) {}
+  Context ctx_;
+};
+
+// A new context with its cancel function, for `auto [ctx, cancel] = WithCancel(parent);`.
+struct CancelableContext {
+  Context context;
+  CancelFunc cancel;
+};
+
+// The root of every tree: never cancelled, no deadline, no values. Deadlines below it use
+// TimerService::Default(). Cheap (no allocation).
+Context Background();
+
+// A root like Background() whose descendants' deadlines use `timers` (for example one on
+// a FakeClock). `timers` must outlive every context of the tree.
+Context BackgroundWithTimers(TimerService* timers);
+
+// A child cancelled when its cancel function is called or its parent is cancelled.
+CancelableContext WithCancel(const Context& parent);
+// Go's WithCancelCause: the same as WithCancel, whose CancelFunc takes an optional cause.
+CancelableContext WithCancelCause(const Context& parent);
+
+// A child also cancelled, with DeadlineExceeded, at `deadline` (read on the tree's timer
+// clock). If the parent's deadline is earlier, the child keeps that one and gets no timer.
+// A deadline at or before now cancels the child before this returns. `cause`, when not
+// OK, becomes Cause() if the deadline fires.
+CancelableContext WithDeadline(const Context& parent, absl::Time deadline,
+                               absl::Status cause = absl::OkStatus());
+// WithDeadline(parent, now + timeout); saturates for huge timeouts
+// (absl::InfiniteDuration() means no deadline).
+CancelableContext WithTimeout(const Context& parent, absl::Duration timeout,
+                              absl::Status cause = absl::OkStatus());
+
+// A child carrying `value` under `key`, cancelled exactly when the parent is.
+template <typename T>
+Context WithValue(const Context& parent, const ContextKey<T>& key, T value);
+
+// A child with the parent's values and timer service but none of its cancellation or
+// deadline: never cancelled.
+Context WithoutCancel(const Context& parent);
+
+// Runs `fn` once after `ctx` is done, on the thread that cancels it (after that thread
+// has released every context lock), or on this thread before returning when `ctx` is
+// already done. An exception thrown by `fn` is caught and reported on stderr; cancellation
+// of the rest of the tree continues. On a context that can never be cancelled, `fn`
+// never runs.
+AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
+
+// ---- implementation details ----
+
+namespace internal {
+Context WithValueErased(const Context& parent, const void* key, std::shared_ptr<const void> value);
+}  // namespace internal
+
+template <typename T>
+Context WithValue(const Context& parent, const ContextKey<T>& key, T value) {
+  return internal::WithValueErased(parent, &key, std::make_shared<const T>(std::move(value)));
+}
+
+}  // namespace kwq
+
+#endif  // KWQ_CONTEXT_H_

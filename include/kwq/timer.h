@@ -1,0 +1,121 @@
+// File: kwq/timer.h
+//
+// TimerService: one service thread that runs callbacks at deadlines, shared by every
+// delaying queue, delayed work item and context deadline of a process (not a thread per
+// queue or per timer).
+//
+// Timers live in an indexed 4-ary heap ordered by (deadline, scheduling order): Schedule,
+// Cancel and Reschedule are O(log n) under one short lock, and the service thread is
+// woken only when a new timer becomes the earliest. Callbacks run one at a time, in
+// deadline order (FIFO among equal deadlines), on the service thread, with no kwq lock
+// held; a slow callback delays the timers behind it, so callbacks should hand real work
+// to a queue.
+//
+// How the service thread sleeps is the backend:
+//   - kIoUring: io_uring (liburing). An eventfd read stays posted on the ring; the thread
+//     waits in io_uring_enter with the time to the next deadline as its timeout
+//     (IORING_FEAT_EXT_ARG), so arming costs no system call and a wake-up is one eventfd
+//     write. Needs Linux >= 5.11 and a process allowed to use io_uring.
+//   - kPortable: a condition variable waiting until the next deadline. Works everywhere.
+//   - kAuto (default): io_uring when it can be set up, else portable, without error
+//     (seccomp, kernel.io_uring_disabled and old kernels are all handled).
+// The environment variable KWQ_TIMER_BACKEND=portable|io_uring overrides kAuto.
+//
+// With a manual clock (FakeClock) there is no thread at all: due timers run inside
+// FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
+// at or before Now() then runs at the next Advance (Advance(absl::ZeroDuration()) is
+// enough).
+
+#ifndef KWQ_TIMER_H_
+#define KWQ_TIMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kwq/clock.h"
+
+namespace kwq {
+
+// Names one scheduled timer. 0 is never a valid id. Ids are not reused while the service
+// lives (a 32-bit generation per slot), so a stale id is harmless: Cancel returns false.
+using TimerId = uint64_t;
+
+namespace internal {
+class TimerCore;
+}
+
+class TimerService {
+ public:
+  enum class Backend { kAuto, kPortable, kIoUring };
+
+  struct Options {
+    // The clock deadlines are read on. nullptr means RealClock::Default(). Must outlive
+    // the service.
+    Clock* clock = nullptr;
+    // kAuto: io_uring if usable, else portable; KWQ_TIMER_BACKEND overrides it.
+    // An explicit kIoUring fails Create when io_uring is refused.
+    Backend backend = Backend::kAuto;
+  };
+
+  // Starts a service (and its thread, for a real clock).
+  // Errors: InvalidArgument for an unknown KWQ_TIMER_BACKEND value; Unavailable when
+  // kIoUring is asked for (by option or variable) and io_uring cannot be set up;
+  // Internal when the thread cannot be started.
+  static absl::StatusOr<std::unique_ptr<TimerService>> Create(Options options);
+  static absl::StatusOr<std::unique_ptr<TimerService>> Create() { return Create(Options{}); }
+
+  // The process-wide service on RealClock::Default(), created on first use and never
+  // destroyed. Context deadlines use it unless their root names another service. If
+  // KWQ_TIMER_BACKEND forces a backend that cannot be used, it warns on stderr and falls
+  // back to kAuto.
+  static TimerService& Default();
+
+  // Stops the service: timers still pending are dropped without running, a callback
+  // running on another thread is waited for, and the service thread is joined. Must not
+  // be called from one of this service's callbacks.
+  ~TimerService();
+
+  TimerService(const TimerService&) = delete;
+  TimerService& operator=(const TimerService&) = delete;
+
+  // Runs `fn` once, on the service thread, at or soon after `deadline`. A deadline in the
+  // past runs as soon as possible; absl::InfiniteFuture() never runs (it can still be
+  // cancelled or rescheduled). Never blocks on the service thread or on callbacks.
+  TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
+  // Schedule(clock().Now() + delay, fn); saturates for huge delays.
+  TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);
+
+  // Removes a pending timer. Returns true when this call stopped the callback from
+  // running; false when it already ran, is running now, was cancelled, or `id` is
+  // unknown. Never waits.
+  bool Cancel(TimerId id);
+
+  // Like Cancel, and when the callback is running on another thread, waits for it to
+  // return (the kernel's del_timer_sync). Called from inside that callback it does not
+  // wait. After it returns, `id`'s callback is not running and never will.
+  bool CancelSync(TimerId id);
+
+  // Moves a pending timer to `deadline`, keeping its callback. Returns false (and changes
+  // nothing) when the timer is no longer pending.
+  bool Reschedule(TimerId id, absl::Time deadline);
+
+  // Timers scheduled and not yet run or cancelled.
+  size_t Pending() const;
+
+  Clock& clock() const;
+  // The backend in use: kPortable or kIoUring for a real clock; kPortable for a manual one.
+  Backend backend() const;
+  std::string_view backend_name() const;
+
+ private:
+  explicit TimerService(std::unique_ptr<internal::TimerCore> core);
+  std::unique_ptr<internal::TimerCore> core_;
+};
+
+}  // namespace kwq
+
+#endif  // KWQ_TIMER_H_

@@ -1,0 +1,426 @@
+#include "kwq/context.h"
+
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include "internal/context_node.h"
+#include "internal/futex.h"
+
+namespace kwq {
+namespace internal {
+
+const std::atomic<uint32_t> kNeverCancelledWord{0};
+
+namespace {
+
+ContextNode* BackgroundNode() {
+  static ContextNode* const node = [] {
+    auto* n = new ContextNode(nullptr, CancelSource::kNone, nullptr, absl::InfiniteFuture());
+    n->immortal = true;
+    return n;
+  }();
+  return node;
+}
+
+const std::atomic<uint32_t>* WordOf(const ContextNode* node) {
+  return node->canceller != nullptr ? &node->canceller->state : &kNeverCancelledWord;
+}
+
+absl::Status CanceledError() { return absl::CancelledError("context canceled"); }
+absl::Status DeadlineError() { return absl::DeadlineExceededError("context deadline exceeded"); }
+
+void RunAfterFunc(AfterFuncRecord& record) {
+  int expected = AfterFuncRecord::kPending;
+  if (!record.state.compare_exchange_strong(expected, AfterFuncRecord::kStarted,
+                                            std::memory_order_acq_rel)) {
+    return;  // stopped
+  }
+  try {
+    record.fn();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kwq: AfterFunc threw: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "kwq: AfterFunc threw a non-std exception\n");
+  }
+  record.fn = nullptr;
+}
+
+// Removes `node` from its registrar's child list if it is still there.
+void Unlink(ContextNode* node) {
+  ContextNode* reg = node->registrar();
+  if (reg == nullptr) return;
+  MutexLock lock(&reg->mu);
+  if (!node->linked) return;
+  if (node->prev_sibling != nullptr) {
+    node->prev_sibling->next_sibling = node->next_sibling;
+  } else {
+    reg->first_child = node->next_sibling;
+  }
+  if (node->next_sibling != nullptr) node->next_sibling->prev_sibling = node->prev_sibling;
+  node->prev_sibling = node->next_sibling = nullptr;
+  node->linked = false;
+}
+
+// Frees `node` and then every ancestor whose last reference was the child's, in a loop:
+// a chain of any depth is freed with constant stack.
+void Destroy(ContextNode* node) {
+  while (node != nullptr) {
+    // First the attachment: a std::stop_callback's destructor waits for a callback that
+    // is running on another thread, whose TryRef fails from now on.
+    node->attachment.reset();
+    if (node->cancellable()) {
+      // A cancelled node was unlinked by whoever cancelled it (CancelTree unlinks the
+      // node it starts from; a parent's cancel detaches its children), so only a live
+      // node needs its registrar's lock. The canceller's reference, released with
+      // acq_rel, orders that unlink before this load.
+      if ((node->state.load(std::memory_order_acquire) & kCancelledBit) == 0) Unlink(node);
+      TimerId timer;
+      {
+        MutexLock lock(&node->mu);
+        timer = node->timer;
+        node->timer = 0;
+      }
+      // Waits for a deadline callback running right now; it fails TryRef and returns.
+      if (timer != 0) node->Timers().CancelSync(timer);
+    }
+    ContextNode* parent = node->parent;
+    delete node;
+    node = nullptr;
+    if (parent != nullptr && !parent->immortal &&
+        parent->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      node = parent;
+    }
+  }
+}
+
+}  // namespace
+
+void Ref(ContextNode* node) {
+  if (!node->immortal) node->refs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Unref(ContextNode* node) {
+  if (node->immortal) return;
+  if (node->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) Destroy(node);
+}
+
+bool TryRef(ContextNode* node) {
+  if (node->immortal) return true;
+  int32_t refs = node->refs.load(std::memory_order_relaxed);
+  while (refs != 0) {
+    if (node->refs.compare_exchange_weak(refs, refs + 1, std::memory_order_acquire,
+                                         std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void CancelTree(ContextNode* start, const absl::Status& err, const absl::Status& cause) {
+  Unlink(start);
+  Ref(start);
+  std::vector<ContextNode*> work{start};  // each entry holds one reference
+  std::list<std::shared_ptr<AfterFuncRecord>> funcs;
+  while (!work.empty()) {
+    ContextNode* node = work.back();
+    work.pop_back();
+    TimerId timer = 0;
+    bool waiters = false;
+    {
+      MutexLock lock(&node->mu);
+      if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
+        node->err = err;
+        node->cause = cause;
+        waiters = (node->state.fetch_or(kCancelledBit, std::memory_order_release) &
+                   kWaitersBit) != 0;
+        for (ContextNode* child = node->first_child; child != nullptr;) {
+          ContextNode* next = child->next_sibling;
+          child->prev_sibling = child->next_sibling = nullptr;
+          child->linked = false;
+          // A child whose count reached zero is being destroyed; it is unlinked now and
+          // its Destroy will not touch this list.
+          if (TryRef(child)) work.push_back(child);
+          child = next;
+        }
+        node->first_child = nullptr;
+        for (auto& record : node->after_funcs) record->linked = false;
+        funcs.swap(node->after_funcs);
+        timer = node->timer;
+        node->timer = 0;
+      }
+    }
+    if (timer != 0) node->Timers().Cancel(timer);
+    if (waiters) FutexWakeAll(&node->state);
+    for (auto& record : funcs) RunAfterFunc(*record);
+    funcs.clear();
+    Unref(node);
+  }
+}
+
+ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline) {
+  Ref(parent);
+  auto* node = new ContextNode(parent, CancelSource::kOwn, parent->timers, deadline);
+  ContextNode* reg = node->registrar();
+  if (reg == nullptr) return node;  // the parent can never be cancelled
+  absl::Status err, cause;
+  {
+    MutexLock lock(&reg->mu);
+    if ((reg->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
+      node->next_sibling = reg->first_child;
+      if (reg->first_child != nullptr) reg->first_child->prev_sibling = node;
+      reg->first_child = node;
+      node->linked = true;
+      return node;
+    }
+    err = reg->err;
+    cause = reg->cause;
+  }
+  CancelTree(node, err, cause);
+  return node;
+}
+
+CancelFunc MakeCancelFunc(Context ctx) { return CancelFunc(std::move(ctx)); }
+
+ContextNode* NodeOf(const Context& ctx) { return ctx.node(); }
+Context AdoptNode(ContextNode* node) { return Context(node); }
+
+Context WithValueErased(const Context& parent, const void* key,
+                        std::shared_ptr<const void> value) {
+  ContextNode* p = NodeOf(parent);
+  Ref(p);
+  auto* node = new ContextNode(p, CancelSource::kInherit, p->timers, p->deadline);
+  node->value_key = key;
+  node->value = std::move(value);
+  return AdoptNode(node);
+}
+
+}  // namespace internal
+
+using internal::CancelSource;
+using internal::ContextNode;
+
+// ---- Context ----
+
+Context::Context() : Context(Background()) {}
+
+Context::Context(ContextNode* node) : node_(node), word_(internal::WordOf(node)) {}
+
+Context::Context(const Context& other) : node_(other.node_), word_(other.word_) {
+  if (node_ != nullptr) internal::Ref(node_);
+}
+
+Context::Context(Context&& other) noexcept : node_(other.node_), word_(other.word_) {
+  other.node_ = nullptr;
+  other.word_ = &internal::kNeverCancelledWord;
+}
+
+Context& Context::operator=(const Context& other) {
+  if (this != &other) {
+    if (other.node_ != nullptr) internal::Ref(other.node_);
+    if (node_ != nullptr) internal::Unref(node_);
+    node_ = other.node_;
+    word_ = other.word_;
+  }
+  return *this;
+}
+
+Context& Context::operator=(Context&& other) noexcept {
+  if (this != &other) {
+    if (node_ != nullptr) internal::Unref(node_);
+    node_ = other.node_;
+    word_ = other.word_;
+    other.node_ = nullptr;
+    other.word_ = &internal::kNeverCancelledWord;
+  }
+  return *this;
+}
+
+Context::~Context() {
+  if (node_ != nullptr) internal::Unref(node_);
+}
+
+ContextNode* Context::node() const {
+  KWQ_DCHECK(node_ != nullptr, "use of a moved-from kwq::Context");
+  return node_ != nullptr ? node_ : internal::BackgroundNode();
+}
+
+absl::Status Context::Err() const {
+  ContextNode* c = node()->canceller;
+  if (!IsCancelled()) return absl::OkStatus();
+  internal::MutexLock lock(&c->mu);
+  return c->err;
+}
+
+absl::Status Context::Cause() const {
+  ContextNode* c = node()->canceller;
+  if (!IsCancelled()) return absl::OkStatus();
+  internal::MutexLock lock(&c->mu);
+  return c->cause;
+}
+
+absl::Time Context::Deadline() const { return node()->deadline; }
+
+DoneSignal Context::Done() const { return DoneSignal(*this); }
+
+TimerService& Context::timers() const { return node()->Timers(); }
+
+const void* Context::FindValue(const void* key) const {
+  for (const ContextNode* n = node(); n != nullptr; n = n->parent) {
+    if (n->value_key == key) return n->value.get();
+  }
+  return nullptr;
+}
+
+// ---- DoneSignal ----
+
+bool DoneSignal::WaitFor(absl::Duration timeout) const {
+  ContextNode* c = ctx_.node()->canceller;
+  if (c == nullptr) {
+    // Never done: sleep out the timeout on a word nobody changes.
+    if (timeout == absl::InfiniteDuration()) {
+      for (;;) internal::FutexWait(&internal::kNeverCancelledWord, 0, absl::Hours(24));
+    }
+    const absl::Time end = absl::Now() + timeout;
+    for (absl::Duration left = timeout; left > absl::ZeroDuration(); left = end - absl::Now()) {
+      internal::FutexWait(&internal::kNeverCancelledWord, 0, left);
+    }
+    return false;
+  }
+  const absl::Time end =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  uint32_t s = c->state.load(std::memory_order_acquire);
+  while ((s & internal::kCancelledBit) == 0) {
+    if ((s & internal::kWaitersBit) == 0) {
+      if (!c->state.compare_exchange_weak(s, s | internal::kWaitersBit,
+                                          std::memory_order_acquire)) {
+        continue;
+      }
+      s |= internal::kWaitersBit;
+    }
+    const absl::Duration left =
+        end == absl::InfiniteFuture() ? absl::InfiniteDuration() : end - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    internal::FutexWait(&c->state, s, left);
+    s = c->state.load(std::memory_order_acquire);
+  }
+  return true;
+}
+
+void DoneSignal::Wait() const { WaitFor(absl::InfiniteDuration()); }
+
+AfterFuncHandle DoneSignal::OnDone(absl::AnyInvocable<void()> fn) const {
+  return AfterFunc(ctx_, std::move(fn));
+}
+
+// ---- CancelFunc ----
+
+void CancelFunc::operator()(absl::Status cause) const {
+  ContextNode* node = ctx_.node();
+  if (!node->cancellable()) return;  // default-constructed CancelFunc: Background
+  if ((node->state.load(std::memory_order_acquire) & internal::kCancelledBit) != 0) return;
+  absl::Status err = internal::CanceledError();
+  internal::CancelTree(node, err, cause.ok() ? err : std::move(cause));
+}
+
+// ---- AfterFunc ----
+
+bool AfterFuncHandle::Stop() const {
+  if (record_ == nullptr) return false;
+  int expected = internal::AfterFuncRecord::kPending;
+  if (!record_->state.compare_exchange_strong(expected, internal::AfterFuncRecord::kStopped,
+                                              std::memory_order_acq_rel)) {
+    return false;
+  }
+  ContextNode* owner = internal::NodeOf(owner_)->canceller;
+  if (owner != nullptr) {
+    std::shared_ptr<internal::AfterFuncRecord> doomed;  // freed after the lock
+    internal::MutexLock lock(&owner->mu);
+    if (record_->linked) {
+      doomed = std::move(*record_->it);
+      owner->after_funcs.erase(record_->it);
+      record_->linked = false;
+    }
+  }
+  return true;
+}
+
+AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
+  auto record = std::make_shared<internal::AfterFuncRecord>(std::move(fn));
+  ContextNode* c = internal::NodeOf(ctx)->canceller;
+  if (c != nullptr) {
+    bool done;
+    {
+      internal::MutexLock lock(&c->mu);
+      done = (c->state.load(std::memory_order_relaxed) & internal::kCancelledBit) != 0;
+      if (!done) {
+        c->after_funcs.push_back(record);
+        record->it = std::prev(c->after_funcs.end());
+        record->linked = true;
+      }
+    }
+    if (done) internal::RunAfterFunc(*record);
+  }
+  return AfterFuncHandle(std::move(record), ctx);
+}
+
+// ---- constructors of contexts ----
+
+Context Background() {
+  ContextNode* node = internal::BackgroundNode();
+  return internal::AdoptNode(node);  // immortal: no reference counted
+}
+
+Context BackgroundWithTimers(TimerService* timers) {
+  return internal::AdoptNode(
+      new ContextNode(nullptr, internal::CancelSource::kNone, timers, absl::InfiniteFuture()));
+}
+
+CancelableContext WithCancel(const Context& parent) {
+  ContextNode* p = internal::NodeOf(parent);
+  Context ctx = internal::AdoptNode(internal::NewCancellableChild(p, p->deadline));
+  CancelFunc cancel = internal::MakeCancelFunc(ctx);
+  return {std::move(ctx), std::move(cancel)};
+}
+
+CancelableContext WithCancelCause(const Context& parent) { return WithCancel(parent); }
+
+CancelableContext WithDeadline(const Context& parent, absl::Time deadline, absl::Status cause) {
+  ContextNode* p = internal::NodeOf(parent);
+  if (deadline >= p->deadline) return WithCancel(parent);  // the parent's is earlier
+  ContextNode* node = internal::NewCancellableChild(p, deadline);
+  const absl::Status err = internal::DeadlineError();
+  node->deadline_cause = cause.ok() ? err : std::move(cause);  // before anyone can fire
+  Context ctx = internal::AdoptNode(node);
+  TimerService& timers = node->Timers();
+  if (deadline <= timers.clock().Now()) {
+    internal::CancelTree(node, err, node->deadline_cause);
+  } else {
+    internal::MutexLock lock(&node->mu);
+    if ((node->state.load(std::memory_order_relaxed) & internal::kCancelledBit) == 0) {
+      // The callback holds no reference (the node may die first); Destroy cancels the
+      // timer with CancelSync, so `node` is valid whenever the callback runs.
+      node->timer = timers.Schedule(deadline, [node] {
+        if (!internal::TryRef(node)) return;
+        internal::CancelTree(node, internal::DeadlineError(), node->deadline_cause);
+        internal::Unref(node);
+      });
+    }
+  }
+  CancelFunc cancel = internal::MakeCancelFunc(ctx);
+  return {std::move(ctx), std::move(cancel)};
+}
+
+CancelableContext WithTimeout(const Context& parent, absl::Duration timeout, absl::Status cause) {
+  return WithDeadline(parent, parent.timers().clock().Now() + timeout, std::move(cause));
+}
+
+Context WithoutCancel(const Context& parent) {
+  ContextNode* p = internal::NodeOf(parent);
+  internal::Ref(p);
+  auto* node =
+      new ContextNode(p, internal::CancelSource::kNone, p->timers, absl::InfiniteFuture());
+  return internal::AdoptNode(node);
+}
+
+}  // namespace kwq

@@ -1,0 +1,109 @@
+// The node behind kwq::Context handles, shared by context.cc and stop_token.cc.
+//
+// Locking rules (one letter per field, as in the kernel's workqueue.c):
+//   I: set before the node is published, read-only after.
+//   M: this node's mu.
+//   P: the mu of the node this one is registered with (parent->canceller).
+//   A: atomic; the comment says which order.
+// At most one node mutex is held at a time; user callbacks run with none held.
+
+#ifndef KWQ_SRC_INTERNAL_CONTEXT_NODE_H_
+#define KWQ_SRC_INTERNAL_CONTEXT_NODE_H_
+
+#include <atomic>
+#include <list>
+#include <memory>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kwq/context.h"
+#include "kwq/internal/mutex.h"
+#include "kwq/timer.h"
+
+namespace kwq::internal {
+
+inline constexpr uint32_t kWaitersBit = 2;  // some thread may sleep in FutexWait on state
+
+// Something a node owns and destroys first when it dies (a std::stop_callback).
+struct ContextAttachment {
+  virtual ~ContextAttachment() = default;
+};
+
+struct AfterFuncRecord {
+  enum : int { kPending = 0, kStarted = 1, kStopped = 2 };
+  explicit AfterFuncRecord(absl::AnyInvocable<void()> f) : fn(std::move(f)) {}
+  std::atomic<int> state{kPending};  // A: the CAS winner (acq_rel) owns fn
+  absl::AnyInvocable<void()> fn;
+  bool linked = false;               // owner's M
+  std::list<std::shared_ptr<AfterFuncRecord>>::iterator it;  // owner's M
+};
+
+// Where a node's cancellation comes from.
+enum class CancelSource {
+  kOwn,      // cancellable itself (WithCancel, WithDeadline, ...)
+  kInherit,  // shares its parent's (WithValue)
+  kNone,     // never cancelled (roots, WithoutCancel)
+};
+
+struct ContextNode {
+  // `parent_ref`: a reference the node takes over (or null for a root).
+  ContextNode(ContextNode* parent_ref, CancelSource source, TimerService* timers_in,
+              absl::Time deadline_in)
+      : parent(parent_ref),
+        canceller(source == CancelSource::kOwn       ? this
+                  : source == CancelSource::kInherit ? parent_ref->canceller
+                                                     : nullptr),
+        timers(timers_in),
+        deadline(deadline_in) {}
+
+  TimerService& Timers() const { return timers ? *timers : TimerService::Default(); }
+  bool cancellable() const { return canceller == this; }
+  // The node a cancellable node registers with: the parent's canceller.
+  ContextNode* registrar() const { return parent ? parent->canceller : nullptr; }
+
+  std::atomic<int32_t> refs{1};  // A: increments relaxed, decrement acq_rel
+  bool immortal = false;         // I: Background's node; never counted or freed
+
+  ContextNode* const parent;     // I: owns one reference; null for roots
+  ContextNode* const canceller;  // I: self, nearest cancellable ancestor, or null
+  TimerService* const timers;    // I: null means TimerService::Default()
+  const absl::Time deadline;     // I: effective (earliest in the chain)
+  const void* value_key = nullptr;    // I
+  std::shared_ptr<const void> value;  // I
+  std::unique_ptr<ContextAttachment> attachment;  // I (destroyed first by Destroy)
+  absl::Status deadline_cause;                    // I: Cause() when the deadline fires
+
+  // Cancellable nodes only.
+  // A: kCancelledBit set once with release (under mu); kWaitersBit set by waiters.
+  std::atomic<uint32_t> state{0};
+  Mutex mu;
+  absl::Status err ABSL_GUARDED_BY(mu);
+  absl::Status cause ABSL_GUARDED_BY(mu);
+  ContextNode* first_child ABSL_GUARDED_BY(mu) = nullptr;
+  std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
+  TimerId timer ABSL_GUARDED_BY(mu) = 0;
+
+  // Membership in registrar()'s child list: P.
+  ContextNode* prev_sibling = nullptr;
+  ContextNode* next_sibling = nullptr;
+  bool linked = false;
+};
+
+void Ref(ContextNode* node);
+void Unref(ContextNode* node);
+// Takes a reference unless the count already reached zero (the node is being destroyed).
+bool TryRef(ContextNode* node);
+
+// Cancels `start` and its subtree with `err`/`cause` (iteratively), unlinking `start`
+// from its registrar. The caller holds a reference to `start`.
+void CancelTree(ContextNode* start, const absl::Status& err, const absl::Status& cause);
+
+// Creates a cancellable child of `parent` (one reference, owned by the caller) with the
+// effective deadline `deadline` and registers it, cancelling it at once when the parent
+// is already done. Arms no timer.
+ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline);
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_SRC_INTERNAL_CONTEXT_NODE_H_

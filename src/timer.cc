@@ -1,0 +1,249 @@
+#include "kwq/timer.h"
+
+#include <pthread.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "internal/timer_heap.h"
+#include "internal/timer_waiter.h"
+#include "kwq/internal/mutex.h"
+
+namespace kwq {
+namespace internal {
+
+// The state behind a TimerService. With a waiter it runs a service thread; without one
+// (manual clock) it is driven by OnClockMoved.
+class TimerCore final : public ClockObserver {
+ public:
+  TimerCore(Clock* clock, std::unique_ptr<TimerWaiter> waiter)
+      : clock_(clock), waiter_(std::move(waiter)) {}
+
+  absl::Status Start() {
+    if (waiter_ == nullptr) {
+      clock_->AddObserver(this);
+      return absl::OkStatus();
+    }
+    try {
+      thread_ = std::thread([this] { Loop(); });
+    } catch (const std::system_error& e) {
+      return absl::InternalError(absl::StrCat("cannot start timer thread: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  ~TimerCore() override {
+    if (waiter_ == nullptr) {
+      clock_->RemoveObserver(this);  // waits for an Advance in progress
+    } else if (thread_.joinable()) {
+      {
+        MutexLock lock(&mu_);
+        stopping_ = true;
+      }
+      waiter_->Wake();
+      thread_.join();
+    }
+    TimerHeap doomed;  // destroyed after the lock is released: callbacks' captures may
+    {                  // call back into this service (Cancel) from their destructors
+      MutexLock lock(&mu_);
+      stopping_ = true;
+      std::swap(doomed, heap_);
+    }
+  }
+
+  TimerId Schedule(absl::Time deadline, TimerHeap::Callback fn) {
+    bool wake = false;
+    TimerId id;
+    {
+      MutexLock lock(&mu_);
+      id = heap_.Insert(deadline, std::move(fn));
+      if (deadline < armed_) {
+        armed_ = deadline;
+        wake = true;
+      }
+    }
+    if (wake && waiter_ != nullptr) waiter_->Wake();
+    return id;
+  }
+
+  bool Cancel(TimerId id) {
+    MutexLock lock(&mu_);
+    return heap_.Remove(id);
+  }
+
+  bool CancelSync(TimerId id) {
+    MutexLock lock(&mu_);
+    if (heap_.Remove(id)) return true;
+    while (running_id_ == id && running_thread_ != std::this_thread::get_id()) {
+      running_done_.Wait(&mu_);
+    }
+    return false;
+  }
+
+  bool Reschedule(TimerId id, absl::Time deadline) {
+    bool wake = false;
+    {
+      MutexLock lock(&mu_);
+      if (!heap_.Update(id, deadline)) return false;
+      if (deadline < armed_) {
+        armed_ = deadline;
+        wake = true;
+      }
+    }
+    if (wake && waiter_ != nullptr) waiter_->Wake();
+    return true;
+  }
+
+  size_t Pending() const {
+    MutexLock lock(&mu_);
+    return heap_.size();
+  }
+
+  void OnClockMoved(absl::Time now) override {
+    mu_.Lock();
+    RunDue(now);
+    mu_.Unlock();
+  }
+
+  Clock& clock() const { return *clock_; }
+  TimerService::Backend backend() const {
+    return waiter_ == nullptr ? TimerService::Backend::kPortable : waiter_->kind();
+  }
+
+ private:
+  // Runs every timer due at `now`, one at a time, without the lock while each runs.
+  void RunDue(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t id;
+    TimerHeap::Callback fn;
+    while (!stopping_ && heap_.PopDue(now, &id, &fn)) {
+      running_id_ = id;
+      running_thread_ = std::this_thread::get_id();
+      mu_.Unlock();
+      fn();
+      fn = nullptr;  // destroy captured state outside the lock too
+      mu_.Lock();
+      running_id_ = 0;
+      running_thread_ = std::thread::id();
+      running_done_.SignalAll();
+    }
+  }
+
+  void Loop() {
+    pthread_setname_np(pthread_self(), "kwq-timer");
+    mu_.Lock();
+    while (!stopping_) {
+      armed_ = absl::InfinitePast();  // awake: nobody needs to wake us
+      RunDue(clock_->Now());
+      if (stopping_) break;
+      armed_ = heap_.NextDeadline();
+      if (armed_ <= clock_->Now()) continue;
+      waiter_->Wait(&mu_, armed_, *clock_);
+    }
+    mu_.Unlock();
+  }
+
+  Clock* const clock_;                          // I: set at construction
+  const std::unique_ptr<TimerWaiter> waiter_;   // I: null for a manual clock
+  std::thread thread_;                          // I: started by Start, joined by ~TimerCore
+
+  mutable Mutex mu_;
+  CondVar running_done_;
+  TimerHeap heap_ ABSL_GUARDED_BY(mu_);
+  // The deadline the service thread sleeps until; InfinitePast while it is awake, so
+  // Schedule wakes it only for a new earliest deadline.
+  absl::Time armed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t running_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread::id running_thread_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace internal
+
+namespace {
+
+absl::StatusOr<TimerService::Backend> BackendFromEnv(TimerService::Backend requested) {
+  if (requested != TimerService::Backend::kAuto) return requested;
+  const char* env = std::getenv("KWQ_TIMER_BACKEND");
+  if (env == nullptr || *env == '\0') return requested;
+  const std::string value(env);
+  if (value == "auto") return TimerService::Backend::kAuto;
+  if (value == "portable") return TimerService::Backend::kPortable;
+  if (value == "io_uring") return TimerService::Backend::kIoUring;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "KWQ_TIMER_BACKEND='", value, "' is not one of: auto, portable, io_uring"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TimerService>> TimerService::Create(Options options) {
+  Clock* clock = options.clock != nullptr ? options.clock : RealClock::Default();
+  std::unique_ptr<internal::TimerWaiter> waiter;
+  // A manual clock drives the timers itself: no thread, no backend.
+  if (!clock->is_manual()) {
+    absl::StatusOr<Backend> backend = BackendFromEnv(options.backend);
+    if (!backend.ok()) return backend.status();
+    if (*backend != Backend::kPortable) {
+      absl::StatusOr<std::unique_ptr<internal::TimerWaiter>> uring = internal::NewIoUringWaiter();
+      if (uring.ok()) {
+        waiter = std::move(*uring);
+      } else if (*backend == Backend::kIoUring) {
+        return uring.status();
+      }
+    }
+    if (waiter == nullptr) waiter = internal::NewPortableWaiter();
+  }
+  auto core = std::make_unique<internal::TimerCore>(clock, std::move(waiter));
+  if (absl::Status status = core->Start(); !status.ok()) return status;
+  return std::unique_ptr<TimerService>(new TimerService(std::move(core)));
+}
+
+TimerService& TimerService::Default() {
+  static TimerService* const service = [] {
+    absl::StatusOr<std::unique_ptr<TimerService>> s = Create();
+    if (!s.ok()) {
+      std::fprintf(stderr, "kwq: default timer service: %s; falling back to the portable backend\n",
+                   s.status().ToString().c_str());
+      Options options;
+      options.backend = Backend::kPortable;
+      s = Create(options);
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "kwq: cannot start the default timer service: %s\n",
+                   s.status().ToString().c_str());
+      std::abort();
+    }
+    return s->release();
+  }();
+  return *service;
+}
+
+TimerService::TimerService(std::unique_ptr<internal::TimerCore> core) : core_(std::move(core)) {}
+TimerService::~TimerService() = default;
+
+TimerId TimerService::Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn) {
+  return core_->Schedule(deadline, std::move(fn));
+}
+
+TimerId TimerService::ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn) {
+  return core_->Schedule(core_->clock().Now() + delay, std::move(fn));
+}
+
+bool TimerService::Cancel(TimerId id) { return core_->Cancel(id); }
+bool TimerService::CancelSync(TimerId id) { return core_->CancelSync(id); }
+bool TimerService::Reschedule(TimerId id, absl::Time deadline) {
+  return core_->Reschedule(id, deadline);
+}
+size_t TimerService::Pending() const { return core_->Pending(); }
+Clock& TimerService::clock() const { return core_->clock(); }
+TimerService::Backend TimerService::backend() const { return core_->backend(); }
+
+std::string_view TimerService::backend_name() const {
+  return backend() == Backend::kIoUring ? "io_uring" : "portable";
+}
+
+}  // namespace kwq

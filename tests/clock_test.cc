@@ -1,0 +1,92 @@
+#include "kwq/clock.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace kwq {
+namespace {
+
+TEST(RealClockTest, IsMonotonic) {
+  RealClock* clock = RealClock::Default();
+  absl::Time last = clock->Now();
+  for (int i = 0; i < 10000; ++i) {
+    const absl::Time now = clock->Now();
+    ASSERT_GE(now, last);
+    last = now;
+  }
+}
+
+TEST(RealClockTest, SleepUntilPastReturnsAtOnce) {
+  RealClock* clock = RealClock::Default();
+  clock->SleepUntil(clock->Now() - absl::Hours(1));
+  clock->SleepFor(-absl::InfiniteDuration());
+  EXPECT_FALSE(clock->is_manual());
+}
+
+TEST(RealClockTest, RefusesObservers) {
+  struct Nop : ClockObserver {
+    void OnClockMoved(absl::Time) override {}
+  } observer;
+  EXPECT_FALSE(RealClock::Default()->AddObserver(&observer));
+}
+
+TEST(FakeClockTest, MovesOnlyWhenTold) {
+  FakeClock clock;
+  const absl::Time start = clock.Now();
+  EXPECT_EQ(clock.Now(), start);
+  clock.Advance(absl::Seconds(3));
+  EXPECT_EQ(clock.Now(), start + absl::Seconds(3));
+  clock.Advance(-absl::Seconds(10));  // negative advance is a no-op
+  EXPECT_EQ(clock.Now(), start + absl::Seconds(3));
+  clock.SetTime(start - absl::Hours(1));  // jumps backwards when asked
+  EXPECT_EQ(clock.Now(), start - absl::Hours(1));
+}
+
+TEST(FakeClockTest, AdvanceSaturatesAtInfinity) {
+  FakeClock clock;
+  clock.Advance(absl::InfiniteDuration());
+  EXPECT_EQ(clock.Now(), absl::InfiniteFuture());
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(clock.Now(), absl::InfiniteFuture());
+}
+
+TEST(FakeClockTest, AdvanceWakesSleeperThatBecameDue) {
+  FakeClock clock;
+  const absl::Time deadline = clock.Now() + absl::Seconds(5);
+  std::atomic<bool> woke{false};
+  std::thread sleeper([&] {
+    clock.SleepUntil(deadline);
+    woke = true;
+  });
+  while (clock.NumSleepers() == 0) std::this_thread::yield();
+  clock.Advance(absl::Seconds(4));
+  // Not due yet: the sleeper is still counted as sleeping once the clock settles.
+  EXPECT_EQ(clock.NumSleepers(), 1u);
+  EXPECT_FALSE(woke.load());
+  clock.Advance(absl::Seconds(1));
+  sleeper.join();
+  EXPECT_TRUE(woke.load());
+  EXPECT_EQ(clock.NumSleepers(), 0u);
+}
+
+TEST(FakeClockTest, ObserversSeeEveryMoveInOrder) {
+  FakeClock clock;
+  struct Recorder : ClockObserver {
+    std::vector<absl::Time> seen;
+    void OnClockMoved(absl::Time now) override { seen.push_back(now); }
+  } recorder;
+  ASSERT_TRUE(clock.AddObserver(&recorder));
+  const absl::Time start = clock.Now();
+  clock.Advance(absl::Seconds(1));
+  clock.SetTime(start + absl::Seconds(5));
+  clock.RemoveObserver(&recorder);
+  clock.Advance(absl::Seconds(1));
+  ASSERT_EQ(recorder.seen.size(), 2u);
+  EXPECT_EQ(recorder.seen[0], start + absl::Seconds(1));
+  EXPECT_EQ(recorder.seen[1], start + absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace kwq

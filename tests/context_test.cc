@@ -1,0 +1,452 @@
+#include "kwq/context.h"
+
+#include <atomic>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kwq/clock.h"
+#include "kwq/timer.h"
+
+namespace kwq {
+namespace {
+
+inline constexpr ContextKey<std::string> kRequestId{"request-id"};
+inline constexpr ContextKey<int> kAttempt{"attempt"};
+
+// A tree on a FakeClock: deadlines fire only when the test advances time.
+class FakeTimeTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock_});
+  Context root_ = BackgroundWithTimers(timers_.get());
+};
+
+TEST(BackgroundTest, IsNeverCancelled) {
+  Context bg = Background();
+  EXPECT_FALSE(bg.IsCancelled());
+  EXPECT_TRUE(bg.Err().ok());
+  EXPECT_TRUE(bg.Cause().ok());
+  EXPECT_EQ(bg.Deadline(), absl::InfiniteFuture());
+  EXPECT_FALSE(bg.Done().WaitFor(absl::Milliseconds(1)));
+  Context def;
+  EXPECT_FALSE(def.IsCancelled());
+}
+
+TEST(WithCancelTest, CancelSetsErrAndCause) {
+  auto [ctx, cancel] = WithCancel(Background());
+  EXPECT_FALSE(ctx.IsCancelled());
+  EXPECT_TRUE(ctx.Err().ok());
+  cancel();
+  EXPECT_TRUE(ctx.IsCancelled());
+  EXPECT_TRUE(ctx.Done().HasFired());
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ctx.Cause(), ctx.Err());
+}
+
+TEST(WithCancelTest, CancelAfterCancelIsANoOp) {
+  auto [ctx, cancel] = WithCancelCause(Background());
+  cancel(absl::AbortedError("first"));
+  cancel(absl::InternalError("second"));
+  EXPECT_EQ(ctx.Cause(), absl::AbortedError("first"));
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(WithCancelTest, ParentCancelReachesEveryDescendantWithItsCause) {
+  auto [root, cancel_root] = WithCancel(Background());
+  auto [a, cancel_a] = WithCancel(root);
+  Context v = WithValue(a, kAttempt, 3);
+  auto [b, cancel_b] = WithCancel(v);
+  auto [c, cancel_c] = WithCancel(root);
+  cancel_root(absl::UnavailableError("shutting down"));
+  for (const Context* ctx : {&root, &a, &v, &b, &c}) {
+    EXPECT_TRUE(ctx->IsCancelled());
+    EXPECT_EQ(ctx->Err().code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(ctx->Cause(), absl::UnavailableError("shutting down"));
+  }
+}
+
+TEST(WithCancelTest, ChildCancelDoesNotTouchParentOrSiblings) {
+  auto [parent, cancel_parent] = WithCancel(Background());
+  auto [child, cancel_child] = WithCancel(parent);
+  auto [sibling, cancel_sibling] = WithCancel(parent);
+  auto [grandchild, cancel_grandchild] = WithCancel(child);
+  cancel_child();
+  EXPECT_TRUE(child.IsCancelled());
+  EXPECT_TRUE(grandchild.IsCancelled());
+  EXPECT_FALSE(parent.IsCancelled());
+  EXPECT_FALSE(sibling.IsCancelled());
+}
+
+TEST(WithCancelTest, ChildOfCancelledParentIsBornCancelled) {
+  auto [parent, cancel] = WithCancel(Background());
+  cancel(absl::AbortedError("gone"));
+  auto [child, cancel_child] = WithCancel(parent);
+  EXPECT_TRUE(child.IsCancelled());
+  EXPECT_EQ(child.Cause(), absl::AbortedError("gone"));
+}
+
+TEST(WithCancelTest, DeepChainCancelsWithBoundedStack) {
+  // 200,000 levels: recursion would overflow the (ASan-enlarged) stack.
+  auto [root, cancel] = WithCancel(Background());
+  std::vector<Context> chain{root};
+  chain.reserve(200'001);
+  for (int i = 0; i < 200'000; ++i) chain.push_back(WithCancel(chain.back()).context);
+  cancel();
+  EXPECT_TRUE(chain.back().IsCancelled());
+  EXPECT_EQ(chain.back().Err().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(WithCancelTest, DeepChainIsFreedWithBoundedStack) {
+  Context leaf = Background();
+  {
+    Context cur = Background();
+    for (int i = 0; i < 200'000; ++i) cur = WithCancel(cur).context;
+    leaf = cur;
+  }
+  leaf = Background();  // drops the whole chain from the bottom up; LSan checks the rest
+}
+
+TEST(WithCancelTest, DroppedLiveChildIsUnlinkedAndFreed) {
+  auto [parent, cancel] = WithCancel(Background());
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 1000; ++i) {
+    auto [child, cancel_child] = WithCancel(parent);
+    AfterFunc(child, [&] { ++ran; });
+  }  // all handles dropped without cancel: LeakSanitizer fails the test if any leaked
+  cancel();
+  EXPECT_EQ(ran.load(), 0);  // the children are gone, so their AfterFuncs never ran
+}
+
+TEST(WithCancelTest, MovedFromHandleIsInvalid) {
+  auto [ctx, cancel] = WithCancel(Background());
+  Context moved = std::move(ctx);
+  EXPECT_FALSE(ctx.valid());  // NOLINT(bugprone-use-after-move): the point of the test
+  EXPECT_TRUE(moved.valid());
+  EXPECT_FALSE(ctx.IsCancelled());  // lock-free check stays safe
+#ifndef NDEBUG
+  EXPECT_DEATH((void)ctx.Err(), "moved-from kwq::Context");
+#endif
+}
+
+TEST(WithValueTest, LooksUpNearestValueByKeyIdentity) {
+  Context a = WithValue(Background(), kRequestId, std::string("r-1"));
+  Context b = WithValue(a, kAttempt, 2);
+  Context c = WithValue(b, kRequestId, std::string("r-2"));
+  ASSERT_NE(c.Value(kRequestId), nullptr);
+  EXPECT_EQ(*c.Value(kRequestId), "r-2");
+  EXPECT_EQ(*b.Value(kRequestId), "r-1");
+  EXPECT_EQ(*c.Value(kAttempt), 2);
+  EXPECT_EQ(a.Value(kAttempt), nullptr);
+  static constexpr ContextKey<std::string> kOther{"request-id"};  // same name, other key
+  EXPECT_EQ(c.Value(kOther), nullptr);
+}
+
+TEST(WithValueTest, ValuesFlowThroughCancelAndWithoutCancel) {
+  Context v = WithValue(Background(), kAttempt, 7);
+  auto [c, cancel] = WithCancel(v);
+  Context detached = WithoutCancel(c);
+  EXPECT_EQ(*detached.Value(kAttempt), 7);
+  cancel();
+  EXPECT_FALSE(detached.IsCancelled());
+  EXPECT_TRUE(detached.Err().ok());
+}
+
+TEST(WithoutCancelTest, ChildrenOfDetachedContextLiveOn) {
+  auto [parent, cancel] = WithCancel(Background());
+  Context detached = WithoutCancel(parent);
+  auto [child, cancel_child] = WithCancel(detached);
+  cancel();
+  EXPECT_FALSE(child.IsCancelled());
+  cancel_child();
+  EXPECT_TRUE(child.IsCancelled());
+}
+
+TEST_F(FakeTimeTest, DeadlineFiresWithDeadlineExceeded) {
+  auto [ctx, cancel] = WithTimeout(root_, absl::Seconds(10));
+  EXPECT_EQ(ctx.Deadline(), clock_.Now() + absl::Seconds(10));
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_FALSE(ctx.IsCancelled());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(ctx.IsCancelled());
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ctx.Cause(), ctx.Err());
+}
+
+TEST_F(FakeTimeTest, DeadlineCauseIsReported) {
+  auto [ctx, cancel] = WithTimeout(root_, absl::Seconds(1), absl::ResourceExhaustedError("slow"));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ctx.Cause(), absl::ResourceExhaustedError("slow"));
+}
+
+TEST_F(FakeTimeTest, CancelBeforeDeadlineDisarmsTimer) {
+  auto [ctx, cancel] = WithTimeout(root_, absl::Seconds(1));
+  EXPECT_EQ(timers_->Pending(), 1u);
+  cancel();
+  EXPECT_EQ(timers_->Pending(), 0u);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(FakeTimeTest, ParentDeadlineEarlierWins) {
+  auto [parent, cancel_parent] = WithTimeout(root_, absl::Seconds(5));
+  auto [child, cancel_child] = WithTimeout(parent, absl::Seconds(50));
+  EXPECT_EQ(child.Deadline(), parent.Deadline());
+  EXPECT_EQ(timers_->Pending(), 1u);  // the child needs no timer of its own
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(child.Err().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(FakeTimeTest, ChildDeadlineEarlierFiresAlone) {
+  auto [parent, cancel_parent] = WithTimeout(root_, absl::Seconds(50));
+  auto [child, cancel_child] = WithTimeout(parent, absl::Seconds(5));
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_TRUE(child.IsCancelled());
+  EXPECT_FALSE(parent.IsCancelled());
+}
+
+TEST_F(FakeTimeTest, PastDeadlineCancelsAtOnce) {
+  auto [ctx, cancel] = WithDeadline(root_, clock_.Now() - absl::Seconds(1));
+  EXPECT_TRUE(ctx.IsCancelled());
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  auto [ctx2, cancel2] = WithTimeout(root_, absl::ZeroDuration());
+  EXPECT_TRUE(ctx2.IsCancelled());
+  auto [ctx3, cancel3] = WithTimeout(root_, -absl::InfiniteDuration());
+  EXPECT_TRUE(ctx3.IsCancelled());
+  EXPECT_EQ(timers_->Pending(), 0u);
+}
+
+TEST_F(FakeTimeTest, InfiniteTimeoutMeansNoDeadline) {
+  auto [ctx, cancel] = WithTimeout(root_, absl::InfiniteDuration());
+  EXPECT_EQ(ctx.Deadline(), absl::InfiniteFuture());
+  EXPECT_EQ(timers_->Pending(), 0u);
+  auto [huge, cancel_huge] = WithTimeout(root_, absl::Hours(1e12));
+  clock_.Advance(absl::Hours(24 * 365));
+  EXPECT_FALSE(huge.IsCancelled());
+}
+
+TEST_F(FakeTimeTest, DroppedDeadlineContextCancelsItsTimer) {
+  { auto [ctx, cancel] = WithTimeout(root_, absl::Seconds(1)); }
+  EXPECT_EQ(timers_->Pending(), 0u);
+  clock_.Advance(absl::Seconds(2));
+}
+
+TEST_F(FakeTimeTest, DeadlineDoesNotTouchParent) {
+  auto [parent, cancel] = WithCancel(root_);
+  auto [child, cancel_child] = WithTimeout(parent, absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(child.IsCancelled());
+  EXPECT_FALSE(parent.IsCancelled());
+}
+
+TEST(AfterFuncTest, RunsOnceAfterCancel) {
+  auto [ctx, cancel] = WithCancel(Background());
+  int runs = 0;
+  AfterFuncHandle handle = AfterFunc(ctx, [&] { ++runs; });
+  EXPECT_EQ(runs, 0);
+  cancel();
+  cancel();
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(handle.Stop());  // already ran
+}
+
+TEST(AfterFuncTest, StopBeforeCancelPreventsRun) {
+  auto [ctx, cancel] = WithCancel(Background());
+  int runs = 0;
+  AfterFuncHandle handle = AfterFunc(ctx, [&] { ++runs; });
+  EXPECT_TRUE(handle.Stop());
+  EXPECT_FALSE(handle.Stop());
+  cancel();
+  EXPECT_EQ(runs, 0);
+}
+
+TEST(AfterFuncTest, AlreadyCancelledRunsAtOnce) {
+  auto [ctx, cancel] = WithCancel(Background());
+  cancel();
+  int runs = 0;
+  AfterFunc(ctx, [&] { ++runs; });
+  EXPECT_EQ(runs, 1);
+}
+
+TEST(AfterFuncTest, NeverCancelledContextNeverRuns) {
+  bool ran = false;
+  AfterFuncHandle handle = AfterFunc(Background(), [&] { ran = true; });
+  EXPECT_TRUE(handle.Stop());
+  EXPECT_FALSE(ran);
+}
+
+TEST(AfterFuncTest, RunsWithoutContextLocksHeld) {
+  // The callback reads the tree it is cancelling and creates children: it would deadlock
+  // if a lock of the cancelled context were held.
+  auto [ctx, cancel] = WithCancel(Background());
+  absl::Status seen;
+  bool child_cancelled = false;
+  AfterFunc(ctx, [&, ctx = ctx] {
+    seen = ctx.Err();
+    child_cancelled = WithCancel(ctx).context.IsCancelled();
+  });
+  cancel();
+  EXPECT_EQ(seen.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(child_cancelled);
+}
+
+TEST(AfterFuncTest, ThrowingCallbackDoesNotStopTheCancel) {
+  auto [ctx, cancel] = WithCancel(Background());
+  auto [child, cancel_child] = WithCancel(ctx);
+  AfterFunc(ctx, [] { throw std::runtime_error("boom"); });
+  bool second = false;
+  AfterFunc(ctx, [&] { second = true; });
+  cancel();
+  EXPECT_TRUE(second);
+  EXPECT_TRUE(child.IsCancelled());
+}
+
+TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {
+  auto [ctx, cancel] = WithCancel(Background());
+  std::thread canceller([cancel = cancel] { cancel(); });
+  ctx.Done().Wait();
+  EXPECT_TRUE(ctx.IsCancelled());
+  canceller.join();
+}
+
+TEST(DoneSignalTest, WaitForTimesOutOnLiveContext) {
+  auto [ctx, cancel] = WithCancel(Background());
+  EXPECT_FALSE(ctx.Done().WaitFor(absl::Milliseconds(2)));
+  EXPECT_FALSE(ctx.Done().WaitFor(absl::ZeroDuration()));
+  EXPECT_FALSE(ctx.Done().WaitFor(-absl::Seconds(1)));
+  cancel();
+  EXPECT_TRUE(ctx.Done().WaitFor(absl::ZeroDuration()));
+}
+
+TEST(DoneSignalTest, OnDoneRegistersACallback) {
+  auto [ctx, cancel] = WithCancel(Background());
+  bool ran = false;
+  ctx.Done().OnDone([&] { ran = true; });
+  cancel();
+  EXPECT_TRUE(ran);
+}
+
+TEST(DoneSignalTest, RealDeadlineWakesWaiter) {
+  auto [ctx, cancel] = WithTimeout(Background(), absl::Milliseconds(5));
+  ctx.Done().Wait();
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// ---- races (run under ThreadSanitizer in CI) ----
+
+TEST(ContextRaceTest, ParentAndChildCancelledAtOnce) {
+  for (int round = 0; round < 200; ++round) {
+    auto [parent, cancel_parent] = WithCancel(Background());
+    auto [child, cancel_child] = WithCancel(parent);
+    std::atomic<int> runs{0};
+    AfterFunc(child, [&] { ++runs; });
+    std::latch go(2);
+    std::thread a([&, c = cancel_parent] {
+      go.arrive_and_wait();
+      c(absl::AbortedError("parent"));
+    });
+    std::thread b([&, c = cancel_child] {
+      go.arrive_and_wait();
+      c(absl::AbortedError("child"));
+    });
+    a.join();
+    b.join();
+    EXPECT_TRUE(child.IsCancelled());
+    EXPECT_EQ(runs.load(), 1);
+    const absl::Status cause = child.Cause();
+    EXPECT_TRUE(cause == absl::AbortedError("parent") || cause == absl::AbortedError("child"));
+    EXPECT_EQ(parent.Cause(), absl::AbortedError("parent"));
+  }
+}
+
+TEST(ContextRaceTest, AfterFuncStoppedWhileFiring) {
+  for (int round = 0; round < 500; ++round) {
+    auto [ctx, cancel] = WithCancel(Background());
+    std::atomic<int> runs{0};
+    AfterFuncHandle handle = AfterFunc(ctx, [&] { ++runs; });
+    std::latch go(2);
+    std::atomic<bool> stopped{false};
+    std::thread a([&, c = cancel] {
+      go.arrive_and_wait();
+      c();
+    });
+    std::thread b([&] {
+      go.arrive_and_wait();
+      stopped = handle.Stop();
+    });
+    a.join();
+    b.join();
+    EXPECT_EQ(runs.load() + (stopped.load() ? 1 : 0), 1);  // exactly one of the two won
+  }
+}
+
+TEST(ContextRaceTest, ChildrenCreatedWhileParentIsCancelled) {
+  for (int round = 0; round < 50; ++round) {
+    CancelableContext pc = WithCancel(Background());
+    const Context& parent = pc.context;
+    const CancelFunc& cancel = pc.cancel;
+    std::vector<Context> children[2];
+    std::latch go(3);
+    auto make = [&](int t) {
+      go.arrive_and_wait();
+      for (int i = 0; i < 200; ++i) children[t].push_back(WithCancel(parent).context);
+    };
+    std::thread a(make, 0), b(make, 1);
+    go.arrive_and_wait();
+    cancel();
+    a.join();
+    b.join();
+    for (auto& list : children) {
+      for (const Context& c : list) ASSERT_TRUE(c.IsCancelled());  // none missed
+    }
+  }
+}
+
+TEST(ContextRaceTest, HandlesDroppedDuringCancellation) {
+  for (int round = 0; round < 50; ++round) {
+    auto [parent, cancel] = WithCancel(Background());
+    std::vector<Context> children;
+    for (int i = 0; i < 500; ++i) children.push_back(WithCancel(parent).context);
+    std::latch go(2);
+    std::thread dropper([&] {
+      go.arrive_and_wait();
+      children.clear();
+    });
+    go.arrive_and_wait();
+    cancel();
+    dropper.join();
+    EXPECT_TRUE(parent.IsCancelled());
+  }
+}
+
+TEST(ContextRaceTest, DeadlineFiresWhileContextIsDropped) {
+  for (int round = 0; round < 200; ++round) {
+    auto [ctx, cancel] = WithTimeout(Background(), absl::Microseconds(round % 20));
+    std::thread dropper([c = std::move(ctx), k = std::move(cancel)]() mutable {
+      c = Background();
+      k = CancelFunc();
+    });
+    dropper.join();
+  }
+}
+
+TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {
+  auto [ctx, cancel] = WithCancel(Background());
+  std::vector<std::thread> waiters;
+  std::atomic<int> woke{0};
+  for (int i = 0; i < 8; ++i) {
+    waiters.emplace_back([&, c = ctx] {
+      c.Done().Wait();
+      ++woke;
+    });
+  }
+  cancel();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(woke.load(), 8);
+}
+
+}  // namespace
+}  // namespace kwq

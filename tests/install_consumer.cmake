@@ -1,0 +1,34 @@
+# Installs the kwq build tree into a scratch prefix, then configures, builds and runs the
+# consumer in tests/consumer against it, and checks the pkg-config file. Run by ctest.
+file(REMOVE_RECURSE ${KWQ_WORK_DIR})
+set(prefix ${KWQ_WORK_DIR}/prefix)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${KWQ_BINARY_DIR} --prefix ${prefix}
+                RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "cmake --install failed: ${rc}")
+endif()
+execute_process(
+  COMMAND ${CMAKE_COMMAND} -S ${KWQ_CONSUMER_SOURCE} -B ${KWQ_WORK_DIR}/build -G Ninja
+          -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${KWQ_CXX_COMPILER}
+          "-DCMAKE_CXX_FLAGS=${KWQ_CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${KWQ_CXX_FLAGS}"
+  RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${KWQ_WORK_DIR}/build RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${KWQ_WORK_DIR}/build/consumer RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "the consumer failed: ${rc}")
+endif()
+# pkg-config must find kwq in the same prefix.
+file(GLOB pcdir ${prefix}/lib*/pkgconfig)
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir}
+                        pkg-config --cflags --libs kwq
+                RESULT_VARIABLE rc OUTPUT_VARIABLE flags)
+if(rc OR NOT flags MATCHES "-lkwq")
+  message(FATAL_ERROR "pkg-config kwq failed (${rc}): ${flags}")
+endif()
+message(STATUS "pkg-config kwq: ${flags}")

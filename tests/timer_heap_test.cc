@@ -1,0 +1,93 @@
+#include "internal/timer_heap.h"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kwq::internal {
+namespace {
+
+absl::Time T(int64_t ms) { return absl::UnixEpoch() + absl::Milliseconds(ms); }
+
+TEST(TimerHeapTest, PopsInDeadlineOrderFifoAmongEqual) {
+  TimerHeap heap;
+  std::vector<int> order;
+  heap.Insert(T(30), [&] { order.push_back(3); });
+  heap.Insert(T(10), [&] { order.push_back(1); });
+  heap.Insert(T(20), [&] { order.push_back(2); });
+  heap.Insert(T(10), [&] { order.push_back(11); });
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(T(5), &id, &fn));
+  while (heap.PopDue(T(100), &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<int>{1, 11, 2, 3}));
+}
+
+TEST(TimerHeapTest, StaleIdsAreRejected) {
+  TimerHeap heap;
+  const uint64_t a = heap.Insert(T(1), [] {});
+  EXPECT_NE(a, 0u);
+  EXPECT_TRUE(heap.Remove(a));
+  EXPECT_FALSE(heap.Remove(a));
+  const uint64_t b = heap.Insert(T(1), [] {});  // reuses the slot with a new generation
+  EXPECT_NE(a, b);
+  EXPECT_FALSE(heap.Update(a, T(2)));
+  EXPECT_FALSE(heap.Contains(a));
+  EXPECT_TRUE(heap.Contains(b));
+  EXPECT_FALSE(heap.Remove(0));
+  EXPECT_FALSE(heap.Remove(~0ull));
+}
+
+TEST(TimerHeapTest, InfiniteDeadlineNeverPops) {
+  TimerHeap heap;
+  heap.Insert(absl::InfiniteFuture(), [] {});
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(absl::InfiniteFuture(), &id, &fn));
+  EXPECT_EQ(heap.NextDeadline(), absl::InfiniteFuture());
+  heap.Insert(absl::InfinitePast(), [] {});
+  EXPECT_TRUE(heap.PopDue(T(0), &id, &fn));
+}
+
+// Random inserts, removes and updates against a std::multimap model.
+TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
+  std::mt19937 rng(42);
+  TimerHeap heap;
+  std::map<uint64_t, int64_t> model;  // id -> deadline ms
+  for (int step = 0; step < 20000; ++step) {
+    const int op = rng() % 4;
+    if (op <= 1 || model.empty()) {
+      const int64_t ms = rng() % 1000;
+      model[heap.Insert(T(ms), [] {})] = ms;
+    } else if (op == 2) {
+      auto it = std::next(model.begin(), rng() % model.size());
+      ASSERT_TRUE(heap.Remove(it->first));
+      model.erase(it);
+    } else {
+      auto it = std::next(model.begin(), rng() % model.size());
+      const int64_t ms = rng() % 1000;
+      ASSERT_TRUE(heap.Update(it->first, T(ms)));
+      it->second = ms;
+    }
+    ASSERT_EQ(heap.size(), model.size());
+    int64_t min_ms = INT64_MAX;
+    for (auto& [id, ms] : model) min_ms = std::min(min_ms, ms);
+    if (!model.empty()) ASSERT_EQ(heap.NextDeadline(), T(min_ms));
+  }
+  uint64_t id;
+  TimerHeap::Callback fn;
+  int64_t last = -1;
+  while (heap.PopDue(T(1000), &id, &fn)) {
+    ASSERT_EQ(model.count(id), 1u);
+    ASSERT_GE(model[id], last);
+    last = model[id];
+    model.erase(id);
+  }
+  EXPECT_TRUE(model.empty());
+}
+
+}  // namespace
+}  // namespace kwq::internal

@@ -1,0 +1,305 @@
+#include "kwq/timer.h"
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <latch>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kwq {
+namespace {
+
+// ---- real clock, both backends ----
+
+class RealTimerTest : public ::testing::TestWithParam<TimerService::Backend> {
+ protected:
+  std::unique_ptr<TimerService> NewService() {
+    TimerService::Options options;
+    options.backend = GetParam();
+    absl::StatusOr<std::unique_ptr<TimerService>> service = TimerService::Create(options);
+    EXPECT_TRUE(service.ok()) << service.status();
+    return std::move(*service);
+  }
+};
+
+TEST_P(RealTimerTest, UsesTheRequestedBackend) {
+  auto service = NewService();
+  EXPECT_EQ(service->backend(), GetParam());
+}
+
+TEST_P(RealTimerTest, FiresInDeadlineOrder) {
+  auto service = NewService();
+  std::mutex mu;
+  std::vector<int> order;
+  std::latch done(3);
+  const absl::Time now = service->clock().Now();
+  auto record = [&](int i) {
+    return [&, i] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(i);
+      }
+      done.count_down();
+    };
+  };
+  service->Schedule(now + absl::Milliseconds(30), record(3));
+  service->Schedule(now + absl::Milliseconds(10), record(1));
+  service->Schedule(now + absl::Milliseconds(20), record(2));
+  done.wait();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST_P(RealTimerTest, NeverFiresEarly) {
+  auto service = NewService();
+  std::latch done(1);
+  const absl::Time deadline = service->clock().Now() + absl::Milliseconds(5);
+  absl::Time fired;
+  service->Schedule(deadline, [&] {
+    fired = service->clock().Now();
+    done.count_down();
+  });
+  done.wait();
+  EXPECT_GE(fired, deadline);
+}
+
+TEST_P(RealTimerTest, EarlierTimerWakesASleepingService) {
+  auto service = NewService();
+  std::latch done(1);
+  service->ScheduleAfter(absl::Hours(1), [] { ADD_FAILURE() << "far timer fired"; });
+  service->ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+  done.wait();  // hangs (test timeout) if the service kept sleeping for an hour
+  EXPECT_EQ(service->Pending(), 1u);
+}
+
+TEST_P(RealTimerTest, PastDeadlineRunsSoon) {
+  auto service = NewService();
+  std::latch done(1);
+  service->Schedule(absl::InfinitePast(), [&] { done.count_down(); });
+  done.wait();
+}
+
+TEST_P(RealTimerTest, CancelPreventsRun) {
+  auto service = NewService();
+  std::atomic<bool> ran{false};
+  const TimerId id = service->ScheduleAfter(absl::Milliseconds(20), [&] { ran = true; });
+  EXPECT_TRUE(service->Cancel(id));
+  EXPECT_FALSE(service->Cancel(id));  // cancel after cancel is a no-op
+  std::latch done(1);
+  service->ScheduleAfter(absl::Milliseconds(40), [&] { done.count_down(); });
+  done.wait();
+  EXPECT_FALSE(ran.load());
+}
+
+TEST_P(RealTimerTest, CancelSyncWaitsForRunningCallback) {
+  auto service = NewService();
+  std::latch started(1);
+  std::atomic<bool> release{false};
+  std::atomic<bool> finished{false};
+  const TimerId id = service->Schedule(absl::InfinitePast(), [&] {
+    started.count_down();
+    while (!release.load()) std::this_thread::yield();
+    finished = true;
+  });
+  started.wait();
+  EXPECT_FALSE(service->Cancel(id));  // running: Cancel does not stop or wait
+  std::thread releaser([&] { release = true; });
+  EXPECT_FALSE(service->CancelSync(id));
+  EXPECT_TRUE(finished.load());  // CancelSync returned only after the callback did
+  releaser.join();
+}
+
+TEST_P(RealTimerTest, CancelSyncFromOwnCallbackDoesNotDeadlock) {
+  auto service = NewService();
+  std::latch done(1);
+  TimerId id = 0;
+  std::atomic<TimerId> id_seen{0};
+  id = service->Schedule(absl::InfiniteFuture(), [&] {
+    EXPECT_FALSE(service->CancelSync(id_seen.load()));
+    done.count_down();
+  });
+  id_seen = id;
+  ASSERT_TRUE(service->Reschedule(id, absl::InfinitePast()));
+  done.wait();
+}
+
+TEST_P(RealTimerTest, RescheduleMovesAPendingTimer) {
+  auto service = NewService();
+  std::latch done(1);
+  const TimerId id = service->ScheduleAfter(absl::Hours(1), [&] { done.count_down(); });
+  EXPECT_TRUE(service->Reschedule(id, service->clock().Now() + absl::Milliseconds(1)));
+  done.wait();
+  EXPECT_FALSE(service->Reschedule(id, absl::InfiniteFuture()));  // already ran
+}
+
+TEST_P(RealTimerTest, DestructionDropsPendingTimersAndJoins) {
+  std::atomic<int> ran{0};
+  {
+    auto service = NewService();
+    for (int i = 0; i < 100; ++i) service->ScheduleAfter(absl::Hours(1), [&] { ++ran; });
+    EXPECT_EQ(service->Pending(), 100u);
+  }
+  EXPECT_EQ(ran.load(), 0);
+}
+
+TEST_P(RealTimerTest, ManyThreadsScheduleAndCancel) {
+  auto service = NewService();
+  constexpr int kThreads = 4, kPerThread = 2000;
+  std::atomic<int> fired{0};
+  std::atomic<int> cancelled{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const TimerId id =
+            service->ScheduleAfter(absl::Microseconds((i * 7 + t) % 500), [&] { ++fired; });
+        if (i % 2 == 0 && service->Cancel(id)) ++cancelled;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  // Every timer either fired or was cancelled: wait for the rest to fire.
+  while (fired.load() + cancelled.load() < kThreads * kPerThread) std::this_thread::yield();
+  EXPECT_EQ(service->Pending(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, RealTimerTest,
+                         ::testing::Values(TimerService::Backend::kPortable,
+                                           TimerService::Backend::kIoUring),
+                         [](const auto& info) {
+                           return info.param == TimerService::Backend::kPortable ? "portable"
+                                                                                 : "io_uring";
+                         });
+
+// ---- fake clock ----
+
+TEST(FakeTimerTest, RunsDueTimersInsideAdvanceInOrder) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  std::vector<int> order;
+  const absl::Time start = clock.Now();
+  service->Schedule(start + absl::Seconds(2), [&] { order.push_back(2); });
+  service->Schedule(start + absl::Seconds(1), [&] { order.push_back(1); });
+  service->Schedule(start + absl::Seconds(1), [&] { order.push_back(11); });
+  service->Schedule(start + absl::Seconds(3), [&] { order.push_back(3); });
+  clock.Advance(absl::Milliseconds(999));
+  EXPECT_TRUE(order.empty());
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(order, (std::vector<int>{1, 11}));
+  clock.Advance(absl::Seconds(5));
+  EXPECT_EQ(order, (std::vector<int>{1, 11, 2, 3}));
+}
+
+TEST(FakeTimerTest, CallbackSchedulingADueTimerRunsInTheSameAdvance) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  int runs = 0;
+  service->ScheduleAfter(absl::Seconds(1), [&] {
+    ++runs;
+    service->Schedule(clock.Now(), [&] { ++runs; });
+  });
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(runs, 2);
+}
+
+TEST(FakeTimerTest, PastTimerRunsOnNextAdvance) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  bool ran = false;
+  service->Schedule(clock.Now() - absl::Seconds(1), [&] { ran = true; });
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::ZeroDuration());
+  EXPECT_TRUE(ran);
+}
+
+TEST(FakeTimerTest, BackwardJumpFiresNothing) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  bool ran = false;
+  service->ScheduleAfter(absl::Seconds(1), [&] { ran = true; });
+  clock.SetTime(clock.Now() - absl::Hours(1));
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::Hours(1));
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(ran);
+}
+
+TEST(FakeTimerTest, HugeDelaysSaturate) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  bool ran = false;
+  const TimerId id = service->ScheduleAfter(absl::InfiniteDuration(), [&] { ran = true; });
+  service->ScheduleAfter(absl::Hours(1e9), [&] {});
+  clock.Advance(absl::Hours(24 * 365 * 100));
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(service->Cancel(id));
+}
+
+TEST(FakeTimerTest, ServiceDestroyedBeforeClockIsRemoved) {
+  FakeClock clock;
+  bool ran = false;
+  {
+    auto service = *TimerService::Create({.clock = &clock});
+    service->ScheduleAfter(absl::Seconds(1), [&] { ran = true; });
+  }
+  clock.Advance(absl::Seconds(2));  // must not touch the destroyed service
+  EXPECT_FALSE(ran);
+}
+
+// ---- backend selection ----
+
+class EnvGuard {
+ public:
+  explicit EnvGuard(const char* value) {
+    const char* old = getenv("KWQ_TIMER_BACKEND");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv("KWQ_TIMER_BACKEND", value, 1);
+  }
+  ~EnvGuard() {
+    if (had_) {
+      setenv("KWQ_TIMER_BACKEND", old_.c_str(), 1);
+    } else {
+      unsetenv("KWQ_TIMER_BACKEND");
+    }
+  }
+
+ private:
+  bool had_;
+  std::string old_;
+};
+
+TEST(TimerBackendTest, EnvironmentForcesPortable) {
+  EnvGuard env("portable");
+  auto service = TimerService::Create();
+  ASSERT_TRUE(service.ok());
+  EXPECT_EQ((*service)->backend(), TimerService::Backend::kPortable);
+  EXPECT_EQ((*service)->backend_name(), "portable");
+}
+
+TEST(TimerBackendTest, ExplicitOptionBeatsEnvironment) {
+  EnvGuard env("portable");
+  auto service = TimerService::Create({.backend = TimerService::Backend::kIoUring});
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ((*service)->backend(), TimerService::Backend::kIoUring);
+}
+
+TEST(TimerBackendTest, UnknownEnvironmentValueIsInvalidArgument) {
+  EnvGuard env("epoll-please");
+  auto service = TimerService::Create();
+  EXPECT_EQ(service.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(service.status().message().find("epoll-please"), std::string::npos);
+}
+
+TEST(TimerBackendTest, DefaultServiceWorks) {
+  std::latch done(1);
+  TimerService::Default().ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+  done.wait();
+}
+
+}  // namespace
+}  // namespace kwq
