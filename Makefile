@@ -20,13 +20,13 @@ run: release
 
 asan: setup
 	cmake -S . -B build/asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ \
-	  -DKWQ_SANITIZE=address,undefined -DKWQ_INSTALL_TEST=ON -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
+	  -DKWQ_SANITIZE=address,undefined -DKWQ_INSTALL_TEST=ON -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
 	cmake --build build/asan -j$(JOBS)
 	cd build/asan && $(CTEST)
 
 tsan: setup
 	cmake -S . -B build/tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=g++ \
-	  -DKWQ_SANITIZE=thread -DKWQ_BUILD_BENCHMARKS=OFF -DKWQ_BUILD_TOOLS=OFF >/dev/null
+	  -DKWQ_SANITIZE=thread -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF -DKWQ_BUILD_TOOLS=OFF >/dev/null
 	cmake --build build/tsan -j$(JOBS)
 	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(CTEST)
 
@@ -39,7 +39,8 @@ clang: setup
 test: asan tsan clang
 
 bench: release
-	./build/release/bench/kwq_bench --benchmark_min_time=0.2
+	./build/release/bench/timer_bench
+	./build/release/bench/context_bench
 
 scenarios: release
 	bash bench/run_scenarios.sh

@@ -75,7 +75,9 @@ TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
     ASSERT_EQ(heap.size(), model.size());
     int64_t min_ms = INT64_MAX;
     for (auto& [id, ms] : model) min_ms = std::min(min_ms, ms);
-    if (!model.empty()) ASSERT_EQ(heap.NextDeadline(), T(min_ms));
+    if (!model.empty()) {
+      ASSERT_EQ(heap.NextDeadline(), T(min_ms));
+    }
   }
   uint64_t id;
   TimerHeap::Callback fn;

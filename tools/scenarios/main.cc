@@ -1,0 +1,32 @@
+// kwq-scenarios --scenario=NAME [--n=N]   runs one scenario, prints one line
+// kwq-scenarios --list                    names every scenario
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "scenario.h"
+
+ABSL_FLAG(std::string, scenario, "", "scenario to run (see --list)");
+ABSL_FLAG(int64_t, n, 0, "problem size; 0 means the scenario's default");
+ABSL_FLAG(bool, list, false, "print the scenario names and default sizes");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::vector<kwq::scenarios::Scenario> all = kwq::scenarios::ContextScenarios();
+  if (absl::GetFlag(FLAGS_list)) {
+    for (const auto& s : all) std::printf("%s n=%lld\n", s.name.c_str(), (long long)s.default_n);
+    return 0;
+  }
+  const std::string name = absl::GetFlag(FLAGS_scenario);
+  for (const auto& s : all) {
+    if (s.name != name) continue;
+    const int64_t n = absl::GetFlag(FLAGS_n) > 0 ? absl::GetFlag(FLAGS_n) : s.default_n;
+    const std::string result = s.run(n);
+    std::printf("%s %s\n", s.name.c_str(), result.c_str());
+    return 0;
+  }
+  std::fprintf(stderr, "kwq-scenarios: unknown --scenario='%s' (try --list)\n", name.c_str());
+  return 2;
+}

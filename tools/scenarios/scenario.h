@@ -1,0 +1,45 @@
+// kwq-scenarios: the peer scenarios of shared/bench/SCENARIOS.md, one line of output each:
+//   <scenario> key=value key=value ...
+
+#ifndef KWQ_TOOLS_SCENARIOS_SCENARIO_H_
+#define KWQ_TOOLS_SCENARIOS_SCENARIO_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace kwq::scenarios {
+
+struct Scenario {
+  std::string name;
+  int64_t default_n;
+  // Runs the scenario with `n` and returns the key=value part of its output line.
+  std::function<std::string(int64_t n)> run;
+};
+
+// Every scenario, grouped by the file that defines it.
+std::vector<Scenario> ContextScenarios();
+
+// Monotonic stopwatch.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(absl::Now()) {}
+  absl::Duration Elapsed() const { return absl::Now() - start_; }
+
+ private:
+  absl::Time start_;
+};
+
+// Keeps the compiler from deleting or hoisting a computation.
+template <typename T>
+inline void KeepAlive(T const& value) {
+  asm volatile("" : : "r,m"(value) : "memory");
+}
+
+}  // namespace kwq::scenarios
+
+#endif  // KWQ_TOOLS_SCENARIOS_SCENARIO_H_
