@@ -36,9 +36,8 @@ int main() {
   auto [db, cancel_db] = kwq::WithCancel(request);
   kwq::AfterFunc(db, [] { std::printf("db lookup: AfterFunc ran on cancel\n"); });
   cancel_db(absl::AbortedError("cache hit, lookup not needed"));
-  std::printf("db lookup: err=%s cause=%s; request still live: %s\n",
-              db.Err().ToString().c_str(), db.Cause().ToString().c_str(),
-              request.IsCancelled() ? "no" : "yes");
+  std::printf("db lookup: err=%s cause=%s; request still live: %s\n", db.Err().ToString().c_str(),
+              db.Cause().ToString().c_str(), request.IsCancelled() ? "no" : "yes");
 
   auto [fanout, cancel_fanout] = kwq::WithCancel(request);
   std::vector<std::jthread> workers;

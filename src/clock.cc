@@ -15,8 +15,7 @@ RealClock* RealClock::Default() {
 }
 
 absl::Time RealClock::Now() const {
-  return absl::UnixEpoch() +
-         absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
 }
 
 void RealClock::SleepUntil(absl::Time deadline) {

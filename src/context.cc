@@ -4,6 +4,7 @@
 #include <exception>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "internal/context_node.h"
 #include "internal/futex.h"
 
@@ -27,8 +28,20 @@ const std::atomic<uint32_t>* WordOf(const ContextNode* node) {
   return node->canceller != nullptr ? &node->canceller->state : &kNeverCancelledWord;
 }
 
-absl::Status CanceledError() { return absl::CancelledError("context canceled"); }
-absl::Status DeadlineError() { return absl::DeadlineExceededError("context deadline exceeded"); }
+}  // namespace
+
+const absl::Status& CanceledError() {
+  static const absl::Status* const status =
+      new absl::Status(absl::CancelledError("context canceled"));
+  return *status;
+}
+const absl::Status& DeadlineError() {
+  static const absl::Status* const status =
+      new absl::Status(absl::DeadlineExceededError("context deadline exceeded"));
+  return *status;
+}
+
+namespace {
 
 void RunAfterFunc(AfterFuncRecord& record) {
   int expected = AfterFuncRecord::kPending;
@@ -75,6 +88,8 @@ void Destroy(ContextNode* node) {
       // node needs its registrar's lock. The canceller's reference, released with
       // acq_rel, orders that unlink before this load.
       if ((node->state.load(std::memory_order_acquire) & kCancelledBit) == 0) Unlink(node);
+    }
+    if (node->has_timer) {
       TimerId timer;
       {
         MutexLock lock(&node->mu);
@@ -117,10 +132,10 @@ bool TryRef(ContextNode* node) {
   return false;
 }
 
-void CancelTree(ContextNode* start, const absl::Status& err, const absl::Status& cause) {
+void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause) {
   Unlink(start);
-  Ref(start);
-  std::vector<ContextNode*> work{start};  // each entry holds one reference
+  // Every entry but `start` (which the caller keeps alive) holds one reference.
+  absl::InlinedVector<ContextNode*, 16> work{start};
   std::list<std::shared_ptr<AfterFuncRecord>> funcs;
   while (!work.empty()) {
     ContextNode* node = work.back();
@@ -132,8 +147,8 @@ void CancelTree(ContextNode* start, const absl::Status& err, const absl::Status&
       if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
         node->err = err;
         node->cause = cause;
-        waiters = (node->state.fetch_or(kCancelledBit, std::memory_order_release) &
-                   kWaitersBit) != 0;
+        waiters =
+            (node->state.fetch_or(kCancelledBit, std::memory_order_release) & kWaitersBit) != 0;
         for (ContextNode* child = node->first_child; child != nullptr;) {
           ContextNode* next = child->next_sibling;
           child->prev_sibling = child->next_sibling = nullptr;
@@ -154,7 +169,7 @@ void CancelTree(ContextNode* start, const absl::Status& err, const absl::Status&
     if (waiters) FutexWakeAll(&node->state);
     for (auto& record : funcs) RunAfterFunc(*record);
     funcs.clear();
-    Unref(node);
+    if (node != start) Unref(node);
   }
 }
 
@@ -163,7 +178,8 @@ ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline) {
   auto* node = new ContextNode(parent, CancelSource::kOwn, parent->timers, deadline);
   ContextNode* reg = node->registrar();
   if (reg == nullptr) return node;  // the parent can never be cancelled
-  absl::Status err, cause;
+  const absl::Status* err;
+  absl::Status cause;
   {
     MutexLock lock(&reg->mu);
     if ((reg->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
@@ -185,8 +201,7 @@ CancelFunc MakeCancelFunc(Context ctx) { return CancelFunc(std::move(ctx)); }
 ContextNode* NodeOf(const Context& ctx) { return ctx.node(); }
 Context AdoptNode(ContextNode* node) { return Context(node); }
 
-Context WithValueErased(const Context& parent, const void* key,
-                        std::shared_ptr<const void> value) {
+Context WithValueErased(const Context& parent, const void* key, std::shared_ptr<const void> value) {
   ContextNode* p = NodeOf(parent);
   Ref(p);
   auto* node = new ContextNode(p, CancelSource::kInherit, p->timers, p->deadline);
@@ -249,14 +264,14 @@ absl::Status Context::Err() const {
   ContextNode* c = node()->canceller;
   if (!IsCancelled()) return absl::OkStatus();
   internal::MutexLock lock(&c->mu);
-  return c->err;
+  return *c->err;
 }
 
 absl::Status Context::Cause() const {
   ContextNode* c = node()->canceller;
   if (!IsCancelled()) return absl::OkStatus();
   internal::MutexLock lock(&c->mu);
-  return c->cause;
+  return c->cause.ok() ? *c->err : c->cause;
 }
 
 absl::Time Context::Deadline() const { return node()->deadline; }
@@ -319,8 +334,7 @@ void CancelFunc::operator()(absl::Status cause) const {
   ContextNode* node = ctx_.node();
   if (!node->cancellable()) return;  // default-constructed CancelFunc: Background
   if ((node->state.load(std::memory_order_acquire) & internal::kCancelledBit) != 0) return;
-  absl::Status err = internal::CanceledError();
-  internal::CancelTree(node, err, cause.ok() ? err : std::move(cause));
+  internal::CancelTree(node, &internal::CanceledError(), cause);
 }
 
 // ---- AfterFunc ----
@@ -385,24 +399,27 @@ CancelableContext WithCancel(const Context& parent) {
 
 CancelableContext WithCancelCause(const Context& parent) { return WithCancel(parent); }
 
-CancelableContext WithDeadline(const Context& parent, absl::Time deadline, absl::Status cause) {
+namespace {
+
+// WithDeadline with the current time already read (one clock read per WithTimeout).
+CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, absl::Time now,
+                                 absl::Status cause) {
   ContextNode* p = internal::NodeOf(parent);
   if (deadline >= p->deadline) return WithCancel(parent);  // the parent's is earlier
   ContextNode* node = internal::NewCancellableChild(p, deadline);
-  const absl::Status err = internal::DeadlineError();
-  node->deadline_cause = cause.ok() ? err : std::move(cause);  // before anyone can fire
+  node->deadline_cause = std::move(cause);  // before anyone can fire; OK = DeadlineError
+  node->has_timer = true;
   Context ctx = internal::AdoptNode(node);
-  TimerService& timers = node->Timers();
-  if (deadline <= timers.clock().Now()) {
-    internal::CancelTree(node, err, node->deadline_cause);
+  if (deadline <= now) {
+    internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
   } else {
     internal::MutexLock lock(&node->mu);
     if ((node->state.load(std::memory_order_relaxed) & internal::kCancelledBit) == 0) {
       // The callback holds no reference (the node may die first); Destroy cancels the
       // timer with CancelSync, so `node` is valid whenever the callback runs.
-      node->timer = timers.Schedule(deadline, [node] {
+      node->timer = node->Timers().Schedule(deadline, [node] {
         if (!internal::TryRef(node)) return;
-        internal::CancelTree(node, internal::DeadlineError(), node->deadline_cause);
+        internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
         internal::Unref(node);
       });
     }
@@ -411,15 +428,21 @@ CancelableContext WithDeadline(const Context& parent, absl::Time deadline, absl:
   return {std::move(ctx), std::move(cancel)};
 }
 
+}  // namespace
+
+CancelableContext WithDeadline(const Context& parent, absl::Time deadline, absl::Status cause) {
+  return WithDeadlineAt(parent, deadline, parent.timers().clock().Now(), std::move(cause));
+}
+
 CancelableContext WithTimeout(const Context& parent, absl::Duration timeout, absl::Status cause) {
-  return WithDeadline(parent, parent.timers().clock().Now() + timeout, std::move(cause));
+  const absl::Time now = parent.timers().clock().Now();
+  return WithDeadlineAt(parent, now + timeout, now, std::move(cause));
 }
 
 Context WithoutCancel(const Context& parent) {
   ContextNode* p = internal::NodeOf(parent);
   internal::Ref(p);
-  auto* node =
-      new ContextNode(p, internal::CancelSource::kNone, p->timers, absl::InfiniteFuture());
+  auto* node = new ContextNode(p, internal::CancelSource::kNone, p->timers, absl::InfiniteFuture());
   return internal::AdoptNode(node);
 }
 

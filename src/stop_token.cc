@@ -7,6 +7,12 @@
 namespace kwq {
 namespace {
 
+const absl::Status& StopRequested() {
+  static const absl::Status* const status =
+      new absl::Status(absl::CancelledError("stop requested"));
+  return *status;
+}
+
 // Cancels its node when the stop is requested. The node owns this object and destroys it
 // (first) when it dies; the std::stop_callback destructor waits for a callback running on
 // another thread, and TryRef fails for a dying node, so the node is always valid here.
@@ -20,8 +26,7 @@ class StopTokenLink final : public internal::ContextAttachment {
     internal::ContextNode* node;
     void operator()() const {
       if (!internal::TryRef(node)) return;
-      internal::CancelTree(node, absl::CancelledError("context canceled"),
-                           absl::CancelledError("stop requested"));
+      internal::CancelTree(node, &internal::CanceledError(), StopRequested());
       internal::Unref(node);
     }
   };

@@ -147,9 +147,9 @@ class TimerCore final : public ClockObserver {
     mu_.Unlock();
   }
 
-  Clock* const clock_;                          // I: set at construction
-  const std::unique_ptr<TimerWaiter> waiter_;   // I: null for a manual clock
-  std::thread thread_;                          // I: started by Start, joined by ~TimerCore
+  Clock* const clock_;                         // I: set at construction
+  const std::unique_ptr<TimerWaiter> waiter_;  // I: null for a manual clock
+  std::thread thread_;                         // I: started by Start, joined by ~TimerCore
 
   mutable Mutex mu_;
   CondVar running_done_;
@@ -174,8 +174,8 @@ absl::StatusOr<TimerService::Backend> BackendFromEnv(TimerService::Backend reque
   if (value == "auto") return TimerService::Backend::kAuto;
   if (value == "portable") return TimerService::Backend::kPortable;
   if (value == "io_uring") return TimerService::Backend::kIoUring;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "KWQ_TIMER_BACKEND='", value, "' is not one of: auto, portable, io_uring"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("KWQ_TIMER_BACKEND='", value, "' is not one of: auto, portable, io_uring"));
 }
 
 }  // namespace

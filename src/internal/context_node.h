@@ -35,7 +35,7 @@ struct AfterFuncRecord {
   explicit AfterFuncRecord(absl::AnyInvocable<void()> f) : fn(std::move(f)) {}
   std::atomic<int> state{kPending};  // A: the CAS winner (acq_rel) owns fn
   absl::AnyInvocable<void()> fn;
-  bool linked = false;               // owner's M
+  bool linked = false;                                       // owner's M
   std::list<std::shared_ptr<AfterFuncRecord>>::iterator it;  // owner's M
 };
 
@@ -65,20 +65,23 @@ struct ContextNode {
   std::atomic<int32_t> refs{1};  // A: increments relaxed, decrement acq_rel
   bool immortal = false;         // I: Background's node; never counted or freed
 
-  ContextNode* const parent;     // I: owns one reference; null for roots
-  ContextNode* const canceller;  // I: self, nearest cancellable ancestor, or null
-  TimerService* const timers;    // I: null means TimerService::Default()
-  const absl::Time deadline;     // I: effective (earliest in the chain)
-  const void* value_key = nullptr;    // I
-  std::shared_ptr<const void> value;  // I
+  ContextNode* const parent;                      // I: owns one reference; null for roots
+  ContextNode* const canceller;                   // I: self, nearest cancellable ancestor, or null
+  TimerService* const timers;                     // I: null means TimerService::Default()
+  const absl::Time deadline;                      // I: effective (earliest in the chain)
+  const void* value_key = nullptr;                // I
+  std::shared_ptr<const void> value;              // I
   std::unique_ptr<ContextAttachment> attachment;  // I (destroyed first by Destroy)
   absl::Status deadline_cause;                    // I: Cause() when the deadline fires
+  bool has_timer = false;                         // I: may arm a deadline timer
 
   // Cancellable nodes only.
   // A: kCancelledBit set once with release (under mu); kWaitersBit set by waiters.
   std::atomic<uint32_t> state{0};
   Mutex mu;
-  absl::Status err ABSL_GUARDED_BY(mu);
+  // Err(): one of the two process-wide statuses below (no count to bump per node).
+  const absl::Status* err ABSL_GUARDED_BY(mu) = nullptr;
+  // Cause() when it differs from *err; OK means "the same as *err".
   absl::Status cause ABSL_GUARDED_BY(mu);
   ContextNode* first_child ABSL_GUARDED_BY(mu) = nullptr;
   std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
@@ -95,9 +98,15 @@ void Unref(ContextNode* node);
 // Takes a reference unless the count already reached zero (the node is being destroyed).
 bool TryRef(ContextNode* node);
 
-// Cancels `start` and its subtree with `err`/`cause` (iteratively), unlinking `start`
-// from its registrar. The caller holds a reference to `start`.
-void CancelTree(ContextNode* start, const absl::Status& err, const absl::Status& cause);
+// The two Err() values, built once (a Status with a message is heap-allocated; these are
+// shared by every cancelled node).
+const absl::Status& CanceledError();
+const absl::Status& DeadlineError();
+
+// Cancels `start` and its subtree (iteratively), unlinking `start` from its registrar.
+// `err` is CanceledError() or DeadlineError(); `cause` is OK when it is the same as
+// *err. The caller holds a reference to `start`.
+void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause);
 
 // Creates a cancellable child of `parent` (one reference, owned by the caller) with the
 // effective deadline `deadline` and registers it, cancelling it at once when the parent

@@ -25,8 +25,8 @@ void FutexWait(const std::atomic<uint32_t>* word, uint32_t expected, absl::Durat
 }
 
 void FutexWakeAll(const std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX,
-          nullptr, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
 }
 
 }  // namespace kwq::internal

@@ -80,9 +80,8 @@ std::string ErrCheck(int64_t n) {
   }
   const absl::Duration d_err = sw_err.Elapsed();
   KeepAlive(hits);
-  return absl::StrFormat("ns_per_op=%.3f err_ns_per_op=%.3f n=%d",
-                         absl::ToDoubleNanoseconds(d) / n, absl::ToDoubleNanoseconds(d_err) / m,
-                         n);
+  return absl::StrFormat("ns_per_op=%.3f err_ns_per_op=%.3f n=%d", absl::ToDoubleNanoseconds(d) / n,
+                         absl::ToDoubleNanoseconds(d_err) / m, n);
 }
 
 }  // namespace

@@ -14,9 +14,9 @@ namespace kwq::internal {
                               int line);
 }  // namespace kwq::internal
 
-#define KWQ_CHECK(cond, msg)                                           \
-  do {                                                                 \
-    if (!(cond)) [[unlikely]]                                          \
+#define KWQ_CHECK(cond, msg)                                          \
+  do {                                                                \
+    if (!(cond)) [[unlikely]]                                         \
       ::kwq::internal::CheckFailed(#cond, (msg), __FILE__, __LINE__); \
   } while (0)
 
