@@ -6,7 +6,7 @@ JOBS ?= 2
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS) --timeout 120
 
-.PHONY: run test setup release asan tsan clang bench scenarios clean format
+.PHONY: run test setup release asan tsan clang bench scenarios plots clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -39,11 +39,16 @@ clang: setup
 test: asan tsan clang
 
 bench: release
-	./build/release/bench/timer_bench
-	./build/release/bench/context_bench
+	bash bench/run_benchmarks.sh
 
 scenarios: release
 	bash bench/run_scenarios.sh
+
+# Regenerates docs/img/*.png from docs/data/ (raw results of `make bench` and `make scenarios`).
+plots:
+	@dpkg-query -W -f='$${Status}' python3-matplotlib 2>/dev/null | grep -q 'install ok installed' || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-matplotlib)
+	/usr/bin/python3 docs/plot.py
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

@@ -89,15 +89,9 @@ void Destroy(ContextNode* node) {
       // acq_rel, orders that unlink before this load.
       if ((node->state.load(std::memory_order_acquire) & kCancelledBit) == 0) Unlink(node);
     }
-    if (node->has_timer) {
-      TimerId timer;
-      {
-        MutexLock lock(&node->mu);
-        timer = node->timer;
-        node->timer = 0;
-      }
-      // Waits for a deadline callback running right now; it fails TryRef and returns.
-      if (timer != 0) node->Timers().CancelSync(timer);
+    // Waits for a deadline callback running right now (it fails TryRef and returns).
+    if (const TimerId timer = node->timer.load(std::memory_order_relaxed); timer != 0) {
+      node->Timers().CancelSync(timer);
     }
     ContextNode* parent = node->parent;
     delete node;
@@ -161,11 +155,14 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
         node->first_child = nullptr;
         for (auto& record : node->after_funcs) record->linked = false;
         funcs.swap(node->after_funcs);
-        timer = node->timer;
-        node->timer = 0;
+        timer = node->timer.load(std::memory_order_relaxed);
       }
     }
-    if (timer != 0) node->Timers().Cancel(timer);
+    // A timer stopped here can never run, so Destroy need not wait for it; one that could
+    // not be stopped is running (or ran) and Destroy's CancelSync waits it out.
+    if (timer != 0 && node->Timers().Cancel(timer)) {
+      node->timer.compare_exchange_strong(timer, 0, std::memory_order_relaxed);
+    }
     if (waiters) FutexWakeAll(&node->state);
     for (auto& record : funcs) RunAfterFunc(*record);
     funcs.clear();
@@ -408,21 +405,23 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
   if (deadline >= p->deadline) return WithCancel(parent);  // the parent's is earlier
   ContextNode* node = internal::NewCancellableChild(p, deadline);
   node->deadline_cause = std::move(cause);  // before anyone can fire; OK = DeadlineError
-  node->has_timer = true;
   Context ctx = internal::AdoptNode(node);
   if (deadline <= now) {
     internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
-  } else {
-    internal::MutexLock lock(&node->mu);
-    if ((node->state.load(std::memory_order_relaxed) & internal::kCancelledBit) == 0) {
-      // The callback holds no reference (the node may die first); Destroy cancels the
-      // timer with CancelSync, so `node` is valid whenever the callback runs.
-      node->timer = node->Timers().Schedule(deadline, [node] {
-        if (!internal::TryRef(node)) return;
-        internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
-        internal::Unref(node);
-      });
-    }
+  } else if (!ctx.IsCancelled()) {
+    // The callback holds no reference (the node may die first); Destroy cancels the timer
+    // with CancelSync, so `node` is valid whenever the callback runs. If the parent
+    // cancels the node before the id is stored, the timer stays armed and later finds
+    // the node cancelled (a no-op), or Destroy removes it.
+    node->timer.store(node->Timers().Schedule(deadline,
+                                              [node] {
+                                                if (!internal::TryRef(node)) return;
+                                                internal::CancelTree(
+                                                    node, &internal::DeadlineError(),
+                                                    node->deadline_cause);
+                                                internal::Unref(node);
+                                              }),
+                      std::memory_order_relaxed);
   }
   CancelFunc cancel = internal::MakeCancelFunc(ctx);
   return {std::move(ctx), std::move(cancel)};

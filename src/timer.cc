@@ -1,6 +1,7 @@
 #include "kwq/timer.h"
 
 #include <pthread.h>
+#include <sys/prctl.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -135,6 +136,8 @@ class TimerCore final : public ClockObserver {
 
   void Loop() {
     pthread_setname_np(pthread_self(), "kwq-timer");
+    // The default 50 us timer slack would be added to every wait of the portable backend.
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     mu_.Lock();
     while (!stopping_) {
       armed_ = absl::InfinitePast();  // awake: nobody needs to wake us

@@ -433,6 +433,18 @@ TEST(ContextRaceTest, DeadlineFiresWhileContextIsDropped) {
   }
 }
 
+TEST(ContextRaceTest, CancelRacingDeadlineThenDrop) {
+  // The cancel's Cancel(timer) fails while the deadline callback runs; the node must not
+  // be freed under that callback (ASan/TSan catch a use after free here).
+  for (int round = 0; round < 300; ++round) {
+    CancelableContext parent = WithCancel(Background());
+    CancelableContext child = WithTimeout(parent.context, absl::Microseconds(round % 10));
+    std::thread canceller([c = parent.cancel] { c(); });
+    child = CancelableContext{};
+    canceller.join();
+  }
+}
+
 TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {
   auto [ctx, cancel] = WithCancel(Background());
   std::vector<std::thread> waiters;

@@ -1,6 +1,11 @@
 #include "kwq/timer.h"
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include <atomic>
 #include <latch>
@@ -293,6 +298,40 @@ TEST(TimerBackendTest, UnknownEnvironmentValueIsInvalidArgument) {
   auto service = TimerService::Create();
   EXPECT_EQ(service.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(service.status().message().find("epoll-please"), std::string::npos);
+}
+
+// Makes io_uring_setup fail with EPERM in this process, as a seccomp profile (Docker's
+// default, for one) does. Returns false if the filter cannot be installed.
+bool RefuseIoUring() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// Runs in a child process (EXPECT_EXIT): exits 0 when, with io_uring refused, kAuto falls
+// back to the portable backend and works, and an explicit kIoUring is Unavailable.
+void FallbackWhenIoUringRefused() {
+  if (!RefuseIoUring()) _exit(3);
+  auto forced = TimerService::Create({.backend = TimerService::Backend::kIoUring});
+  if (forced.ok() || forced.status().code() != absl::StatusCode::kUnavailable) _exit(4);
+  unsetenv("KWQ_TIMER_BACKEND");
+  auto service = TimerService::Create();
+  if (!service.ok() || (*service)->backend() != TimerService::Backend::kPortable) _exit(5);
+  std::latch done(1);
+  (*service)->ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+  done.wait();
+  _exit(0);
+}
+
+TEST(TimerBackendTest, RefusedIoUringFallsBackToPortable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(FallbackWhenIoUringRefused(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(TimerBackendTest, DefaultServiceWorks) {

@@ -73,7 +73,6 @@ struct ContextNode {
   std::shared_ptr<const void> value;              // I
   std::unique_ptr<ContextAttachment> attachment;  // I (destroyed first by Destroy)
   absl::Status deadline_cause;                    // I: Cause() when the deadline fires
-  bool has_timer = false;                         // I: may arm a deadline timer
 
   // Cancellable nodes only.
   // A: kCancelledBit set once with release (under mu); kWaitersBit set by waiters.
@@ -85,7 +84,10 @@ struct ContextNode {
   absl::Status cause ABSL_GUARDED_BY(mu);
   ContextNode* first_child ABSL_GUARDED_BY(mu) = nullptr;
   std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
-  TimerId timer ABSL_GUARDED_BY(mu) = 0;
+  // A (relaxed): the deadline timer. Stored once by WithDeadline after arming; reset to 0
+  // by CancelTree when its Cancel stopped the timer. While non-zero, the callback may be
+  // pending or running, so Destroy must CancelSync it before freeing the node.
+  std::atomic<TimerId> timer{0};
 
   // Membership in registrar()'s child list: P.
   ContextNode* prev_sibling = nullptr;

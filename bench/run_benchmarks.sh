@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs the Google Benchmark binaries and writes their raw JSON to docs/data/, from which
+# docs/plot.py draws the plots in docs/img/. Usage: bench/run_benchmarks.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p docs/data
+for b in timer_bench context_bench; do
+  ./build/release/bench/$b --benchmark_min_time=0.3 \
+    --benchmark_out=docs/data/$b.json --benchmark_out_format=json
+done

@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""Draws docs/img/*.png from the raw data in docs/data/ (see docs/benchmarks.md).
+
+Usage: make plots   (or /usr/bin/python3 docs/plot.py; needs python3-matplotlib)
+"""
+import json
+import os
+import re
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+IMG = os.path.join(HERE, "img")
+
+# scenario -> (key, Go client-go/context figure, kwq goal) from shared/bench/SCENARIOS.md
+PEERS = {
+    "ctx_child_create_cancel": ("ns_per_op", 161, 60),
+    "ctx_timeout_create_cancel": ("ns_per_op", 389, 100),
+    "ctx_wide_cancel_1M": ("ms", 201, 50),
+    "ctx_deep_cancel_100k": ("ms", 115, 10),
+    "ctx_err_check": ("ns_per_op", 4.7, 1),
+}
+
+
+def last_block(path):
+    """Lines of the newest block (after the last '#' header) of scenarios.txt."""
+    block = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                block = []
+            elif line.strip():
+                block.append(line.split())
+    return block
+
+
+def scenario_medians():
+    runs = {}
+    for fields in last_block(os.path.join(DATA, "scenarios.txt")):
+        name, kv = fields[0], dict(f.split("=", 1) for f in fields[1:])
+        if name in PEERS:
+            runs.setdefault(name, []).append(float(kv[PEERS[name][0]]))
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def plot_scenarios():
+    med = scenario_medians()
+    names = [n for n in PEERS if n in med]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = range(len(names))
+    w = 0.27
+    go = [PEERS[n][1] for n in names]
+    goal = [PEERS[n][2] for n in names]
+    kwq = [med[n] for n in names]
+    ax.bar([x - w for x in xs], go, w, label="Go (SCENARIOS.md)")
+    ax.bar(list(xs), goal, w, label="kwq goal")
+    ax.bar([x + w for x in xs], kwq, w, label="kwq measured (median of 3)")
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{n}\n({PEERS[n][0]})" for n in names], fontsize=7)
+    ax.set_ylabel("lower is better (log scale)")
+    ax.set_title("Context scenarios, 2-core machine")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "ctx_scenarios.png"), dpi=110)
+
+
+def plot_timers():
+    with open(os.path.join(DATA, "timer_bench.json")) as f:
+        bench = json.load(f)["benchmarks"]
+    lat = [b for b in bench if b["name"].startswith("BM_Lateness100k")]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    keys = ["late_p50_us", "late_p99_us", "late_max_us"]
+    w = 0.35
+    for i, b in enumerate(lat):
+        ax.bar([k + i * w for k in range(len(keys))], [b[k] for k in keys], w,
+               label=b.get("label", b["name"]))
+    ax.set_xticks([k + w / 2 for k in range(len(keys))])
+    ax.set_xticklabels(["p50", "p99", "max"])
+    ax.set_yscale("log")
+    ax.set_ylabel("lateness (us, log scale)")
+    ax.set_title("Timer lateness with 100,000 armed timers")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "timer_lateness.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    os.makedirs(IMG, exist_ok=True)
+    plot_scenarios()
+    plot_timers()
+    print("wrote", ", ".join(sorted(os.listdir(IMG))))
