@@ -416,9 +416,9 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
     node->timer.store(node->Timers().Schedule(deadline,
                                               [node] {
                                                 if (!internal::TryRef(node)) return;
-                                                internal::CancelTree(
-                                                    node, &internal::DeadlineError(),
-                                                    node->deadline_cause);
+                                                internal::CancelTree(node,
+                                                                     &internal::DeadlineError(),
+                                                                     node->deadline_cause);
                                                 internal::Unref(node);
                                               }),
                       std::memory_order_relaxed);

@@ -15,6 +15,8 @@ ABSL_FLAG(bool, list, false, "print the scenario names and default sizes");
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::vector<kwq::scenarios::Scenario> all = kwq::scenarios::ContextScenarios();
+  for (auto& s : kwq::scenarios::QueueScenarios()) all.push_back(std::move(s));
+  for (auto& s : kwq::scenarios::DelayScenarios()) all.push_back(std::move(s));
   if (absl::GetFlag(FLAGS_list)) {
     for (const auto& s : all) std::printf("%s n=%lld\n", s.name.c_str(), (long long)s.default_n);
     return 0;

@@ -23,6 +23,12 @@ struct Scenario {
 
 // Every scenario, grouped by the file that defines it.
 std::vector<Scenario> ContextScenarios();
+std::vector<Scenario> QueueScenarios();
+std::vector<Scenario> DelayScenarios();
+
+// Helpers shared by the scenario files.
+std::vector<std::string> MakeKeys(int64_t n);  // "default/object-<i>", i < n
+int64_t ResidentBytes();                       // this process's RSS
 
 // Monotonic stopwatch.
 class Stopwatch {

@@ -1,0 +1,238 @@
+// File: kwq/delaying_queue.h
+//
+// DelayingQueue<T>: a Queue<T> plus AddAfter, client-go's delaying queue, on the shared
+// TimerService (no goroutine-like thread per queue).
+//
+//   kwq::DelayingQueue<std::string> q;
+//   q.AddAfter("default/web", absl::Seconds(30));   // ready in 30 s
+//   q.CancelAfter("default/web");                    // changed my mind (client-go can't)
+//
+// Promises (pinned by tests/delaying_queue_test.cc), beyond Queue's:
+//   - AddAfter(item, d) with d <= 0 is Add(item). Otherwise the item becomes ready at
+//     now + d (read on the queue's clock). One waiting entry per item: the earliest ready
+//     time wins.
+//   - Add of a waiting item makes it ready now and removes the waiting entry, so it runs
+//     once, not twice (fixes kubernetes#126027).
+//   - CancelAfter removes a waiting entry.
+//   - AddAfter never blocks on a buffer (client-go's blocks when 1000 adds are pending):
+//     it takes one short lock and at most one timer-service call.
+//   - Waiting items are counted by Waiting() and the `delayed` metric, not by Depth().
+//   - Lateness (ready time to the item being ready for Get) is the timer service's
+//     resolution, independent of the number of waiting items: one timer is armed, for
+//     the earliest ready time, and each firing moves every due item at once.
+//   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
+//
+// Thread safety: every member may be called from any thread. Lock order: this queue's
+// lock, then the timer service's; the inner Queue's lock is never held with this one.
+
+#ifndef KWQ_DELAYING_QUEUE_H_
+#define KWQ_DELAYING_QUEUE_H_
+
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kwq/internal/indexed_heap.h"
+#include "kwq/internal/key_table.h"
+#include "kwq/queue.h"
+
+namespace kwq {
+
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class DelayingQueue {
+ public:
+  using Options = QueueOptions;
+  using Lease = typename Queue<T, Hash, Eq>::Lease;
+
+  DelayingQueue() : DelayingQueue(Options{}) {}
+  explicit DelayingQueue(Options options)
+      : clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
+        timers_(options.timers != nullptr ? options.timers : &TimerService::Default()),
+        queue_(std::move(options)) {}
+
+  // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
+  // the queue down.
+  ~DelayingQueue() { ShutDown(); }
+
+  DelayingQueue(const DelayingQueue&) = delete;
+  DelayingQueue& operator=(const DelayingQueue&) = delete;
+
+  // Queue::Add, after removing a waiting entry of `item` (it runs now, once).
+  template <typename K>
+  bool Add(K&& item) {
+    RemoveWaiting(item);
+    return queue_.Add(std::forward<K>(item));
+  }
+
+  // Makes `item` ready after `delay`. Ignored after ShutDown.
+  template <typename K>
+  void AddAfter(K&& item, absl::Duration delay) {
+    if (delay <= absl::ZeroDuration()) {
+      Add(std::forward<K>(item));
+      return;
+    }
+    const uint32_t hash = Table::HashOf(item);
+    const int64_t ready = ToKey(clock_->Now() + delay);
+    internal::MutexLock lock(&mu_);
+    if (stopping_) return;
+    uint32_t slot = waiting_.Find(item, hash);
+    if (slot == Table::kNone) {
+      slot = waiting_.Insert(std::forward<K>(item), hash, 0);
+      heap_.Push(slot, ready);
+      if (auto* m = queue_.metrics_recorder()) m->OnDelayed(+1);
+    } else if (ready < heap_.KeyOf(slot)) {
+      heap_.Update(slot, ready);  // the earliest ready time wins
+    } else {
+      return;
+    }
+    ArmLocked();
+  }
+
+  // Removes `item`'s waiting entry. Returns true when there was one.
+  bool CancelAfter(const T& item) { return RemoveWaiting(item); }
+
+  // Items waiting for their delay.
+  size_t Waiting() const {
+    internal::MutexLock lock(&mu_);
+    return heap_.size();
+  }
+
+  // The rest is Queue's (see kwq/queue.h).
+  std::optional<Lease> Get() { return queue_.Get(); }
+  std::optional<Lease> TryGet() { return queue_.TryGet(); }
+  std::optional<Lease> Get(const Context& ctx) { return queue_.Get(ctx); }
+  template <typename Range>
+  size_t AddAll(Range&& items) {
+    for (const auto& item : items) RemoveWaiting(item);
+    return queue_.AddAll(std::forward<Range>(items));
+  }
+  size_t Len() const { return queue_.Len(); }
+  size_t Depth() const { return queue_.Depth(); }
+  size_t InFlight() const { return queue_.InFlight(); }
+  bool ShuttingDown() const { return queue_.ShuttingDown(); }
+
+  // Drops waiting items and shuts the queue down (Queue::ShutDown).
+  void ShutDown() {
+    StopWaiting();
+    queue_.ShutDown();
+  }
+  // Drops waiting items, then Queue::ShutDownWithDrain.
+  bool ShutDownWithDrain() {
+    StopWaiting();
+    return queue_.ShutDownWithDrain();
+  }
+
+  // The inner queue's metrics recorder, or nullptr (for RateLimitingQueue).
+  internal::QueueMetricsRecorder* metrics_recorder() { return queue_.metrics_recorder(); }
+
+ private:
+  using Table = internal::KeyTable<T, Hash, Eq>;
+
+  static int64_t ToKey(absl::Time t) {
+    if (t == absl::InfiniteFuture()) return std::numeric_limits<int64_t>::max();
+    return absl::ToUnixNanos(t);
+  }
+  static absl::Time FromKey(int64_t key) {
+    if (key == std::numeric_limits<int64_t>::max()) return absl::InfiniteFuture();
+    return absl::FromUnixNanos(key);
+  }
+
+  bool RemoveWaiting(const T& item) {
+    internal::MutexLock lock(&mu_);
+    if (heap_.empty()) return false;
+    const uint32_t slot = waiting_.Find(item);
+    if (slot == Table::kNone) return false;
+    heap_.Remove(slot);
+    waiting_.Erase(slot);
+    if (auto* m = queue_.metrics_recorder()) m->OnDelayed(-1);
+    return true;  // the timer may fire early for nothing; it re-arms itself
+  }
+
+  // Arms (or moves) the one timer to the earliest ready time, if that is earlier than
+  // the time it is armed for.
+  void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (heap_.empty() || stopping_) return;
+    const int64_t next = heap_.TopKey();
+    if (timer_ != 0) {
+      if (next >= armed_for_) return;
+      // If Reschedule fails the timer is firing right now; that Fire re-arms under mu_.
+      if (timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
+      return;
+    }
+    armed_for_ = next;
+    timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+  }
+
+  // Timer callback: moves every due item into the queue, then re-arms.
+  void Fire() {
+    std::vector<T> due;
+    {
+      internal::MutexLock lock(&mu_);
+      if (stopping_) return;
+      timer_ = 0;  // this timer has fired
+      const int64_t now = ToKey(clock_->Now());
+      while (!heap_.empty() && heap_.TopKey() <= now) {
+        const uint32_t slot = heap_.TopId();
+        heap_.Pop();
+        due.push_back(std::move(waiting_.item(slot)));
+        waiting_.Erase(slot);
+      }
+      ArmLocked();
+      if (due.empty()) return;
+      ++firing_;
+    }
+    if (auto* m = queue_.metrics_recorder()) {
+      for (size_t i = 0; i < due.size(); ++i) m->OnDelayed(-1);
+    }
+    queue_.AddAll(std::move(due));
+    {
+      internal::MutexLock lock(&mu_);
+      --firing_;
+    }
+    fired_cv_.SignalAll();
+  }
+
+  // Drops waiting items and stops the timer. After it returns no Fire is running and
+  // none will start.
+  void StopWaiting() {
+    TimerId timer;
+    {
+      internal::MutexLock lock(&mu_);
+      stopping_ = true;
+      timer = timer_;
+      timer_ = 0;
+      auto* m = queue_.metrics_recorder();
+      while (!heap_.empty()) {
+        const uint32_t slot = heap_.TopId();
+        heap_.Pop();
+        waiting_.Erase(slot);
+        if (m) m->OnDelayed(-1);
+      }
+    }
+    // A Fire that has not taken mu_ yet is this timer's callback: wait for it (it sees
+    // stopping_ and returns). One past its first critical section is counted in firing_.
+    if (timer != 0) timers_->CancelSync(timer);
+    internal::MutexLock lock(&mu_);
+    while (firing_ > 0) fired_cv_.Wait(&mu_);
+  }
+
+  Clock* const clock_;          // I
+  TimerService* const timers_;  // I
+  Queue<T, Hash, Eq> queue_;
+
+  mutable internal::Mutex mu_;
+  internal::CondVar fired_cv_;                       // a Fire finished (firing_ went down)
+  Table waiting_ ABSL_GUARDED_BY(mu_);               // one copy of each waiting key
+  internal::IndexedHeap heap_ ABSL_GUARDED_BY(mu_);  // waiting slots by ready time
+  // The one timer, armed for armed_for_; 0 when none is pending. A Fire in progress
+  // (firing_) re-arms it at its end.
+  TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
+  int firing_ ABSL_GUARDED_BY(mu_) = 0;  // Fires between their two critical sections
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace kwq
+
+#endif  // KWQ_DELAYING_QUEUE_H_

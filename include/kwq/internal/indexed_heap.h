@@ -1,0 +1,113 @@
+// File: kwq/internal/indexed_heap.h
+//
+// IndexedHeap: a 4-ary min-heap of small integer ids ordered by (int64 key, sequence),
+// with each id's position remembered so it can be removed or re-keyed in O(log n). Ties
+// on key pop in insertion (sequence) order. Not thread-safe. Internal: used by the
+// delaying queue (ids are KeyTable slots, keys are ready times) and the priority queue.
+//
+// Why hand-written: std::priority_queue cannot remove or re-key an entry, and Debian's
+// Abseil and Boost offer no indexed heap with integer handles.
+
+#ifndef KWQ_INTERNAL_INDEXED_HEAP_H_
+#define KWQ_INTERNAL_INDEXED_HEAP_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace kwq::internal {
+
+class IndexedHeap {
+ public:
+  static constexpr uint32_t kAbsent = UINT32_MAX;
+
+  bool empty() const { return heap_.empty(); }
+  size_t size() const { return heap_.size(); }
+  bool Contains(uint32_t id) const { return id < pos_.size() && pos_[id] != kAbsent; }
+
+  // Adds `id` (which must be absent) with `key`.
+  void Push(uint32_t id, int64_t key) {
+    if (id >= pos_.size()) pos_.resize(id + 1, kAbsent);
+    heap_.push_back(Entry{key, seq_++, id});
+    pos_[id] = static_cast<uint32_t>(heap_.size() - 1);
+    SiftUp(pos_[id]);
+  }
+
+  // Changes the key of a present `id`; it goes behind entries with the same key.
+  void Update(uint32_t id, int64_t key) {
+    const uint32_t p = pos_[id];
+    heap_[p].key = key;
+    heap_[p].seq = seq_++;
+    SiftUp(p);
+    SiftDown(pos_[id]);
+  }
+
+  // Removes a present `id`.
+  void Remove(uint32_t id) {
+    const uint32_t p = pos_[id];
+    const uint32_t last = static_cast<uint32_t>(heap_.size() - 1);
+    pos_[id] = kAbsent;
+    if (p != last) {
+      const uint32_t moved = heap_[last].id;
+      Place(p, heap_[last]);
+      heap_.pop_back();
+      SiftUp(p);
+      SiftDown(pos_[moved]);
+    } else {
+      heap_.pop_back();
+    }
+  }
+
+  int64_t KeyOf(uint32_t id) const { return heap_[pos_[id]].key; }
+  uint32_t TopId() const { return heap_[0].id; }
+  int64_t TopKey() const { return heap_[0].key; }
+  void Pop() { Remove(heap_[0].id); }
+
+ private:
+  struct Entry {
+    int64_t key;
+    uint64_t seq;
+    uint32_t id;
+  };
+  static bool Less(const Entry& a, const Entry& b) {
+    return a.key < b.key || (a.key == b.key && a.seq < b.seq);
+  }
+  void Place(uint32_t p, const Entry& e) {
+    heap_[p] = e;
+    pos_[e.id] = p;
+  }
+  void SiftUp(uint32_t p) {
+    const Entry e = heap_[p];
+    while (p > 0) {
+      const uint32_t parent = (p - 1) / 4;
+      if (!Less(e, heap_[parent])) break;
+      Place(p, heap_[parent]);
+      p = parent;
+    }
+    Place(p, e);
+  }
+  void SiftDown(uint32_t p) {
+    const Entry e = heap_[p];
+    const uint32_t n = static_cast<uint32_t>(heap_.size());
+    for (;;) {
+      const uint32_t first = p * 4 + 1;
+      if (first >= n) break;
+      uint32_t best = first;
+      const uint32_t end = first + 4 < n ? first + 4 : n;
+      for (uint32_t c = first + 1; c < end; ++c) {
+        if (Less(heap_[c], heap_[best])) best = c;
+      }
+      if (!Less(heap_[best], e)) break;
+      Place(p, heap_[best]);
+      p = best;
+    }
+    Place(p, e);
+  }
+
+  std::vector<Entry> heap_;
+  std::vector<uint32_t> pos_;  // id -> index in heap_, or kAbsent
+  uint64_t seq_ = 0;
+};
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_INTERNAL_INDEXED_HEAP_H_

@@ -1,0 +1,179 @@
+// File: kwq/internal/rate_limiter_impl.h
+//
+// Internals of kwq/rate_limiter.h: the bounded per-item failure table shared by the
+// per-item limiters, the token bucket behind BucketRateLimiter, and the non-template
+// arithmetic and validation helpers (defined in src/rate_limiter.cc). Internal: kwq users
+// must not depend on this header.
+
+#ifndef KWQ_INTERNAL_RATE_LIMITER_IMPL_H_
+#define KWQ_INTERNAL_RATE_LIMITER_IMPL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kwq/clock.h"
+#include "kwq/internal/mutex.h"
+
+namespace kwq::internal {
+
+// min(base * 2^exponent, max), exact (absl::Duration arithmetic, no floating point) and
+// without overflow for every exponent >= 0: a product beyond absl::Duration's range
+// saturates to `max`. Needs 0 <= base <= max; a negative exponent counts as 0.
+absl::Duration ExponentialBackoff(absl::Duration base, absl::Duration max, int64_t exponent);
+
+// min(delay * factor, max) for a finite delay and factor >= 0; an infinite delay, or a
+// factor of exactly 1, returns `delay` unchanged.
+absl::Duration ApplyJitter(absl::Duration delay, absl::Duration max, double factor);
+
+// The idle horizon used when a per-item limiter's options leave it unset:
+// max(2 * max_delay, 1 minute); absl::InfiniteDuration() (never evict) when max_delay is
+// infinite.
+absl::Duration DefaultIdleHorizon(absl::Duration max_delay);
+
+// A seed for a jitter generator: `seed` itself when non-zero, else one drawn from
+// std::random_device.
+uint64_t JitterSeed(uint64_t seed);
+
+// Parameter checks of the factories. Each returns OK or an InvalidArgument error naming
+// the parameter and its value.
+absl::Status ValidateExponentialFailure(absl::Duration base, absl::Duration max, double jitter,
+                                        std::optional<absl::Duration> idle_horizon);
+absl::Status ValidateFastSlow(absl::Duration fast, absl::Duration slow, int max_fast_attempts,
+                              std::optional<absl::Duration> idle_horizon);
+absl::Status ValidateMaxWait(absl::Duration max_wait);
+
+// A token bucket with golang.org/x/time/rate reservation semantics, kept exactly in
+// absl::Duration arithmetic: tokens are represented by `full_at_`, the instant at which
+// the bucket would be full again, so that tokens(now) = burst - (full_at_ - now) / interval
+// and a reservation moves full_at_ one interval later. Thread-safe; never blocks.
+class TokenBucket {
+ public:
+  // Validates the parameters (see BucketRateLimiter::Create) and builds a full bucket.
+  static absl::Status Validate(double qps, int burst);
+  // Requires Validate(qps, burst).ok() and a non-null clock.
+  TokenBucket(double qps, int burst, Clock* clock);
+  TokenBucket(const TokenBucket&) = delete;
+  TokenBucket& operator=(const TokenBucket&) = delete;
+
+  // Takes one token (the count may go negative) and returns how long until that token
+  // would have been available: zero while tokens remain.
+  absl::Duration Reserve();
+
+ private:
+  enum class Mode {
+    kUnlimited,  // qps = +infinity: every reservation is free.
+    kNoRefill,   // qps so small that no token is ever refilled: burst free, then forever.
+    kRefill,     // the ordinary bucket.
+  };
+
+  Clock* const clock_;
+  Mode mode_;
+  absl::Duration interval_;  // 1 / qps, rounded to absl::Duration's quarter-nanosecond.
+  absl::Duration capacity_;  // burst * interval_.
+  Mutex mu_;
+  int64_t no_refill_left_ ABSL_GUARDED_BY(mu_) = 0;  // kNoRefill: tokens left.
+  absl::Time full_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_now_ ABSL_GUARDED_BY(mu_);  // the clock at the previous reservation.
+};
+
+// The per-item failure table of ExponentialFailureRateLimiter and FastSlowRateLimiter.
+// Each entry holds an item's failure count and the time of its last recorded failure, and
+// sits on an intrusive list ordered by that time (coldest first). An entry idle for longer
+// than the horizon counts as absent, and every RecordFailure/Failures call first removes
+// the idle entries at the cold end of the list, so the table holds only items that failed
+// within the horizon (as of the last call). Each entry is removed at most once, so the
+// eviction cost is O(1) amortised per call. Not thread-safe: the owner locks.
+template <typename T, typename Hash, typename Eq>
+class FailureTable {
+ public:
+  // `idle_horizon` >= 0; absl::InfiniteDuration() never evicts.
+  explicit FailureTable(absl::Duration idle_horizon) : horizon_(idle_horizon) {}
+  FailureTable(const FailureTable&) = delete;
+  FailureTable& operator=(const FailureTable&) = delete;
+
+  // Records one failure of `item` at `now` and returns the failures recorded before it
+  // (0 for an item not in the table, or idle past the horizon).
+  int64_t RecordFailure(const T& item, absl::Time now) {
+    EvictIdle(now);
+    auto [it, inserted] = entries_.try_emplace(item);
+    Entry& entry = it->second;
+    if (inserted) {
+      entry.key = &it->first;
+    } else {
+      Unlink(&entry);
+      if (IsIdle(entry, now)) entry.failures = 0;  // possible only after a clock jump back
+    }
+    const int64_t before = entry.failures;
+    if (entry.failures < std::numeric_limits<int64_t>::max()) ++entry.failures;
+    entry.last = now;
+    PushHot(&entry);
+    return before;
+  }
+
+  // The failures recorded for `item` (0 when absent or idle past the horizon).
+  int64_t Failures(const T& item, absl::Time now) {
+    EvictIdle(now);
+    auto it = entries_.find(item);
+    if (it == entries_.end() || IsIdle(it->second, now)) return 0;
+    return it->second.failures;
+  }
+
+  // Removes `item`'s entry, if any.
+  void Forget(const T& item) {
+    auto it = entries_.find(item);
+    if (it == entries_.end()) return;
+    Unlink(&it->second);
+    entries_.erase(it);
+  }
+
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    int64_t failures = 0;
+    absl::Time last;
+    Entry* colder = nullptr;
+    Entry* hotter = nullptr;
+    const T* key = nullptr;  // the map key of this entry (node_hash_map: stable address)
+  };
+
+  bool IsIdle(const Entry& entry, absl::Time now) const {
+    return horizon_ != absl::InfiniteDuration() && now - entry.last > horizon_;
+  }
+
+  void EvictIdle(absl::Time now) {
+    while (cold_ != nullptr && IsIdle(*cold_, now)) {
+      Entry* entry = cold_;
+      Unlink(entry);
+      entries_.erase(*entry->key);
+    }
+  }
+
+  void Unlink(Entry* entry) {
+    (entry->colder != nullptr ? entry->colder->hotter : cold_) = entry->hotter;
+    (entry->hotter != nullptr ? entry->hotter->colder : hot_) = entry->colder;
+    entry->colder = entry->hotter = nullptr;
+  }
+
+  void PushHot(Entry* entry) {
+    entry->colder = hot_;
+    entry->hotter = nullptr;
+    (hot_ != nullptr ? hot_->hotter : cold_) = entry;
+    hot_ = entry;
+  }
+
+  const absl::Duration horizon_;
+  absl::node_hash_map<T, Entry, Hash, Eq> entries_;
+  Entry* cold_ = nullptr;  // least recently failed
+  Entry* hot_ = nullptr;   // most recently failed
+};
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_INTERNAL_RATE_LIMITER_IMPL_H_

@@ -1,0 +1,414 @@
+// File: kwq/rate_limiter.h
+//
+// Rate limiters for retries: how long a work queue should wait before handing a failed
+// item out again. The interface and the limiters are those of client-go's
+// util/workqueue (TypedRateLimiter):
+//
+//   auto limiter = kwq::DefaultControllerRateLimiter<std::string>();
+//   absl::Duration delay = limiter->When(key);   // after a failure: requeue after `delay`
+//   limiter->Forget(key);                          // after a success: reset its history
+//
+//   - ExponentialFailureRateLimiter: base * 2^failures per item, capped, optional jitter.
+//   - FastSlowRateLimiter: a fast delay for the first attempts of an item, then a slow one.
+//   - BucketRateLimiter: one token bucket for all items (golang.org/x/time/rate semantics).
+//   - MaxOfRateLimiter: the largest delay of several limiters.
+//   - WithMaxWaitRateLimiter: another limiter's delay, capped.
+//   - DefaultControllerRateLimiter: MaxOf(Exponential(5ms, 1000s), Bucket(10 qps, 100)).
+//
+// Every limiter is generic over the item type T, hashed with `Hash` and compared with
+// `Eq` (T must be copyable: the per-item limiters keep a copy of each failing item).
+// Factories return absl::StatusOr: a bad parameter is an InvalidArgument error naming the
+// parameter and its value, never a crash.
+//
+// Bounded memory, unlike client-go: a per-item limiter (exponential, fast/slow) forgets an
+// item by itself once the item has not failed for `idle_horizon`, so a caller that never
+// calls Forget does not grow the table forever. An evicted item starts again from zero
+// failures. Time is read on the limiter's Clock, so tests drive it with a FakeClock.
+//
+// Thread safety: every member of every limiter here may be called concurrently from any
+// thread. No call blocks, other than on the limiter's own short internal lock.
+
+#ifndef KWQ_RATE_LIMITER_H_
+#define KWQ_RATE_LIMITER_H_
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kwq/clock.h"
+#include "kwq/internal/check.h"
+#include "kwq/internal/mutex.h"
+#include "kwq/internal/rate_limiter_impl.h"
+
+namespace kwq {
+
+// Decides how long to wait before retrying an item. Implementations are thread-safe.
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class RateLimiter {
+ public:
+  virtual ~RateLimiter() = default;
+
+  // Returns how long to wait before retrying `item` and records one failure of it.
+  // Thread-safe; never blocks. The result is >= 0, and absl::InfiniteDuration() only
+  // where a limiter documents it.
+  virtual absl::Duration When(const T& item) = 0;
+
+  // Clears `item`'s failure history (call it when the item succeeded). Thread-safe; never
+  // blocks; a no-op for an unknown item.
+  virtual void Forget(const T& item) = 0;
+
+  // The failures recorded for `item` since its last Forget (or its eviction after the
+  // idle horizon). Thread-safe; never blocks. Saturates at INT_MAX.
+  virtual int NumRequeues(const T& item) = 0;
+
+  // The number of per-item entries this limiter holds (its memory footprint): for the
+  // per-item limiters, the items that failed within the idle horizon and were not
+  // forgotten, as of the last When/NumRequeues call; the sum over children for the
+  // composite limiters; 0 for limiters without per-item state. Thread-safe.
+  virtual size_t TrackedItems() const { return 0; }
+};
+
+// Options of ExponentialFailureRateLimiter. The defaults are client-go's
+// DefaultControllerRateLimiter's.
+struct ExponentialFailureRateLimiterOptions {
+  // The first delay. Must be >= 0.
+  absl::Duration base = absl::Milliseconds(5);
+  // The largest delay. Must be >= base; absl::InfiniteDuration() means no cap.
+  absl::Duration max = absl::Seconds(1000);
+  // Multiplicative jitter j in [0, 1]: each delay is multiplied by a factor drawn
+  // uniformly from [1 - j, 1 + j), after the cap, then capped at `max` again. 0 (the
+  // default) means none: delays are exact.
+  double jitter = 0;
+  // Seed of the jitter generator; 0 (the default) draws one from std::random_device.
+  uint64_t jitter_seed = 0;
+  // The clock the idle horizon is measured on. nullptr means RealClock::Default(). Must
+  // outlive the limiter.
+  Clock* clock = nullptr;
+  // An item that has not failed for longer than this is forgotten (evicted from the
+  // table) and starts again from zero failures. Must be >= 0; absl::InfiniteDuration()
+  // means never. Unset means internal::DefaultIdleHorizon(max) = max(2 * max, 1 minute)
+  // (never, for an infinite max): an item that is being retried fails again about `max`
+  // after its last failure at the latest, so it keeps its history.
+  std::optional<absl::Duration> idle_horizon = std::nullopt;
+};
+
+// client-go's ItemExponentialFailureRateLimiter: the n-th failure of an item since its
+// last Forget (n = 0, 1, 2, ...) waits min(base * 2^n, max), computed exactly and without
+// overflow for any n; with jitter j, that delay d then becomes min(d * U[1 - j, 1 + j), max).
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class ExponentialFailureRateLimiter final : public RateLimiter<T, Hash, Eq> {
+ public:
+  using Options = ExponentialFailureRateLimiterOptions;
+
+  // Errors: InvalidArgument for base < 0, max < base, jitter outside [0, 1] or NaN, or a
+  // negative idle_horizon.
+  static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(const Options& options) {
+    absl::Status status = internal::ValidateExponentialFailure(
+        options.base, options.max, options.jitter, options.idle_horizon);
+    if (!status.ok()) return status;
+    return std::unique_ptr<RateLimiter<T, Hash, Eq>>(new ExponentialFailureRateLimiter(options));
+  }
+
+  // Thread-safe; O(1) amortised (see FailureTable); never blocks.
+  absl::Duration When(const T& item) override {
+    int64_t exponent;
+    double factor = 1;
+    {
+      internal::MutexLock lock(&mu_);
+      exponent = table_.RecordFailure(item, clock_->Now());
+      if (jitter_ > 0)
+        factor = std::uniform_real_distribution<double>(1 - jitter_, 1 + jitter_)(rng_);
+    }
+    return internal::ApplyJitter(internal::ExponentialBackoff(base_, max_, exponent), max_, factor);
+  }
+
+  void Forget(const T& item) override {
+    internal::MutexLock lock(&mu_);
+    table_.Forget(item);
+  }
+
+  int NumRequeues(const T& item) override {
+    internal::MutexLock lock(&mu_);
+    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->Now()), INT_MAX));
+  }
+
+  size_t TrackedItems() const override {
+    internal::MutexLock lock(&mu_);
+    return table_.size();
+  }
+
+ private:
+  explicit ExponentialFailureRateLimiter(const Options& options)
+      : base_(options.base),
+        max_(options.max),
+        jitter_(options.jitter),
+        clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
+        table_(options.idle_horizon.value_or(internal::DefaultIdleHorizon(options.max))),
+        rng_(internal::JitterSeed(options.jitter_seed)) {}
+
+  const absl::Duration base_;
+  const absl::Duration max_;
+  const double jitter_;
+  Clock* const clock_;
+  mutable internal::Mutex mu_;
+  internal::FailureTable<T, Hash, Eq> table_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+};
+
+// Options of FastSlowRateLimiter.
+struct FastSlowRateLimiterOptions {
+  // The delay of an item's first max_fast_attempts failures. Must be >= 0.
+  absl::Duration fast = absl::ZeroDuration();
+  // The delay of every later failure. Must be >= 0.
+  absl::Duration slow = absl::ZeroDuration();
+  // How many failures get `fast`. Must be >= 0.
+  int max_fast_attempts = 0;
+  // As in ExponentialFailureRateLimiterOptions.
+  Clock* clock = nullptr;
+  // As in ExponentialFailureRateLimiterOptions; unset means
+  // internal::DefaultIdleHorizon(max(fast, slow)).
+  std::optional<absl::Duration> idle_horizon = std::nullopt;
+};
+
+// client-go's ItemFastSlowRateLimiter: an item's failures 1..max_fast_attempts (counted
+// since its last Forget) wait `fast`, later ones wait `slow`.
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class FastSlowRateLimiter final : public RateLimiter<T, Hash, Eq> {
+ public:
+  using Options = FastSlowRateLimiterOptions;
+
+  // Errors: InvalidArgument for a negative fast, slow or idle_horizon, or
+  // max_fast_attempts < 0.
+  static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(const Options& options) {
+    absl::Status status = internal::ValidateFastSlow(
+        options.fast, options.slow, options.max_fast_attempts, options.idle_horizon);
+    if (!status.ok()) return status;
+    return std::unique_ptr<RateLimiter<T, Hash, Eq>>(new FastSlowRateLimiter(options));
+  }
+
+  // Thread-safe; O(1) amortised; never blocks.
+  absl::Duration When(const T& item) override {
+    int64_t failures;
+    {
+      internal::MutexLock lock(&mu_);
+      failures = table_.RecordFailure(item, clock_->Now()) + 1;
+    }
+    return failures <= max_fast_attempts_ ? fast_ : slow_;
+  }
+
+  void Forget(const T& item) override {
+    internal::MutexLock lock(&mu_);
+    table_.Forget(item);
+  }
+
+  int NumRequeues(const T& item) override {
+    internal::MutexLock lock(&mu_);
+    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->Now()), INT_MAX));
+  }
+
+  size_t TrackedItems() const override {
+    internal::MutexLock lock(&mu_);
+    return table_.size();
+  }
+
+ private:
+  explicit FastSlowRateLimiter(const Options& options)
+      : fast_(options.fast),
+        slow_(options.slow),
+        max_fast_attempts_(options.max_fast_attempts),
+        clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
+        table_(options.idle_horizon.value_or(
+            internal::DefaultIdleHorizon(std::max(options.fast, options.slow)))) {}
+
+  const absl::Duration fast_;
+  const absl::Duration slow_;
+  const int64_t max_fast_attempts_;
+  Clock* const clock_;
+  mutable internal::Mutex mu_;
+  internal::FailureTable<T, Hash, Eq> table_ ABSL_GUARDED_BY(mu_);
+};
+
+// Options of BucketRateLimiter. The defaults are client-go's DefaultControllerRateLimiter's.
+struct BucketRateLimiterOptions {
+  // Tokens added per second. Must be >= 0 and not NaN; +infinity means no limit.
+  double qps = 10;
+  // The bucket's size (and its initial content). Must be >= 0, and > 0 when qps == 0.
+  int burst = 100;
+  // The clock tokens refill on. nullptr means RealClock::Default(). Must outlive the
+  // limiter.
+  Clock* clock = nullptr;
+};
+
+// client-go's BucketRateLimiter: one token bucket shared by all items, with the
+// reservation semantics of golang.org/x/time/rate's Limiter.Reserve().Delay(). The bucket
+// starts full with `burst` tokens and refills at `qps` tokens per second up to `burst`.
+// Every When takes one token, even when none is left (the count goes negative), and
+// returns how long until that token would have been available: 0 while the bucket holds
+// a token, then 1/qps, 2/qps, ... for calls made at the same instant. Arithmetic is exact
+// in absl::Duration, with 1/qps rounded to a quarter nanosecond.
+//
+// Not per-item: NumRequeues is always 0, Forget does nothing, TrackedItems is 0.
+//
+// Edge cases:
+//   - qps = +infinity: When always returns 0 (burst is ignored).
+//   - qps = 0, burst > 0: the first `burst` calls return 0, every later one returns
+//     absl::InfiniteDuration() (no token is ever refilled; x/time/rate's Delay() returns
+//     its InfDuration there too). So does a qps so small that 1/qps is beyond
+//     absl::Duration's range.
+//   - burst = 0, qps > 0: calls at one instant wait 1/qps, 2/qps, ... (x/time/rate refuses
+//     such reservations outright and reports InfDuration; a bucket of size 0 that still
+//     refills is the more useful reading).
+//   - A clock that moves backwards neither adds nor removes tokens.
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class BucketRateLimiter final : public RateLimiter<T, Hash, Eq> {
+ public:
+  using Options = BucketRateLimiterOptions;
+
+  // Errors: InvalidArgument for qps < 0 or NaN, burst < 0, qps == 0 with burst == 0, or
+  // burst / qps beyond absl::Duration's range (about 292 billion years).
+  static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(const Options& options) {
+    absl::Status status = internal::TokenBucket::Validate(options.qps, options.burst);
+    if (!status.ok()) return status;
+    return std::unique_ptr<RateLimiter<T, Hash, Eq>>(new BucketRateLimiter(options));
+  }
+
+  // Thread-safe; O(1); never blocks.
+  absl::Duration When(const T&) override { return bucket_.Reserve(); }
+  void Forget(const T&) override {}
+  int NumRequeues(const T&) override { return 0; }
+
+ private:
+  explicit BucketRateLimiter(const Options& options)
+      : bucket_(options.qps, options.burst,
+                options.clock != nullptr ? options.clock : RealClock::Default()) {}
+
+  internal::TokenBucket bucket_;
+};
+
+// client-go's MaxOfRateLimiter: When calls every child's When (so each records the
+// failure) and returns the largest delay; NumRequeues is the largest of the children's;
+// Forget forwards to every child.
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class MaxOfRateLimiter final : public RateLimiter<T, Hash, Eq> {
+ public:
+  using Child = std::unique_ptr<RateLimiter<T, Hash, Eq>>;
+
+  // Errors: InvalidArgument for an empty list or a null child.
+  static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(
+      std::vector<Child> children) {
+    if (children.empty()) {
+      return absl::InvalidArgumentError("MaxOfRateLimiter: children must not be empty");
+    }
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i] == nullptr) {
+        return absl::InvalidArgumentError("MaxOfRateLimiter: children[" + std::to_string(i) +
+                                          "] is null");
+      }
+    }
+    return std::unique_ptr<RateLimiter<T, Hash, Eq>>(new MaxOfRateLimiter(std::move(children)));
+  }
+
+  // Thread-safe; costs the sum of the children's When.
+  absl::Duration When(const T& item) override {
+    absl::Duration delay = children_[0]->When(item);
+    for (size_t i = 1; i < children_.size(); ++i) delay = std::max(delay, children_[i]->When(item));
+    return delay;
+  }
+
+  void Forget(const T& item) override {
+    for (const Child& child : children_) child->Forget(item);
+  }
+
+  int NumRequeues(const T& item) override {
+    int requeues = 0;
+    for (const Child& child : children_) requeues = std::max(requeues, child->NumRequeues(item));
+    return requeues;
+  }
+
+  size_t TrackedItems() const override {
+    size_t items = 0;
+    for (const Child& child : children_) items += child->TrackedItems();
+    return items;
+  }
+
+ private:
+  explicit MaxOfRateLimiter(std::vector<Child> children) : children_(std::move(children)) {}
+
+  const std::vector<Child> children_;  // never empty, no nulls; immutable after Create
+};
+
+// client-go's WithMaxWaitRateLimiter: When is min(child's When, max_wait); NumRequeues,
+// Forget and TrackedItems are the child's.
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class WithMaxWaitRateLimiter final : public RateLimiter<T, Hash, Eq> {
+ public:
+  using Child = std::unique_ptr<RateLimiter<T, Hash, Eq>>;
+
+  // Errors: InvalidArgument for a null child or a negative max_wait.
+  static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(Child child,
+                                                                          absl::Duration max_wait) {
+    if (child == nullptr) {
+      return absl::InvalidArgumentError("WithMaxWaitRateLimiter: child is null");
+    }
+    absl::Status status = internal::ValidateMaxWait(max_wait);
+    if (!status.ok()) return status;
+    return std::unique_ptr<RateLimiter<T, Hash, Eq>>(
+        new WithMaxWaitRateLimiter(std::move(child), max_wait));
+  }
+
+  // Thread-safe; costs the child's When.
+  absl::Duration When(const T& item) override { return std::min(child_->When(item), max_wait_); }
+  void Forget(const T& item) override { child_->Forget(item); }
+  int NumRequeues(const T& item) override { return child_->NumRequeues(item); }
+  size_t TrackedItems() const override { return child_->TrackedItems(); }
+
+ private:
+  WithMaxWaitRateLimiter(Child child, absl::Duration max_wait)
+      : child_(std::move(child)), max_wait_(max_wait) {}
+
+  const Child child_;
+  const absl::Duration max_wait_;
+};
+
+// client-go's DefaultControllerRateLimiter: MaxOf(ExponentialFailure(base 5ms, max
+// 1000s), Bucket(10 qps, burst 100)), so an item's retries back off exponentially per
+// item and all retries together stay under 10 per second after a burst of 100. Both
+// children read `clock` (nullptr: RealClock::Default()); the per-item table forgets an
+// item after the default idle horizon, 2000 s. Cannot fail.
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+std::unique_ptr<RateLimiter<T, Hash, Eq>> DefaultControllerRateLimiter(Clock* clock = nullptr) {
+  ExponentialFailureRateLimiterOptions exponential;
+  exponential.base = absl::Milliseconds(5);
+  exponential.max = absl::Seconds(1000);
+  exponential.clock = clock;
+  BucketRateLimiterOptions bucket;
+  bucket.qps = 10;
+  bucket.burst = 100;
+  bucket.clock = clock;
+  std::vector<std::unique_ptr<RateLimiter<T, Hash, Eq>>> children;
+  auto exponential_limiter = ExponentialFailureRateLimiter<T, Hash, Eq>::Create(exponential);
+  auto bucket_limiter = BucketRateLimiter<T, Hash, Eq>::Create(bucket);
+  KWQ_CHECK(exponential_limiter.ok() && bucket_limiter.ok(), "constant parameters are valid");
+  children.push_back(*std::move(exponential_limiter));
+  children.push_back(*std::move(bucket_limiter));
+  auto limiter = MaxOfRateLimiter<T, Hash, Eq>::Create(std::move(children));
+  KWQ_CHECK(limiter.ok(), "two non-null children");
+  return *std::move(limiter);
+}
+
+}  // namespace kwq
+
+#endif  // KWQ_RATE_LIMITER_H_

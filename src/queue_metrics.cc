@@ -1,0 +1,103 @@
+#include "kwq/internal/queue_metrics.h"
+
+#include <algorithm>
+
+namespace kwq::internal {
+
+namespace {
+constexpr absl::Duration kRefreshPeriod = absl::Milliseconds(500);
+
+void Grow(std::vector<absl::Time>& v, uint32_t slot) {
+  if (slot >= v.size()) v.resize(std::max<size_t>(slot + 1, v.size() * 2));
+}
+}  // namespace
+
+QueueMetricsRecorder::QueueMetricsRecorder(MetricsProvider* provider, std::string_view name,
+                                           Clock* clock, TimerService* timers, Mutex* queue_mu)
+    : queue_mu_(queue_mu),
+      clock_(clock != nullptr ? clock : RealClock::Default()),
+      timers_(timers != nullptr ? timers : &TimerService::Default()),
+      depth_(provider->NewDepthMetric(name)),
+      adds_(provider->NewAddsMetric(name)),
+      latency_(provider->NewLatencyMetric(name)),
+      work_duration_(provider->NewWorkDurationMetric(name)),
+      unfinished_(provider->NewUnfinishedWorkSecondsMetric(name)),
+      longest_(provider->NewLongestRunningProcessorSecondsMetric(name)),
+      retries_(provider->NewRetriesMetric(name)),
+      delayed_(provider->NewDelayedMetric(name)) {
+  if (unfinished_ != nullptr || longest_ != nullptr) Arm();
+}
+
+QueueMetricsRecorder::~QueueMetricsRecorder() {
+  TimerId timer;
+  {
+    MutexLock lock(&timer_mu_);
+    stopping_ = true;
+    timer = timer_;
+  }
+  if (timer != 0) timers_->CancelSync(timer);
+}
+
+void QueueMetricsRecorder::Arm() {
+  MutexLock lock(&timer_mu_);
+  if (stopping_) return;
+  timer_ = timers_->ScheduleAfter(kRefreshPeriod, [this] {
+    Refresh();
+    Arm();
+  });
+}
+
+void QueueMetricsRecorder::OnAdd(uint32_t slot) {
+  if (depth_) depth_->Inc();
+  if (adds_) adds_->Inc();
+  if (latency_) {
+    Grow(added_at_, slot);
+    added_at_[slot] = clock_->Now();
+  }
+}
+
+void QueueMetricsRecorder::OnGet(uint32_t slot) {
+  if (depth_) depth_->Dec();
+  const absl::Time now = clock_->Now();
+  if (latency_ && slot < added_at_.size()) {
+    latency_->Observe(absl::ToDoubleSeconds(now - added_at_[slot]));
+  }
+  Grow(started_at_, slot);
+  started_at_[slot] = now;
+  in_flight_.insert(slot);
+}
+
+void QueueMetricsRecorder::OnDone(uint32_t slot) {
+  if (work_duration_ && slot < started_at_.size()) {
+    work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started_at_[slot]));
+  }
+  in_flight_.erase(slot);
+}
+
+void QueueMetricsRecorder::OnRetry() {
+  if (retries_) retries_->Inc();
+}
+
+void QueueMetricsRecorder::OnDelayed(int delta) {
+  if (!delayed_) return;
+  if (delta > 0) {
+    delayed_->Inc();
+  } else {
+    delayed_->Dec();
+  }
+}
+
+void QueueMetricsRecorder::Refresh() {
+  MutexLock lock(queue_mu_);
+  const absl::Time now = clock_->Now();
+  double total = 0, longest = 0;
+  for (uint32_t slot : in_flight_) {
+    const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
+    total += s;
+    longest = std::max(longest, s);
+  }
+  if (unfinished_) unfinished_->Set(total);
+  if (longest_) longest_->Set(longest);
+}
+
+}  // namespace kwq::internal

@@ -1,0 +1,154 @@
+#include "kwq/delaying_queue.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kwq {
+namespace {
+
+class DelayingQueueTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock_});
+  DelayingQueue<std::string> q_{{.clock = &clock_, .timers = timers_.get()}};
+
+  std::vector<std::string> Ready() {
+    std::vector<std::string> out;
+    while (auto lease = q_.TryGet()) out.push_back(lease->item());
+    return out;
+  }
+};
+
+TEST_F(DelayingQueueTest, ItemBecomesReadyAfterDelay) {
+  q_.AddAfter("a", absl::Seconds(10));
+  EXPECT_EQ(q_.Waiting(), 1u);
+  EXPECT_EQ(q_.Depth(), 0u);  // waiting items are not in depth
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_TRUE(Ready().empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(q_.Waiting(), 0u);
+}
+
+TEST_F(DelayingQueueTest, NonPositiveDelayAddsNow) {
+  q_.AddAfter("zero", absl::ZeroDuration());
+  q_.AddAfter("neg", -absl::Seconds(1));
+  q_.AddAfter("neginf", -absl::InfiniteDuration());
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"zero", "neg", "neginf"}));
+  EXPECT_EQ(q_.Waiting(), 0u);
+}
+
+TEST_F(DelayingQueueTest, ReadyInDeadlineOrder) {
+  q_.AddAfter("c", absl::Seconds(3));
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Seconds(2));
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST_F(DelayingQueueTest, EarliestReadyTimeWins) {
+  q_.AddAfter("a", absl::Seconds(10));
+  q_.AddAfter("a", absl::Seconds(20));  // later: ignored
+  q_.AddAfter("a", absl::Seconds(5));   // earlier: moves the entry
+  EXPECT_EQ(q_.Waiting(), 1u);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  clock_.Advance(absl::Seconds(30));
+  EXPECT_TRUE(Ready().empty());  // one entry, so it ran once
+}
+
+TEST_F(DelayingQueueTest, AddOfWaitingItemRunsItOnceNow) {
+  q_.AddAfter("a", absl::Seconds(10));
+  EXPECT_TRUE(q_.Add("a"));
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(Ready().empty());  // kubernetes#126027: not a second time
+}
+
+TEST_F(DelayingQueueTest, CancelAfterRemovesWaitingEntry) {
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Seconds(1));
+  EXPECT_TRUE(q_.CancelAfter("a"));
+  EXPECT_FALSE(q_.CancelAfter("a"));
+  EXPECT_FALSE(q_.CancelAfter("never"));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"b"}));
+}
+
+TEST_F(DelayingQueueTest, DelayedItemDedupsWithQueuedOne) {
+  q_.Add("a");
+  q_.AddAfter("a", absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));  // still queued only once
+}
+
+TEST_F(DelayingQueueTest, HugeDelayDoesNotOverflow) {
+  q_.AddAfter("inf", absl::InfiniteDuration());
+  q_.AddAfter("huge", absl::Hours(1e12));
+  clock_.Advance(absl::Hours(24 * 365 * 1000));
+  EXPECT_TRUE(Ready().empty());
+  EXPECT_EQ(q_.Waiting(), 2u);
+  EXPECT_TRUE(q_.CancelAfter("inf"));
+}
+
+TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
+  for (int i = 0; i < 1000; ++i) q_.AddAfter("k" + std::to_string(i), absl::Milliseconds(i + 1));
+  EXPECT_EQ(timers_->Pending(), 1u);  // one timer for the whole queue
+  clock_.Advance(absl::Milliseconds(500));
+  EXPECT_EQ(Ready().size(), 500u);
+  EXPECT_EQ(timers_->Pending(), 1u);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready().size(), 500u);
+  EXPECT_EQ(timers_->Pending(), 0u);
+}
+
+TEST_F(DelayingQueueTest, ShutDownDropsWaitingItemsAndIgnoresAddAfter) {
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.ShutDown();
+  EXPECT_EQ(q_.Waiting(), 0u);
+  q_.AddAfter("b", absl::Seconds(1));
+  EXPECT_EQ(q_.Waiting(), 0u);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_FALSE(q_.Get().has_value());
+  EXPECT_EQ(timers_->Pending(), 0u);
+}
+
+TEST(DelayingQueueRealTest, AddAfterFromManyThreadsLosesNothing) {
+  DelayingQueue<int> q;
+  constexpr int kThreads = 4, kPerThread = 500;
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        q.AddAfter(t * kPerThread + i, absl::Microseconds(i % 50));
+      }
+    });
+  }
+  std::vector<bool> seen(kThreads * kPerThread);
+  int count = 0;
+  while (count < kThreads * kPerThread) {
+    auto lease = q.Get();
+    ASSERT_TRUE(lease.has_value());
+    ASSERT_FALSE(seen[**lease]);
+    seen[**lease] = true;
+    ++count;
+  }
+  for (auto& p : producers) p.join();
+  EXPECT_EQ(q.Waiting(), 0u);
+}
+
+TEST(DelayingQueueRealTest, DestroyWhileTimerArmedIsSafe) {
+  for (int i = 0; i < 100; ++i) {
+    DelayingQueue<int> q;
+    q.AddAfter(1, absl::Microseconds(i % 7));
+    q.AddAfter(2, absl::Hours(1));
+  }
+}
+
+}  // namespace
+}  // namespace kwq

@@ -1,0 +1,414 @@
+#include "kwq/queue.h"
+
+#include <algorithm>
+#include <atomic>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kwq/metrics.h"
+
+namespace kwq {
+namespace {
+
+using StringQueue = Queue<std::string>;
+
+std::vector<std::string> Drain(StringQueue& q) {
+  std::vector<std::string> out;
+  while (auto lease = q.TryGet()) out.push_back(lease->item());
+  return out;
+}
+
+TEST(QueueTest, AddedItemIsQueuedOnce) {
+  StringQueue q;
+  EXPECT_TRUE(q.Add("a"));
+  EXPECT_FALSE(q.Add("a"));
+  EXPECT_TRUE(q.Add("b"));
+  EXPECT_FALSE(q.Add(std::string("a")));
+  EXPECT_EQ(q.Len(), 2u);
+  EXPECT_EQ(q.Depth(), 2u);
+  EXPECT_EQ(Drain(q), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(QueueTest, HandsOutInFifoOrder) {
+  Queue<int> q;
+  for (int i = 0; i < 100; ++i) q.Add(i);
+  for (int i = 0; i < 100; ++i) {
+    auto lease = q.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(**lease, i);
+  }
+  EXPECT_FALSE(q.TryGet().has_value());
+}
+
+TEST(QueueTest, AddWhileProcessingRunsAgainAfterDone) {
+  StringQueue q;
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_TRUE(q.Add("a"));   // marked to run again
+  EXPECT_FALSE(q.Add("a"));  // once
+  EXPECT_EQ(q.Len(), 0u);    // not handed to a second worker while in flight
+  EXPECT_EQ(q.Depth(), 1u);
+  EXPECT_FALSE(q.TryGet().has_value());
+  lease->Done();
+  EXPECT_EQ(q.Len(), 1u);
+  auto again = q.TryGet();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(**again, "a");
+}
+
+TEST(QueueTest, LeaseDestructorCallsDone) {
+  StringQueue q;
+  q.Add("a");
+  {
+    auto lease = q.TryGet();
+    EXPECT_EQ(q.InFlight(), 1u);
+    q.Add("a");
+  }
+  EXPECT_EQ(q.InFlight(), 0u);
+  EXPECT_EQ(q.Len(), 1u);
+}
+
+TEST(QueueTest, LeaseDoneIsIdempotentAndMoveTransfersIt) {
+  StringQueue q;
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  StringQueue::Lease moved = std::move(*lease);
+  EXPECT_FALSE(lease->active());
+  EXPECT_TRUE(moved.active());
+  moved.Done();
+  moved.Done();
+  EXPECT_FALSE(moved.active());
+  EXPECT_EQ(q.InFlight(), 0u);
+  EXPECT_TRUE(q.Add("a"));  // the entry was removed, so it is new again
+}
+
+TEST(QueueTest, AddAllQueuesDistinctItems) {
+  StringQueue q;
+  std::vector<std::string> items{"a", "b", "a", "c"};
+  EXPECT_EQ(q.AddAll(items), 3u);
+  EXPECT_EQ(Drain(q), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST(QueueTest, GetBlocksUntilAdd) {
+  StringQueue q;
+  std::thread producer([&] { q.Add("x"); });
+  auto lease = q.Get();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "x");
+  producer.join();
+}
+
+TEST(QueueTest, ShutDownIgnoresAddsButHandsOutQueuedItems) {
+  StringQueue q;
+  q.Add("a");
+  q.Add("b");
+  q.ShutDown();
+  EXPECT_TRUE(q.ShuttingDown());
+  EXPECT_FALSE(q.Add("c"));
+  EXPECT_EQ(**q.Get(), "a");
+  EXPECT_EQ(**q.Get(), "b");
+  EXPECT_FALSE(q.Get().has_value());
+}
+
+TEST(QueueTest, ShutDownWakesEveryBlockedGet) {
+  StringQueue q;
+  std::atomic<int> returned{0};
+  std::vector<std::thread> workers;
+  std::latch started(4);
+  for (int i = 0; i < 4; ++i) {
+    workers.emplace_back([&] {
+      started.count_down();
+      EXPECT_FALSE(q.Get().has_value());
+      ++returned;
+    });
+  }
+  started.wait();
+  q.ShutDown();
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(returned.load(), 4);
+}
+
+TEST(QueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
+  StringQueue q;
+  q.Add("queued");
+  auto in_flight = q.TryGet();  // "queued" is now in flight
+  q.Add("waiting");
+  q.Add("queued");  // and marked to run again
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
+  // The drain cannot finish while the lease is active or items wait.
+  in_flight->Done();
+  std::vector<std::string> seen;
+  while (auto lease = q.Get()) seen.push_back(lease->item());
+  drainer.join();
+  EXPECT_TRUE(drained.load());
+  EXPECT_EQ(seen, (std::vector<std::string>{"waiting", "queued"}));
+  EXPECT_EQ(q.Depth(), 0u);
+}
+
+TEST(QueueTest, ShutDownWithDrainDoesNotReturnBeforeLeaseEnds) {
+  StringQueue q;
+  q.Add("a");
+  auto lease = q.TryGet();
+  std::atomic<bool> returned{false};
+  std::thread drainer([&] {
+    q.ShutDownWithDrain();
+    returned = true;
+  });
+  // Give the drainer every chance to (wrongly) return; it must still be waiting.
+  for (int i = 0; i < 1000 && !returned.load(); ++i) std::this_thread::yield();
+  EXPECT_FALSE(returned.load());
+  lease->Done();
+  drainer.join();
+  EXPECT_TRUE(returned.load());
+}
+
+TEST(QueueTest, ShutDownAbortsDrainWait) {
+  StringQueue q;
+  q.Add("a");
+  auto lease = q.TryGet();
+  std::atomic<int> result{-1};
+  std::thread drainer([&] { result = q.ShutDownWithDrain(); });
+  while (!q.ShuttingDown()) std::this_thread::yield();
+  q.ShutDown();
+  drainer.join();
+  EXPECT_EQ(result.load(), 0);  // aborted, not drained
+  lease->Done();
+}
+
+TEST(QueueTest, SeveralDrainersAllReturn) {
+  StringQueue q;
+  q.Add("a");
+  auto lease = q.TryGet();
+  std::vector<std::thread> drainers;
+  std::atomic<int> drained{0};
+  for (int i = 0; i < 3; ++i) drainers.emplace_back([&] { drained += q.ShutDownWithDrain(); });
+  lease->Done();
+  for (auto& d : drainers) d.join();
+  EXPECT_EQ(drained.load(), 3);
+}
+
+TEST(QueueTest, GetWithContextReturnsOnCancel) {
+  StringQueue q;
+  auto [ctx, cancel] = WithCancel(Background());
+  std::thread canceller([c = cancel] { c(); });
+  EXPECT_FALSE(q.Get(ctx).has_value());
+  EXPECT_TRUE(ctx.IsCancelled());
+  canceller.join();
+  q.Add("a");
+  auto [live, cancel_live] = WithCancel(Background());
+  auto lease = q.Get(live);
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+}
+
+TEST(QueueTest, GetWithContextReturnsItemsAddedLater) {
+  StringQueue q;
+  auto [ctx, cancel] = WithCancel(Background());
+  std::thread producer([&] { q.Add("later"); });
+  auto lease = q.Get(ctx);
+  producer.join();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "later");
+}
+
+TEST(QueueTest, CancelledContextStillGetsReadyItem) {
+  StringQueue q;
+  q.Add("a");
+  auto [ctx, cancel] = WithCancel(Background());
+  cancel();
+  EXPECT_TRUE(q.Get(ctx).has_value());  // ready items win over a done context
+  EXPECT_FALSE(q.Get(ctx).has_value());
+}
+
+struct Key {
+  int id;
+  bool operator==(const Key&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const Key& k) {
+    return H::combine(std::move(h), k.id);
+  }
+};
+
+TEST(QueueTest, MoveOnlyAndCustomHashItems) {
+  Queue<Key> q;
+  q.Add(Key{1});
+  q.Add(Key{1});
+  q.Add(Key{2});
+  EXPECT_EQ(q.Len(), 2u);
+  Queue<std::unique_ptr<int>> ptrs;  // move-only items are accepted
+  ptrs.Add(std::make_unique<int>(5));
+  auto lease = ptrs.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(*lease->item(), 5);
+}
+
+TEST(QueueTest, SlotsAreReusedAfterDone) {
+  Queue<int> q;
+  for (int round = 0; round < 10; ++round) {
+    for (int i = 0; i < 1000; ++i) q.Add(round * 1000 + i);
+    while (auto lease = q.TryGet()) {
+    }
+  }
+  EXPECT_EQ(q.Depth(), 0u);
+}
+
+// ---- metrics ----
+
+struct Recorded {
+  std::mutex mu;
+  std::map<std::string, double> values;
+  std::map<std::string, int> observations;
+  void Bump(const std::string& k, double d) {
+    std::lock_guard<std::mutex> l(mu);
+    values[k] += d;
+  }
+  void Observe(const std::string& k, double v) {
+    std::lock_guard<std::mutex> l(mu);
+    ++observations[k];
+    values[k] += v;
+  }
+  double Get(const std::string& k) {
+    std::lock_guard<std::mutex> l(mu);
+    return values[k];
+  }
+};
+
+class RecordingProvider : public MetricsProvider {
+ public:
+  explicit RecordingProvider(Recorded* r) : r_(r) {}
+  struct Counter : CounterMetric {
+    Recorded* r;
+    std::string k;
+    void Inc() override { r->Bump(k, 1); }
+  };
+  struct Gauge : GaugeMetric {
+    Recorded* r;
+    std::string k;
+    void Inc() override { r->Bump(k, 1); }
+    void Dec() override { r->Bump(k, -1); }
+  };
+  struct Settable : SettableGaugeMetric {
+    Recorded* r;
+    std::string k;
+    void Set(double v) override {
+      std::lock_guard<std::mutex> l(r->mu);
+      r->values[k] = v;
+    }
+  };
+  struct Histogram : HistogramMetric {
+    Recorded* r;
+    std::string k;
+    void Observe(double v) override { r->Observe(k, v); }
+  };
+  template <typename M>
+  std::unique_ptr<M> Make(std::string k) {
+    auto m = std::make_unique<M>();
+    m->r = r_;
+    m->k = std::move(k);
+    return m;
+  }
+  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
+    return Make<Gauge>("depth");
+  }
+  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
+    return Make<Counter>("adds");
+  }
+  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
+    return Make<Histogram>("latency");
+  }
+  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
+    return Make<Histogram>("work");
+  }
+  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
+    return Make<Settable>("unfinished");
+  }
+  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+      std::string_view) override {
+    return Make<Settable>("longest");
+  }
+  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
+    return Make<Counter>("retries");
+  }
+  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
+    return Make<Gauge>("delayed");
+  }
+
+ private:
+  Recorded* r_;
+};
+
+TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  Recorded rec;
+  RecordingProvider provider(&rec);
+  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  q.Add("a");  // deduplicated: not counted
+  q.Add("b");
+  EXPECT_EQ(rec.Get("adds"), 2);
+  EXPECT_EQ(rec.Get("depth"), 2);
+  clock.Advance(absl::Seconds(2));
+  auto lease = q.TryGet();
+  EXPECT_EQ(rec.Get("depth"), 1);
+  EXPECT_DOUBLE_EQ(rec.Get("latency"), 2.0);
+  clock.Advance(absl::Seconds(3));  // the 500 ms refresh runs inside Advance
+  EXPECT_NEAR(rec.Get("unfinished"), 3.0, 0.5);
+  EXPECT_NEAR(rec.Get("longest"), 3.0, 0.5);
+  lease->Done();
+  EXPECT_DOUBLE_EQ(rec.Get("work"), 3.0);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(rec.Get("unfinished"), 0);
+}
+
+// ---- concurrency (TSan) ----
+
+TEST(QueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
+  Queue<int> q;
+  constexpr int kKeys = 64, kProducers = 2, kAddsPerProducer = 20000, kWorkers = 4;
+  std::vector<std::atomic<int>> busy(kKeys);
+  std::vector<std::atomic<int>> last_add_gen(kKeys);  // generation of the newest add
+  std::vector<std::atomic<int>> done_gen(kKeys);      // newest generation a run started after
+  std::atomic<bool> overlap{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&] {
+      while (auto lease = q.Get()) {
+        const int k = **lease;
+        if (busy[k].fetch_add(1) != 0) overlap = true;
+        done_gen[k].store(last_add_gen[k].load());  // everything added so far is seen
+        busy[k].fetch_sub(1);
+      }
+    });
+  }
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      for (int i = 0; i < kAddsPerProducer; ++i) {
+        const int k = (i * 7 + p) % kKeys;
+        last_add_gen[k].fetch_add(1);
+        q.Add(k);
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  EXPECT_TRUE(q.ShutDownWithDrain());
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(overlap.load());
+  for (int k = 0; k < kKeys; ++k) {
+    // Level-triggered: the last add of every key was followed by a run that saw it.
+    EXPECT_EQ(done_gen[k].load(), last_add_gen[k].load()) << "key " << k;
+  }
+}
+
+}  // namespace
+}  // namespace kwq

@@ -1,0 +1,62 @@
+// The delay scenario of SCENARIOS.md: AddAfter n keys with delays uniform in [0, 1 s);
+// one consumer records lateness = hand-out time - ready time.
+
+#include <algorithm>
+#include <charconv>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kwq/delaying_queue.h"
+#include "scenario.h"
+
+namespace kwq::scenarios {
+namespace {
+
+int64_t IndexOf(const std::string& key) {
+  int64_t i = 0;
+  const size_t dash = key.rfind('-');
+  std::from_chars(key.data() + dash + 1, key.data() + key.size(), i);
+  return i;
+}
+
+std::string Delay(int64_t n) {
+  std::vector<std::string> keys = MakeKeys(n);
+  std::vector<absl::Duration> delays(n);
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int64_t> us(0, 999'999);
+  for (auto& d : delays) d = absl::Microseconds(us(rng));
+  std::vector<absl::Time> ready(n);
+  std::vector<double> late_us(n);
+  Clock* clock = RealClock::Default();
+  DelayingQueue<std::string> q;
+
+  std::thread consumer([&] {
+    for (int64_t got = 0; got < n; ++got) {
+      auto lease = q.Get();
+      const absl::Time now = clock->Now();
+      const int64_t i = IndexOf(lease->item());
+      late_us[i] = absl::ToDoubleMicroseconds(now - ready[i]);
+    }
+  });
+  Stopwatch sw;
+  for (int64_t i = 0; i < n; ++i) {
+    ready[i] = clock->Now() + delays[i];
+    q.AddAfter(std::move(keys[i]), delays[i]);
+  }
+  const absl::Duration add_time = sw.Elapsed();
+  consumer.join();
+  std::sort(late_us.begin(), late_us.end());
+  return absl::StrFormat(
+      "ns_per_addafter=%.1f late_p50_us=%.1f late_p99_us=%.1f late_max_us=%.1f n=%d",
+      absl::ToDoubleNanoseconds(add_time) / n, late_us[n / 2], late_us[n * 99 / 100],
+      late_us.back(), n);
+}
+
+}  // namespace
+
+std::vector<Scenario> DelayScenarios() { return {{"delay", 200'000, Delay}}; }
+
+}  // namespace kwq::scenarios
