@@ -107,6 +107,31 @@ TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
+  // After a firing the timer coalesces (50 us), but a worker that blocks re-arms it
+  // for the exact ready time of the next item.
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  std::string got;
+  std::thread worker([&] {
+    auto lease = q_.Get();
+    if (lease) got = lease->item();
+  });
+  clock_.Advance(absl::Microseconds(10));  // not 50: hangs (test timeout) if coalesced
+  worker.join();
+  EXPECT_EQ(got, "b");
+}
+
+TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
+  clock_.Advance(absl::Seconds(1));
+  clock_.SetTime(clock_.Now() + absl::Microseconds(10));  // timer not due (coalescing)
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b"}));
+}
+
 TEST_F(DelayingQueueTest, ShutDownDropsWaitingItemsAndIgnoresAddAfter) {
   q_.AddAfter("a", absl::Seconds(1));
   q_.ShutDown();

@@ -18,8 +18,11 @@
 //     it takes one short lock and at most one timer-service call.
 //   - Waiting items are counted by Waiting() and the `delayed` metric, not by Depth().
 //   - Lateness (ready time to the item being ready for Get) is the timer service's
-//     resolution, independent of the number of waiting items: one timer is armed, for
-//     the earliest ready time, and each firing moves every due item at once.
+//     resolution plus at most 50 us of coalescing, independent of the number of waiting
+//     items: one timer is armed, for the earliest ready time, and each firing moves every
+//     due item at once. A Get that finds nothing ready moves due items itself; one that
+//     has to block first re-arms the timer for the exact next ready time (coalescing is
+//     only for when no worker waits).
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
 //
 // Thread safety: every member may be called from any thread. Lock order: this queue's
@@ -28,6 +31,7 @@
 #ifndef KWQ_DELAYING_QUEUE_H_
 #define KWQ_DELAYING_QUEUE_H_
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -98,10 +102,24 @@ class DelayingQueue {
     return heap_.size();
   }
 
-  // The rest is Queue's (see kwq/queue.h).
-  std::optional<Lease> Get() { return queue_.Get(); }
-  std::optional<Lease> TryGet() { return queue_.TryGet(); }
-  std::optional<Lease> Get(const Context& ctx) { return queue_.Get(ctx); }
+  // Queue's Get, TryGet and Get(ctx). When no item is ready, the caller first moves
+  // waiting items that are already due into the queue itself (instead of waiting for the
+  // timer thread to do it), so a busy worker never sleeps on work that is due.
+  std::optional<Lease> Get() {
+    if (auto lease = queue_.TryGet()) return lease;
+    PromoteDue(/*about_to_wait=*/true);
+    return queue_.Get();
+  }
+  std::optional<Lease> TryGet() {
+    if (auto lease = queue_.TryGet()) return lease;
+    PromoteDue(/*about_to_wait=*/false);
+    return queue_.TryGet();
+  }
+  std::optional<Lease> Get(const Context& ctx) {
+    if (auto lease = queue_.TryGet()) return lease;
+    PromoteDue(/*about_to_wait=*/true);
+    return queue_.Get(ctx);
+  }
   template <typename Range>
   size_t AddAll(Range&& items) {
     for (const auto& item : items) RemoveWaiting(item);
@@ -129,12 +147,16 @@ class DelayingQueue {
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
 
+  // Ready times as ns since the Unix epoch. Times past the int64 range (about year
+  // 2262) saturate to kNever: such an item never becomes ready (it can still be added or
+  // cancelled).
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   static int64_t ToKey(absl::Time t) {
-    if (t == absl::InfiniteFuture()) return std::numeric_limits<int64_t>::max();
+    if (t == absl::InfiniteFuture()) return kNever;
     return absl::ToUnixNanos(t);
   }
   static absl::Time FromKey(int64_t key) {
-    if (key == std::numeric_limits<int64_t>::max()) return absl::InfiniteFuture();
+    if (key == kNever) return absl::InfiniteFuture();
     return absl::FromUnixNanos(key);
   }
 
@@ -149,11 +171,11 @@ class DelayingQueue {
     return true;  // the timer may fire early for nothing; it re-arms itself
   }
 
-  // Arms (or moves) the one timer to the earliest ready time, if that is earlier than
-  // the time it is armed for.
+  // Arms (or moves) the one timer to the earliest ready time, but not within kCoalesce
+  // of the last firing, if that is earlier than the time it is armed for.
   void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (heap_.empty() || stopping_) return;
-    const int64_t next = heap_.TopKey();
+    const int64_t next = std::max(heap_.TopKey(), quiet_until_);
     if (timer_ != 0) {
       if (next >= armed_for_) return;
       // If Reschedule fails the timer is firing right now; that Fire re-arms under mu_.
@@ -164,21 +186,55 @@ class DelayingQueue {
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
   }
 
-  // Timer callback: moves every due item into the queue, then re-arms.
-  void Fire() {
+  // Timer callback: moves every due item into the queue, then re-arms no sooner than
+  // kCoalesce from now, so a stream of short delays costs one timer firing per window
+  // rather than one per item (and adds at most kCoalesce of lateness to items due inside
+  // the window; a Get that finds nothing ready promotes due items itself).
+  void Fire() { MoveDue(/*from_timer=*/true); }
+
+  // Moves due waiting items into the queue. A caller about to block in Get also makes
+  // sure the timer fires exactly at the next ready time: coalescing (kCoalesce) is only
+  // for when nobody waits.
+  void PromoteDue(bool about_to_wait) {
+    {
+      internal::MutexLock lock(&mu_);
+      if (heap_.empty() || stopping_) return;
+      const int64_t next = heap_.TopKey();
+      if (next == kNever) return;
+      if (next > ToKey(clock_->Now())) {
+        if (about_to_wait) ArmExactLocked(next);
+        return;
+      }
+    }
+    MoveDue(/*from_timer=*/false);
+  }
+
+  void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (timer_ != 0) {
+      if (next < armed_for_ && timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
+      return;
+    }
+    armed_for_ = next;
+    timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+  }
+
+  void MoveDue(bool from_timer) {
     std::vector<T> due;
     {
       internal::MutexLock lock(&mu_);
       if (stopping_) return;
-      timer_ = 0;  // this timer has fired
       const int64_t now = ToKey(clock_->Now());
-      while (!heap_.empty() && heap_.TopKey() <= now) {
+      while (!heap_.empty() && heap_.TopKey() <= now && heap_.TopKey() != kNever) {
         const uint32_t slot = heap_.TopId();
         heap_.Pop();
         due.push_back(std::move(waiting_.item(slot)));
         waiting_.Erase(slot);
       }
-      ArmLocked();
+      if (from_timer) {
+        timer_ = 0;  // this timer has fired
+        quiet_until_ = now + absl::ToInt64Nanoseconds(kCoalesce);
+        ArmLocked();
+      }
       if (due.empty()) return;
       ++firing_;
     }
@@ -186,10 +242,10 @@ class DelayingQueue {
       for (size_t i = 0; i < due.size(); ++i) m->OnDelayed(-1);
     }
     queue_.AddAll(std::move(due));
-    {
-      internal::MutexLock lock(&mu_);
-      --firing_;
-    }
+    internal::MutexLock lock(&mu_);
+    --firing_;
+    // Signalled under the lock: once StopWaiting sees firing_ == 0 the queue may be
+    // destroyed, so nothing here may touch it after the unlock.
     fired_cv_.SignalAll();
   }
 
@@ -217,6 +273,8 @@ class DelayingQueue {
     while (firing_ > 0) fired_cv_.Wait(&mu_);
   }
 
+  static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
+
   Clock* const clock_;          // I
   TimerService* const timers_;  // I
   Queue<T, Hash, Eq> queue_;
@@ -229,7 +287,9 @@ class DelayingQueue {
   // (firing_) re-arms it at its end.
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
-  int firing_ ABSL_GUARDED_BY(mu_) = 0;  // Fires between their two critical sections
+  // No firing before this time (the last firing + kCoalesce).
+  int64_t quiet_until_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::min();
+  int firing_ ABSL_GUARDED_BY(mu_) = 0;  // MoveDue calls between their critical sections
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

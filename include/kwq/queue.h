@@ -373,7 +373,7 @@ class Queue {
   }
 
   void Finish(uint32_t slot) {
-    bool wake_getter = false, wake_drain = false;
+    bool wake_getter = false;
     {
       internal::MutexLock lock(&mu_);
       uint8_t& state = table_.state(slot);
@@ -386,11 +386,11 @@ class Queue {
         wake_getter = NeedWakeLocked();
       } else {
         KeepIdleLocked(slot);
-        wake_drain = draining_ > 0 && dirty_ + in_flight_ == 0;
+        // Under the lock: a drainer that returns may destroy the queue at once.
+        if (draining_ > 0 && dirty_ + in_flight_ == 0) drained_cv_.SignalAll();
       }
     }
     if (wake_getter) ready_cv_.Signal();
-    if (wake_drain) drained_cv_.SignalAll();
   }
 
   using Table = internal::KeyTable<T, Hash, Eq>;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kwq/delaying_queue.h"
+#include "kwq/rate_limiting_queue.h"
 #include "scenario.h"
 
 namespace kwq::scenarios {
@@ -55,8 +56,36 @@ std::string Delay(int64_t n) {
       late_us.back(), n);
 }
 
+// Rate-limiting queue with ExponentialFailure(1 us, 1 ms); one thread: Get; if the key
+// failed < 3 times AddRateLimited, else Forget; Done. Total / (4n).
+std::string RateLimited(int64_t n) {
+  std::vector<std::string> keys = MakeKeys(n);
+  auto limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Microseconds(1), .max = absl::Milliseconds(1)});
+  RateLimitingQueue<std::string> q(std::move(limiter));
+  Stopwatch sw;
+  q.AddAll(std::move(keys));
+  int64_t forgotten = 0, handed_out = 0;
+  while (forgotten < n) {
+    auto lease = q.Get();
+    ++handed_out;
+    const std::string& key = lease->item();
+    if (q.NumRequeues(key) < 3) {
+      q.AddRateLimited(key);
+    } else {
+      q.Forget(key);
+      ++forgotten;
+    }
+  }
+  const absl::Duration d = sw.Elapsed();
+  return absl::StrFormat("ns_per_reconcile=%.1f n=%d reconciles=%d",
+                         absl::ToDoubleNanoseconds(d) / (4 * n), n, handed_out);
+}
+
 }  // namespace
 
-std::vector<Scenario> DelayScenarios() { return {{"delay", 200'000, Delay}}; }
+std::vector<Scenario> DelayScenarios() {
+  return {{"delay", 200'000, Delay}, {"ratelimited", 1'000'000, RateLimited}};
+}
 
 }  // namespace kwq::scenarios
