@@ -1,0 +1,139 @@
+// Queue microbenchmarks: per-operation costs, the cost of metrics (none vs a provider
+// whose metrics do nothing vs one that counts), and sharded vs single queues.
+// Results and the command that produced them: docs/benchmarks.md.
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kwq/delaying_queue.h"
+#include "kwq/queue.h"
+#include "kwq/sharded_queue.h"
+
+namespace kwq {
+namespace {
+
+std::vector<std::string> Keys(int n) {
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (int i = 0; i < n; ++i) keys.push_back("default/object-" + std::to_string(i));
+  return keys;
+}
+
+// Metrics that do nothing (the virtual calls and clock reads still happen).
+struct NopMetric : CounterMetric, GaugeMetric, SettableGaugeMetric, HistogramMetric {
+  void Inc() override {}
+  void Dec() override {}
+  void Set(double) override {}
+  void Observe(double) override {}
+};
+struct NopProvider : MetricsProvider {
+  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+      std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
+    return std::make_unique<NopMetric>();
+  }
+};
+
+// fifo_1t's loop as a microbenchmark: Add 100,000 distinct keys, then Get+Done each.
+// Arg: 0 = no MetricsProvider (the default), 1 = a provider whose metrics do nothing.
+void BM_Fifo100k(benchmark::State& state) {
+  const std::vector<std::string> keys = Keys(100'000);
+  NopProvider provider;
+  QueueOptions options;
+  if (state.range(0) == 1) options.metrics = &provider;
+  for (auto _ : state) {
+    Queue<std::string> q(options);
+    for (const auto& k : keys) q.Add(k);
+    while (auto lease = q.TryGet()) {
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * keys.size());
+  state.SetLabel(state.range(0) == 0 ? "no metrics" : "nop metrics provider");
+}
+BENCHMARK(BM_Fifo100k)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// One key, Add + TryGet + Done: the per-item cost without cache misses.
+void BM_AddGetDoneHot(benchmark::State& state) {
+  Queue<std::string> q;
+  const std::string key = "default/object-1";
+  for (auto _ : state) {
+    q.Add(key);
+    q.TryGet();
+  }
+}
+BENCHMARK(BM_AddGetDoneHot);
+
+// A deduplicated Add (the key is already waiting).
+void BM_AddDuplicate(benchmark::State& state) {
+  Queue<std::string> q;
+  const std::string key = "default/object-1";
+  q.Add(key);
+  for (auto _ : state) benchmark::DoNotOptimize(q.Add(key));
+}
+BENCHMARK(BM_AddDuplicate);
+
+void BM_AddAfterCancelAfter(benchmark::State& state) {
+  DelayingQueue<std::string> q;
+  const std::string key = "default/object-1";
+  for (auto _ : state) {
+    q.AddAfter(key, absl::Hours(1));
+    q.CancelAfter(key);
+  }
+}
+BENCHMARK(BM_AddAfterCancelAfter);
+
+// Two workers drain 200,000 keys added up front: one shared Queue vs a 2-shard
+// ShardedQueue (each worker owns a shard and steals when it runs dry).
+void BM_TwoWorkersDrain(benchmark::State& state) {
+  const std::vector<std::string> keys = Keys(200'000);
+  const bool sharded = state.range(0) == 1;
+  for (auto _ : state) {
+    state.PauseTiming();
+    Queue<std::string> single;
+    auto multi = *ShardedQueue<std::string>::Create(2);
+    for (const auto& k : keys) sharded ? multi->Add(k) : single.Add(k);
+    state.ResumeTiming();
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.emplace_back([&, w] {
+        if (sharded) {
+          while (auto lease = multi->TryGet(w)) {
+          }
+        } else {
+          while (auto lease = single.TryGet()) {
+          }
+        }
+      });
+    }
+    for (auto& t : workers) t.join();
+  }
+  state.SetItemsProcessed(state.iterations() * keys.size());
+  state.SetLabel(sharded ? "ShardedQueue(2)" : "Queue");
+}
+BENCHMARK(BM_TwoWorkersDrain)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace kwq

@@ -1,0 +1,144 @@
+// File: kwq/sharded_queue.h
+//
+// ShardedQueue<T>: K independent Queue<T> shards chosen by key hash, for K CPU-pinned
+// workers that each consume their own shard without touching a shared lock.
+//
+//   kwq::ShardedQueue<std::string> q(/*shards=*/4);
+//   q.Add("default/web");                           // goes to shard hash(key) % 4
+//   // worker w (pinned to CPU w):
+//   while (auto item = q.Get(w)) Reconcile(**item); // own shard first, then steals
+//
+// Promises (pinned by tests/sharded_queue_test.cc):
+//   - A key always lives in the same shard, so every Queue promise holds per key: queued
+//     once while waiting, never handed to two workers at once, added-while-processing
+//     runs again after Done, level-triggered.
+//   - Get(w) serves shard w first; when it is empty the worker steals one ready item from
+//     another shard (scanning from w + 1) before it sleeps. A stolen item's lease ends in
+//     its home shard, so exclusivity is unaffected. A sleeping worker waits on its own
+//     shard only: give every shard a worker (w in [0, K)), or poll with TryGet.
+//   - Order is FIFO within a shard, not across shards.
+//   - ShutDown / ShutDownWithDrain act on every shard; Get(w) returns nullopt once shard w
+//     is shut down and empty and nothing is left to steal.
+//
+// Thread safety: every member may be called from any thread; shards lock independently.
+
+#ifndef KWQ_SHARDED_QUEUE_H_
+#define KWQ_SHARDED_QUEUE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kwq/queue.h"
+
+namespace kwq {
+
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class ShardedQueue {
+ public:
+  using Shard = Queue<T, Hash, Eq>;
+  using Lease = typename Shard::Lease;
+
+  // `shards` must be in [1, 4096]: InvalidArgument otherwise. Each shard gets `options`,
+  // with "/<index>" appended to its metrics name.
+  static absl::StatusOr<std::unique_ptr<ShardedQueue>> Create(int shards,
+                                                              QueueOptions options = {}) {
+    if (shards < 1 || shards > 4096) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ShardedQueue: shards must be in [1, 4096], got ", shards));
+    }
+    return std::unique_ptr<ShardedQueue>(new ShardedQueue(shards, std::move(options)));
+  }
+
+  ShardedQueue(const ShardedQueue&) = delete;
+  ShardedQueue& operator=(const ShardedQueue&) = delete;
+
+  int shards() const { return static_cast<int>(shards_.size()); }
+
+  // The shard `item` lives in.
+  int ShardOf(const T& item) const {
+    const uint64_t h = static_cast<uint32_t>(Hash{}(item));
+    return static_cast<int>((h * shards_.size()) >> 32);  // high bits: the shards'
+  }                                                       // hash tables use the low ones
+
+  // Shard::Add on the item's shard.
+  template <typename K>
+  bool Add(K&& item) {
+    return shards_[ShardOf(item)]->Add(std::forward<K>(item));
+  }
+
+  // Ready item from shard `worker` % K, else stolen from another shard; blocks on shard
+  // `worker` when none is ready anywhere. nullopt once that shard is shut down and empty.
+  std::optional<Lease> Get(int worker) {
+    const size_t home = Home(worker);
+    if (auto lease = TryGetFrom(home)) return lease;
+    return shards_[home]->Get();
+  }
+
+  // Like Get(worker), and also returns nullopt when `ctx` is done.
+  std::optional<Lease> Get(int worker, const Context& ctx) {
+    const size_t home = Home(worker);
+    if (auto lease = TryGetFrom(home)) return lease;
+    return shards_[home]->Get(ctx);
+  }
+
+  // A ready item from shard `worker` % K or any other, without blocking.
+  std::optional<Lease> TryGet(int worker) { return TryGetFrom(Home(worker)); }
+
+  // Ready items over all shards (each shard read at a slightly different moment).
+  size_t Len() const {
+    size_t n = 0;
+    for (const auto& s : shards_) n += s->Len();
+    return n;
+  }
+  size_t Depth() const {
+    size_t n = 0;
+    for (const auto& s : shards_) n += s->Depth();
+    return n;
+  }
+  Shard& shard(int index) { return *shards_[index]; }
+
+  void ShutDown() {
+    for (auto& s : shards_) s->ShutDown();
+  }
+  // Shuts every shard down, then waits for each to drain. True when all drained.
+  bool ShutDownWithDrain() {
+    ShutDown();
+    bool drained = true;
+    for (auto& s : shards_) drained &= s->ShutDownWithDrain();
+    return drained;
+  }
+  bool ShuttingDown() const { return shards_[0]->ShuttingDown(); }
+
+ private:
+  ShardedQueue(int shards, QueueOptions options) {
+    shards_.reserve(shards);
+    for (int i = 0; i < shards; ++i) {
+      QueueOptions o = options;
+      if (!o.name.empty()) o.name = absl::StrCat(options.name, "/", i);
+      shards_.push_back(std::make_unique<Shard>(std::move(o)));
+    }
+  }
+
+  size_t Home(int worker) const {
+    const size_t n = shards_.size();
+    return static_cast<size_t>(worker < 0 ? -(worker + 1) : worker) % n;
+  }
+
+  std::optional<Lease> TryGetFrom(size_t home) {
+    const size_t n = shards_.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (auto lease = shards_[(home + i) % n]->TryGet()) return lease;
+    }
+    return std::nullopt;
+  }
+
+  std::vector<std::unique_ptr<Shard>> shards_;  // I: the shards lock themselves
+};
+
+}  // namespace kwq
+
+#endif  // KWQ_SHARDED_QUEUE_H_
