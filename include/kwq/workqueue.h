@@ -1,0 +1,321 @@
+// File: kwq/workqueue.h
+//
+// Kernel-style workqueues (Linux cmwq, Documentation/core-api/workqueue.rst) in user
+// space: work items queued to workqueues, executed by shared pools of worker threads
+// laid out on the machine's topology.
+//
+//   kwq::Work work([] { Flush(); });                 // like INIT_WORK
+//   auto wq = *kwq::Workqueue::Create({.name = "writeback", .flags = kwq::kUnbound});
+//   wq->Queue(&work);                                // queue_work: false if already pending
+//   wq->Flush(&work);                                // flush_work
+//   wq->CancelSync(&work);                           // cancel_work_sync
+//
+// Model (as in the kernel):
+//   - A WorkqueueRuntime owns the worker pools: per CPU a normal and a high-priority
+//     pool whose workers are bound to that CPU, and unbound pools, one per pod of the
+//     workqueue's affinity scope (cpu, smt, cache, numa, system; see kwq/topology.h),
+//     shared by every unbound workqueue with equal attributes. The process-wide
+//     WorkqueueRuntime::Default() serves workqueues that name no runtime.
+//   - Bound pools are concurrency-managed: one worker runs at a time per CPU pool; when it
+//     blocks in a BlockingScope, or runs longer than the CPU-intensive threshold (the
+//     watchdog marks it a CPU hog), another worker is woken or created. kCpuIntensive
+//     work does not count. Unbound pools run as many works as max_active allows.
+//   - max_active limits a workqueue's concurrently active works per CPU (bound) or per
+//     NUMA node (unbound: max_active split over nodes by their CPU counts, never below
+//     min_active). Works beyond the limit wait, in order, on the workqueue.
+//   - kOrdered: unbound, max_active 1, one pool: works run one at a time in queueing order.
+//
+// Work promises (pinned by tests/workqueue_test.cc):
+//   - Queue returns false when the work is already pending; the pending bit is cleared
+//     just before the function runs, so queueing during a run runs it again after.
+//   - A work never runs on two workers at once (non-reentrancy), even when queued on
+//     another CPU while it runs: it is routed to the pool running it.
+//   - Everything written before a successful Queue is visible to the function.
+//   - A Work must not be destroyed while pending or running: CancelSync it first.
+//
+// User space cannot see a thread block or be preempted the way the scheduler tells the
+// kernel; kwq substitutes explicit BlockingScope hints and the CPU-hog watchdog, and
+// documents every other difference in docs/workqueues.md.
+//
+// Thread safety: every member may be called from any thread, including from work
+// functions (queueing, cancelling and flushing other works). Flushing or draining a
+// workqueue from one of its own works deadlocks, as in the kernel.
+
+#ifndef KWQ_WORKQUEUE_H_
+#define KWQ_WORKQUEUE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kwq/clock.h"
+#include "kwq/timer.h"
+#include "kwq/topology.h"
+
+namespace kwq {
+
+namespace internal {
+class WorkerPool;
+class Worker;
+class PoolWorkqueue;
+class WorkqueueCore;
+class RuntimeCore;
+struct WorkAccess;
+}  // namespace internal
+
+class Workqueue;
+
+// A unit of deferred work, like the kernel's struct work_struct. Not copyable or movable
+// (pools link it by address). Must outlive every period in which it is pending or
+// running.
+class Work {
+ public:
+  explicit Work(absl::AnyInvocable<void()> fn);
+  // Fails a check if the work is pending or running (cancel it first).
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Queued and not yet started (or waiting on a delay timer). Lock-free.
+  bool pending() const;
+  // Disabled by Workqueue::Disable and not yet re-enabled.
+  bool disabled() const;
+
+ private:
+  friend struct internal::WorkAccess;
+  absl::AnyInvocable<void()> fn_;
+  // Bit 0: pending; bits 1..: disable count. Acq/rel: a successful pending CAS orders the
+  // queuer's writes before the function's reads.
+  std::atomic<uint32_t> state_{0};
+  // The pool running this work, or null. Set (release) before pending is cleared, so a
+  // queuer that wins the pending bit sees where the previous instance runs.
+  std::atomic<internal::WorkerPool*> running_pool_{nullptr};
+  // Which list holds the pending instance (internal::WorkWhere), and so which lock
+  // guards the links below. Written under that lock (release), read by cancellers
+  // (acquire) who then take the lock and re-check.
+  std::atomic<uint8_t> where_{0};
+  std::atomic<internal::PoolWorkqueue*> pwq_{nullptr};  // the (workqueue, pool) queued to
+  // Guarded by the lock of the list the work is on / the pool it is running in:
+  internal::Worker* runner_ = nullptr;  // the worker executing it
+  Work* prev_ = nullptr;                // links in one intrusive work list
+  Work* next_ = nullptr;
+  void* list_ = nullptr;  // that list, or the DelayedWork on a timer
+  uint64_t color_ = 0;    // flush color of the pending instance
+  // Flush(work): instances queued and instances finished (sequence numbers).
+  std::atomic<uint64_t> queued_seq_{0};
+  std::atomic<uint64_t> done_seq_{0};
+  uint64_t running_seq_ = 0;  // the instance being run (runner's pool lock)
+};
+
+// A work queued after a delay (struct delayed_work). The delay runs on the workqueue's
+// TimerService.
+class DelayedWork {
+ public:
+  explicit DelayedWork(absl::AnyInvocable<void()> fn) : work_(std::move(fn)) {}
+  Work& work() { return work_; }
+  bool pending() const { return work_.pending(); }
+
+ private:
+  friend struct internal::WorkAccess;
+  Work work_;
+  // Guarded by the owning workqueue's timer lock.
+  TimerId timer_ = 0;
+  int target_cpu_ = -1;
+};
+
+// Workqueue flags (WQ_*).
+enum WorkqueueFlags : uint32_t {
+  kUnbound = 1u << 0,       // WQ_UNBOUND: pools per affinity pod, not per CPU
+  kHighPri = 1u << 1,       // WQ_HIGHPRI: the high-priority pools (raised priority)
+  kCpuIntensive = 1u << 2,  // WQ_CPU_INTENSIVE: works do not count for concurrency
+  kOrdered = 1u << 3,       // one at a time, in queueing order (implies kUnbound)
+  kFreezable = 1u << 4,     // WQ_FREEZABLE: stops on Freeze until Thaw
+  kMemReclaim = 1u << 5,    // WQ_MEM_RECLAIM: a rescuer thread guarantees progress
+};
+
+class WorkqueueRuntime;
+
+struct WorkqueueOptions {
+  std::string name;  // required, for dumps and stall reports
+  uint32_t flags = 0;
+  // Concurrently active works: per CPU (bound) or in total, split over NUMA nodes
+  // (unbound). 0 means the default (256); must be in [0, 2048]. kOrdered forces 1.
+  int max_active = 0;
+  // Unbound: each node's share of max_active is at least this (default 8, capped at
+  // max_active).
+  int min_active = 0;
+  // Unbound pools are formed per pod of this scope.
+  AffinityScope affinity_scope = AffinityScope::kCache;
+  // Strict: workers stay inside their pod's CPUs. Not strict: they start there but may
+  // run on any allowed CPU (the scheduler decides).
+  bool affinity_strict = false;
+  // nullptr: WorkqueueRuntime::Default().
+  WorkqueueRuntime* runtime = nullptr;
+};
+
+// Counters like the kernel's wq_monitor.py, since the workqueue was created.
+struct WorkqueueStats {
+  uint64_t queued = 0;               // successful Queue* calls (work or delayed work)
+  uint64_t started = 0;              // function executions started
+  uint64_t completed = 0;            // function executions finished
+  int64_t in_flight = 0;             // started - completed
+  absl::Duration cpu_time;           // summed thread CPU time of executions
+  uint64_t cpu_hogs = 0;             // executions the watchdog marked CPU-intensive
+  uint64_t concurrency_wakeups = 0;  // extra workers woken for blocked/hogging ones
+  uint64_t rescued = 0;              // works executed by the rescuer
+  uint64_t exceptions = 0;           // work functions that threw (caught, counted)
+};
+
+class Workqueue {
+ public:
+  // InvalidArgument for an empty name, max_active outside [0, 2048], negative
+  // min_active, or kOrdered with max_active > 1.
+  static absl::StatusOr<std::unique_ptr<Workqueue>> Create(WorkqueueOptions options);
+
+  // Drains the workqueue (destroy_workqueue), then frees it.
+  ~Workqueue();
+  Workqueue(const Workqueue&) = delete;
+  Workqueue& operator=(const Workqueue&) = delete;
+
+  // queue_work: on the calling thread's CPU pool (bound) or pod (unbound). Returns false
+  // when `work` is already pending or disabled.
+  bool Queue(Work* work);
+  // queue_work_on: on `cpu`'s pool (bound) or the pod containing `cpu` (unbound). An
+  // unknown CPU falls back to Queue's choice (as the kernel does for offline CPUs).
+  bool QueueOn(int cpu, Work* work);
+  // queue_work_node: a CPU of NUMA node `node` (unknown node: any CPU).
+  bool QueueOnNode(int node, Work* work);
+  // queue_delayed_work(_on): after `delay` (<= 0: now). False if already pending.
+  bool QueueDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
+  // mod_delayed_work: (re)sets the delay whether or not it is pending. Returns true when
+  // it was pending before the call.
+  bool ModDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
+
+  // cancel_work: removes a pending instance. True when one was pending. Does not wait for
+  // a running instance.
+  bool Cancel(Work* work);
+  bool Cancel(DelayedWork* dwork);
+  // cancel_work_sync: cancels and waits until the work is not running; correct even for
+  // works that requeue themselves (queueing is refused while it cancels). True when an
+  // instance was pending. Must not be called from the work itself.
+  bool CancelSync(Work* work);
+  bool CancelSync(DelayedWork* dwork);
+
+  // flush_work: waits until the instance pending or running at the call has finished.
+  // True when it waited. A delayed work is queued at once first (flush_delayed_work).
+  bool Flush(Work* work);
+  bool Flush(DelayedWork* dwork);
+  // flush_workqueue: waits for every work queued before the call to finish. Works queued
+  // meanwhile (even by the flushed works) are not waited for, so it cannot livelock.
+  void Flush();
+  // drain_workqueue: flushes until the workqueue is empty; meanwhile only works of this
+  // workqueue (chained queueing) may queue to it — Queue from anywhere else returns
+  // false (the kernel WARNs).
+  void Drain();
+
+  // disable_work: cancels like Cancel and makes Queue refuse the work until Enable.
+  // Nestable (a count). Returns true when an instance was pending.
+  bool Disable(Work* work);
+  // enable_work: undoes one Disable. Returns true when the count reached zero.
+  bool Enable(Work* work);
+
+  // For kFreezable workqueues: stop starting works (running ones finish) / resume.
+  // Freeze waits until no work of this workqueue is running. No-op without kFreezable.
+  void Freeze();
+  void Thaw();
+
+  WorkqueueStats stats() const;
+  const std::string& name() const;
+  uint32_t flags() const;
+  // The max_active in force (after defaults).
+  int max_active() const;
+
+ private:
+  friend struct internal::WorkAccess;
+  explicit Workqueue(std::unique_ptr<internal::WorkqueueCore> core);
+  std::unique_ptr<internal::WorkqueueCore> core_;
+};
+
+// The worker pools of a topology (the kernel's per-CPU and unbound pools). Most programs
+// use Default(); tests make their own with a synthetic topology and short timeouts.
+class WorkqueueRuntime {
+ public:
+  struct Options {
+    // nullptr: Topology::Detect().
+    std::shared_ptr<const Topology> topology;
+    // Clock and timers for delays, the watchdog and idle reaping. nullptr: real ones.
+    Clock* clock = nullptr;
+    TimerService* timers = nullptr;
+    // Idle workers beyond two per pool exit after this long (the kernel's 5 minutes).
+    absl::Duration idle_timeout = absl::Minutes(5);
+    // A work running longer than this on a bound pool is marked a CPU hog and stops
+    // counting for concurrency (wq_cpu_intensive_thresh_us, 10 ms).
+    absl::Duration cpu_intensive_threshold = absl::Milliseconds(10);
+    // A pool with pending work that starts nothing for this long is reported stalled.
+    absl::Duration stall_threshold = absl::Seconds(30);
+    // Receives stall reports (default: stderr).
+    std::function<void(const std::string&)> stall_reporter;
+    // Pin workers to their pool's CPUs. When pinning fails (a synthetic topology, a
+    // cpuset that forbids it) workers run unpinned and the failure is counted.
+    bool bind_workers = true;
+    // Fault injection for tests: when set and it returns true, creating a worker thread
+    // fails as if the system were out of threads (kMemReclaim rescuers then step in).
+    std::function<bool()> fail_thread_creation;
+  };
+
+  static absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> Create(Options options);
+  // The process-wide runtime on the detected topology; never destroyed.
+  static WorkqueueRuntime& Default();
+
+  // All workqueues of this runtime must have been destroyed. Joins every worker.
+  ~WorkqueueRuntime();
+
+  const Topology& topology() const;
+  // A state dump like the kernel's wq_dump.py: pods per scope, pools (CPU, priority,
+  // workers, idle, running, pending), and which workqueue uses which pool.
+  std::string Dump() const;
+  // Workers whose pinning failed and that run unpinned.
+  uint64_t bind_failures() const;
+  // Stall reports made so far.
+  uint64_t stalls() const;
+  // Whether high-priority pools could raise their priority (nice -20 needs
+  // CAP_SYS_NICE); when not, they run at normal priority.
+  bool highpri_raised() const;
+
+ private:
+  friend class Workqueue;
+  friend struct internal::WorkAccess;
+  explicit WorkqueueRuntime(std::unique_ptr<internal::RuntimeCore> core);
+  std::unique_ptr<internal::RuntimeCore> core_;
+};
+
+// Tells the pool that the calling worker is about to block (sleep, I/O, a lock), so a
+// bound pool wakes another worker for its pending works — the hint the kernel gets from
+// the scheduler. Harmless outside a worker. Not movable.
+class BlockingScope {
+ public:
+  BlockingScope();
+  ~BlockingScope();
+  BlockingScope(const BlockingScope&) = delete;
+  BlockingScope& operator=(const BlockingScope&) = delete;
+
+ private:
+  internal::Worker* worker_;
+};
+
+// The system workqueues (system_wq, system_highpri_wq, system_long_wq,
+// system_unbound_wq) on WorkqueueRuntime::Default(); created on first use, never freed.
+Workqueue& SystemWq();
+Workqueue& SystemHighPriWq();
+Workqueue& SystemLongWq();
+Workqueue& SystemUnboundWq();
+
+}  // namespace kwq
+
+#endif  // KWQ_WORKQUEUE_H_

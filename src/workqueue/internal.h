@@ -1,0 +1,292 @@
+// Internals of kwq's kernel-style workqueues: runtime, pools, workers, pool workqueues.
+//
+// Locking rules (one letter per field, as in the kernel's workqueue.c):
+//   I: set at creation, read-only after.
+//   P: the pool's mu.
+//   Q: the workqueue's mu.
+//   T: the workqueue's timer_mu (delayed works waiting on a timer).
+//   R: the runtime's mu.
+//   A: atomic; the comment says which order.
+// Lock order: R before P; Q and P are never held together (a work moves between the
+// workqueue's inactive list and a pool's worklist with one lock at a time, and its
+// `where_` field tells which lock guards it now); T before Q.
+
+#ifndef KWQ_SRC_WORKQUEUE_INTERNAL_H_
+#define KWQ_SRC_WORKQUEUE_INTERNAL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "kwq/internal/mutex.h"
+#include "kwq/workqueue.h"
+
+namespace kwq::internal {
+
+// Where a pending work is, i.e. which lock guards its list links (Work::list_).
+enum class WorkWhere : uint8_t { kNone, kTimer, kInactive, kPool, kScheduled };
+
+// An intrusive FIFO of works (links in Work::prev_/next_/list_).
+class WorkList {
+ public:
+  bool empty() const { return head_ == nullptr; }
+  size_t size() const { return size_; }
+  Work* front() const { return head_; }
+  void PushBack(Work* w);
+  void Remove(Work* w);
+  Work* PopFront();
+  bool Contains(const Work* w) const;
+
+ private:
+  Work* head_ = nullptr;
+  Work* tail_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Friend of Work, DelayedWork, Workqueue and WorkqueueRuntime: the one door to their
+// private state for the implementation.
+struct WorkAccess {
+  static absl::AnyInvocable<void()>& fn(Work* w) { return w->fn_; }
+  static std::atomic<uint32_t>& state(Work* w) { return w->state_; }
+  static std::atomic<WorkerPool*>& running_pool(Work* w) { return w->running_pool_; }
+  static std::atomic<PoolWorkqueue*>& pwq(Work* w) { return w->pwq_; }
+  static std::atomic<uint8_t>& where(Work* w) { return w->where_; }
+  static Worker*& runner(Work* w) { return w->runner_; }
+  static Work*& prev(Work* w) { return w->prev_; }
+  static Work*& next(Work* w) { return w->next_; }
+  static void*& list(Work* w) { return w->list_; }
+  static uint64_t& color(Work* w) { return w->color_; }
+  static std::atomic<uint64_t>& queued_seq(Work* w) { return w->queued_seq_; }
+  static std::atomic<uint64_t>& done_seq(Work* w) { return w->done_seq_; }
+  static uint64_t& running_seq(Work* w) { return w->running_seq_; }
+  static TimerId& timer(DelayedWork* d) { return d->timer_; }
+  static int& target_cpu(DelayedWork* d) { return d->target_cpu_; }
+  static Work* work(DelayedWork* d) { return &d->work_; }
+  static WorkqueueCore* core(Workqueue* wq) { return wq->core_.get(); }
+  static RuntimeCore* core(WorkqueueRuntime* rt) { return rt->core_.get(); }
+};
+
+inline constexpr uint32_t kPendingBit = 1;
+inline constexpr uint32_t kDisableUnit = 2;  // the disable count lives in bits 1..
+
+// One worker thread of a pool.
+class Worker {
+ public:
+  explicit Worker(WorkerPool* pool) : pool(pool) {}
+  WorkerPool* const pool;  // I
+  std::thread thread;      // I (started by the pool, joined by the pool)
+  // P:
+  Work* current = nullptr;  // the work being executed
+  PoolWorkqueue* current_pwq = nullptr;
+  WorkList scheduled;    // colliding instances of `current` to run next
+  absl::Time started;    // when `current` started (watchdog)
+  bool counted = false;  // counts in pool->nr_running
+  bool hog = false;      // marked CPU-intensive by the watchdog
+  int blocking = 0;      // nesting of BlockingScope
+  bool idle = false;
+  bool exiting = false;
+  bool rescuer = false;  // I: a kMemReclaim rescuer borrowed by the pool
+};
+
+// A pool of workers: per CPU (bound, normal or high priority) or per pod (unbound).
+class WorkerPool {
+ public:
+  WorkerPool(RuntimeCore* rt, int id, int cpu, bool highpri, std::vector<int> cpus, bool strict);
+  ~WorkerPool();  // joins every worker (Stop first)
+
+  // Appends a work (its pwq_ set) and wakes or creates a worker if needed.
+  void Insert(Work* w);
+  // Removes `w` if it is queued here (worklist or a worker's scheduled list). True if so.
+  bool TryRemove(Work* w);
+  // Stops the workers (they exit once the worklist is empty) and joins them.
+  void Stop();
+  // Watchdog: marks CPU hogs, reports stalls. Returns true while the pool is busy.
+  bool Check(absl::Time now);
+  std::string DumpLine() const;
+  // For BlockingScope.
+  void EnterBlocking(Worker* w);
+  void ExitBlocking(Worker* w);
+  // Runs the works of `pwq` found in this pool's worklist on the calling (rescuer)
+  // thread. Returns how many ran.
+  int Rescue(PoolWorkqueue* pwq, Worker* rescuer);
+
+  RuntimeCore* const rt;        // I
+  const int id;                 // I
+  const int cpu;                // I: the CPU of a bound pool, -1 for unbound
+  const bool highpri;           // I
+  const std::vector<int> cpus;  // I: CPUs workers are bound to (empty: any)
+  const bool strict;            // I
+
+ private:
+  friend class WorkqueueCore;
+  bool bound() const { return cpu >= 0; }
+  bool NeedMoreWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeOrCreateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WorkerMain(Worker* self);
+  // Runs `w` (claimed from a list) on `self`; called and returns with mu_ held.
+  void Execute(Worker* self, Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Claims the next work for `self`, or null.
+  Work* NextLocked(Worker* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JoinDead();
+
+  mutable Mutex mu_;
+  CondVar cv_;  // idle workers wait here
+  WorkList worklist_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Worker>> dead_ ABSL_GUARDED_BY(mu_);
+  int nr_idle_ ABSL_GUARDED_BY(mu_) = 0;
+  int nr_running_ ABSL_GUARDED_BY(mu_) = 0;  // counted running workers (bound pools)
+  int nr_creating_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool spawn_failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
+  bool stall_reported_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The link between a workqueue and one pool it uses (the kernel's pool_workqueue).
+class PoolWorkqueue {
+ public:
+  PoolWorkqueue(WorkqueueCore* wq, WorkerPool* pool, int node) : wq(wq), pool(pool), node(node) {}
+  WorkqueueCore* const wq;  // I
+  WorkerPool* const pool;   // I
+  const int node;           // I: max_active accounting node (index into WorkqueueCore)
+};
+
+// The runtime: topology, pools, watchdog.
+class RuntimeCore {
+ public:
+  explicit RuntimeCore(WorkqueueRuntime::Options options);
+  ~RuntimeCore();
+
+  // The per-CPU pool of `cpu` (a CPU of the topology).
+  WorkerPool* CpuPool(int cpu, bool highpri);
+  // The shared unbound pool for these attributes.
+  WorkerPool* UnboundPool(const std::vector<int>& cpus, bool highpri, bool strict);
+  void Register(WorkqueueCore* wq);
+  void Unregister(WorkqueueCore* wq);
+  // Makes sure the watchdog timer runs (cheap when it does).
+  void KickWatchdog();
+  void CountBindFailure() { bind_failures_.fetch_add(1, std::memory_order_relaxed); }
+  void ReportStall(const std::string& report);
+  // Fault injection: true when the next worker creation must fail.
+  bool ShouldFailSpawn();
+  std::string Dump() const;
+
+  const WorkqueueRuntime::Options options;   // I
+  std::shared_ptr<const Topology> topology;  // I
+  Clock* const clock;                        // I
+  TimerService* const timers;                // I
+  std::atomic<uint64_t> bind_failures_{0};
+  std::atomic<uint64_t> stalls_{0};
+  std::atomic<bool> highpri_raised_{true};  // cleared when raising a priority fails
+
+ private:
+  void Watchdog();
+
+  mutable Mutex mu_;
+  // Per CPU (indexed by OS CPU number): normal and high-priority pools, created lazily.
+  std::vector<std::unique_ptr<WorkerPool>> cpu_pools_[2] ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<WorkerPool>> unbound_pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkqueueCore*> workqueues_ ABSL_GUARDED_BY(mu_);
+  int next_pool_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> watchdog_armed_{false};
+  Mutex watchdog_mu_;
+  TimerId watchdog_timer_ ABSL_GUARDED_BY(watchdog_mu_) = 0;
+};
+
+// The state behind a Workqueue.
+class WorkqueueCore {
+ public:
+  WorkqueueCore(RuntimeCore* rt, WorkqueueOptions options, Workqueue* owner);
+  ~WorkqueueCore();
+  absl::Status Init();
+
+  bool QueueOn(int cpu, int node, Work* w);
+  // Inserts a work whose pending bit the caller holds.
+  void Enqueue(int cpu, int node, Work* w);
+  bool Cancel(Work* w);
+  bool CancelSync(Work* w);
+  bool Flush(Work* w);
+  void FlushAll();
+  void Drain();
+  bool Disable(Work* w);
+  bool Enable(Work* w);
+  void Freeze();
+  void Thaw();
+  bool QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, bool modify);
+  bool CancelDelayed(DelayedWork* d, bool sync);
+  bool FlushDelayed(DelayedWork* d);
+  void TimerFired(DelayedWork* d);
+
+  // Called by a worker after `w` (of pwq) ran; `color` is the instance's flush color.
+  void Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw);
+  void CountStarted() { started_.fetch_add(1, std::memory_order_relaxed); }
+  void CountHog() { hogs_.fetch_add(1, std::memory_order_relaxed); }
+  void CountWakeup() { wakeups_.fetch_add(1, std::memory_order_relaxed); }
+  void CountRescued() { rescued_.fetch_add(1, std::memory_order_relaxed); }
+  // Wakes the rescuer (kMemReclaim) because `pool` cannot create workers.
+  void Mayday();
+  WorkqueueStats Stats() const;
+  std::string DumpLine() const;
+  bool IsDraining() const { return draining_.load(std::memory_order_acquire); }
+  bool cpu_intensive() const { return (options.flags & kCpuIntensive) != 0; }
+
+  RuntimeCore* const rt;           // I
+  const WorkqueueOptions options;  // I (after defaults)
+  Workqueue* const owner;          // I
+
+ private:
+  PoolWorkqueue* PwqFor(int cpu, int node) const;
+  PoolWorkqueue* PwqOfPool(WorkerPool* pool) const;
+  // Grabs a pending instance off whatever list holds it. Returns true when it was
+  // pending (the caller then owns the pending bit and must clear or reuse it).
+  bool GrabPending(Work* w);
+  void Activate(Work* w, PoolWorkqueue* pwq);
+  void WaitIdle(Work* w);
+  void RescuerMain();
+
+  std::vector<std::unique_ptr<PoolWorkqueue>> pwqs_;  // I (after Init)
+  std::vector<PoolWorkqueue*> pwq_by_cpu_;            // I: indexed by OS CPU
+  int max_active_ = 0;                                // I
+  std::vector<int> node_limit_;                       // I: per accounting node
+
+  mutable Mutex mu_;
+  CondVar cv_;  // completions, for flushers and drainers
+  std::vector<int> node_active_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkList> node_inactive_ ABSL_GUARDED_BY(mu_);
+  uint64_t color_base_ ABSL_GUARDED_BY(mu_) = 0;           // oldest color with works
+  std::deque<int64_t> color_counts_ ABSL_GUARDED_BY(mu_);  // [color - base]
+  int64_t nr_queued_ ABSL_GUARDED_BY(mu_) = 0;             // pending (not on a timer) + running
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
+  int nr_running_ ABSL_GUARDED_BY(mu_) = 0;  // executing now (for Freeze)
+  std::atomic<bool> draining_{false};
+
+  mutable Mutex timer_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::flat_hash_set<DelayedWork*> timed_ ABSL_GUARDED_BY(timer_mu_);  // on a timer
+
+  // Rescuer (kMemReclaim).
+  std::thread rescuer_;
+  Mutex rescuer_mu_;
+  CondVar rescuer_cv_;
+  bool mayday_ ABSL_GUARDED_BY(rescuer_mu_) = false;
+  bool rescuer_stop_ ABSL_GUARDED_BY(rescuer_mu_) = false;
+
+  std::atomic<uint64_t> queued_{0}, started_{0}, completed_{0}, hogs_{0}, wakeups_{0}, rescued_{0},
+      exceptions_{0};
+  std::atomic<int64_t> busy_ns_{0};
+};
+
+// The worker running on this thread, or null.
+Worker* CurrentWorker();
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_SRC_WORKQUEUE_INTERNAL_H_

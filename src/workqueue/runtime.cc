@@ -1,0 +1,597 @@
+// Worker pools, workers, the watchdog and the runtime that owns them.
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "workqueue/internal.h"
+
+namespace kwq {
+namespace internal {
+
+namespace {
+thread_local Worker* tls_worker = nullptr;
+using A = WorkAccess;
+
+void SetWhere(Work* w, WorkWhere where) {
+  A::where(w).store(static_cast<uint8_t>(where), std::memory_order_release);
+}
+}  // namespace
+
+Worker* CurrentWorker() { return tls_worker; }
+
+// ---- WorkList ----
+
+void WorkList::PushBack(Work* w) {
+  A::prev(w) = tail_;
+  A::next(w) = nullptr;
+  A::list(w) = this;
+  if (tail_ != nullptr) {
+    A::next(tail_) = w;
+  } else {
+    head_ = w;
+  }
+  tail_ = w;
+  ++size_;
+}
+
+void WorkList::Remove(Work* w) {
+  Work* prev = A::prev(w);
+  Work* next = A::next(w);
+  if (prev != nullptr) {
+    A::next(prev) = next;
+  } else {
+    head_ = next;
+  }
+  if (next != nullptr) {
+    A::prev(next) = prev;
+  } else {
+    tail_ = prev;
+  }
+  A::prev(w) = A::next(w) = nullptr;
+  A::list(w) = nullptr;
+  --size_;
+}
+
+Work* WorkList::PopFront() {
+  Work* w = head_;
+  if (w != nullptr) Remove(w);
+  return w;
+}
+
+bool WorkList::Contains(const Work* w) const { return A::list(const_cast<Work*>(w)) == this; }
+
+// ---- WorkerPool ----
+
+WorkerPool::WorkerPool(RuntimeCore* rt, int id, int cpu, bool highpri, std::vector<int> cpus,
+                       bool strict)
+    : rt(rt), id(id), cpu(cpu), highpri(highpri), cpus(std::move(cpus)), strict(strict) {
+  MutexLock lock(&mu_);
+  last_progress_ = rt->clock->Now();
+}
+
+WorkerPool::~WorkerPool() { Stop(); }
+
+void WorkerPool::Stop() {
+  std::vector<std::unique_ptr<Worker>> all;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  cv_.SignalAll();
+  // Workers leave their loop once nothing is left for them; join them outside the lock.
+  for (;;) {
+    std::unique_ptr<Worker> w;
+    {
+      MutexLock lock(&mu_);
+      if (!dead_.empty()) {
+        w = std::move(dead_.back());
+        dead_.pop_back();
+      } else if (!workers_.empty()) {
+        w = std::move(workers_.back());
+        workers_.pop_back();
+      } else if (nr_creating_ == 0) {
+        break;
+      }
+    }
+    if (w == nullptr) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (w->thread.joinable()) w->thread.join();
+  }
+}
+
+bool WorkerPool::NeedMoreWorkerLocked() const {
+  return !worklist_.empty() && (!bound() || nr_running_ == 0);
+}
+
+void WorkerPool::WakeOrCreateLocked() {
+  if (nr_idle_ > 0) {
+    cv_.Signal();
+    return;
+  }
+  if (nr_creating_ > 0 || stopping_) return;
+  if (rt->ShouldFailSpawn()) {
+    spawn_failed_ = true;
+  } else {
+    auto worker = std::make_unique<Worker>(this);
+    Worker* raw = worker.get();
+    ++nr_creating_;
+    try {
+      raw->thread = std::thread([this, raw] { WorkerMain(raw); });
+      workers_.push_back(std::move(worker));
+      spawn_failed_ = false;
+    } catch (const std::system_error&) {
+      spawn_failed_ = true;
+    }
+    --nr_creating_;
+  }
+  if (spawn_failed_) {
+    // No worker could be made: ask the rescuers of kMemReclaim workqueues with work here.
+    for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
+      PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_relaxed);
+      if (pwq != nullptr && (pwq->wq->options.flags & kMemReclaim)) pwq->wq->Mayday();
+    }
+  }
+}
+
+void WorkerPool::Insert(Work* w) {
+  {
+    MutexLock lock(&mu_);
+    worklist_.PushBack(w);
+    SetWhere(w, WorkWhere::kPool);
+    if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
+  }
+  rt->KickWatchdog();  // pending work is watched for stalls too
+}
+
+bool WorkerPool::TryRemove(Work* w) {
+  MutexLock lock(&mu_);
+  const auto where = static_cast<WorkWhere>(A::where(w).load(std::memory_order_acquire));
+  if (where == WorkWhere::kPool && worklist_.Contains(w)) {
+    worklist_.Remove(w);
+    SetWhere(w, WorkWhere::kNone);
+    return true;
+  }
+  if (where == WorkWhere::kScheduled) {
+    for (auto& worker : workers_) {
+      if (worker->scheduled.Contains(w)) {
+        worker->scheduled.Remove(w);
+        SetWhere(w, WorkWhere::kNone);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+Work* WorkerPool::NextLocked(Worker* self) {
+  if (!self->scheduled.empty()) return self->scheduled.PopFront();
+  while (!worklist_.empty()) {
+    if (bound() && nr_running_ > 0) return nullptr;  // concurrency management
+    Work* w = worklist_.PopFront();
+    // Non-reentrancy: an instance queued while the work runs here goes to the worker
+    // running it, which runs it next.
+    if (A::running_pool(w).load(std::memory_order_acquire) == this && A::runner(w) != nullptr &&
+        A::runner(w) != self) {
+      A::runner(w)->scheduled.PushBack(w);
+      SetWhere(w, WorkWhere::kScheduled);
+      continue;
+    }
+    return w;
+  }
+  return nullptr;
+}
+
+void WorkerPool::Execute(Worker* self, Work* w) {
+  PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_relaxed);
+  WorkqueueCore* wq = pwq->wq;
+  const uint64_t color = A::color(w);
+  self->current = w;
+  self->current_pwq = pwq;
+  A::runner(w) = self;
+  A::running_pool(w).store(this, std::memory_order_release);
+  A::running_seq(w) = A::queued_seq(w).load(std::memory_order_relaxed);
+  SetWhere(w, WorkWhere::kNone);
+  // Cleared just before the function runs: a Queue from now on runs it again after.
+  A::state(w).fetch_and(~kPendingBit, std::memory_order_acq_rel);
+  if (bound() && !wq->cpu_intensive() && !self->rescuer) {
+    self->counted = true;
+    ++nr_running_;
+  }
+  const absl::Time start = rt->clock->Now();
+  self->started = start;
+  last_progress_ = start;
+  stall_reported_ = false;
+  ++started_;
+  mu_.Unlock();
+
+  wq->CountStarted();
+  rt->KickWatchdog();
+  bool threw = false;
+  try {
+    A::fn(w)();
+  } catch (const std::exception& e) {
+    threw = true;
+    std::fprintf(stderr, "kwq: work on workqueue %s threw: %s\n", wq->options.name.c_str(),
+                 e.what());
+  } catch (...) {
+    threw = true;
+    std::fprintf(stderr, "kwq: work on workqueue %s threw a non-std exception\n",
+                 wq->options.name.c_str());
+  }
+  const absl::Duration busy = rt->clock->Now() - start;
+
+  mu_.Lock();
+  if (self->counted) {
+    self->counted = false;
+    --nr_running_;
+  }
+  self->hog = false;
+  A::done_seq(w).store(A::running_seq(w), std::memory_order_release);
+  A::runner(w) = nullptr;
+  A::running_pool(w).store(nullptr, std::memory_order_release);
+  self->current = nullptr;
+  self->current_pwq = nullptr;
+  mu_.Unlock();
+  wq->Completed(pwq, color, busy, threw);
+  mu_.Lock();
+}
+
+void WorkerPool::WorkerMain(Worker* self) {
+  tls_worker = self;
+  pthread_setname_np(pthread_self(), highpri ? "kwq-worker-H" : "kwq-worker");
+  if (rt->options.bind_workers && !cpus.empty()) {
+    if (!BindCurrentThread(cpus).ok()) rt->CountBindFailure();
+  }
+  if (highpri && setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), -20) != 0) {
+    rt->highpri_raised_.store(false, std::memory_order_relaxed);
+  }
+  MutexLock lock(&mu_);
+  for (;;) {
+    if (Work* w = NextLocked(self)) {
+      Execute(self, w);
+      continue;
+    }
+    if (stopping_) break;
+    self->idle = true;
+    ++nr_idle_;
+    const bool timed_out = cv_.WaitFor(&mu_, rt->options.idle_timeout);
+    --nr_idle_;
+    self->idle = false;
+    // Too many idle workers: the kernel keeps two per pool.
+    if (timed_out && nr_idle_ >= 2 && worklist_.empty() && self->scheduled.empty() && !stopping_) {
+      auto it = std::find_if(workers_.begin(), workers_.end(),
+                             [self](const auto& p) { return p.get() == self; });
+      if (it != workers_.end()) {
+        dead_.push_back(std::move(*it));
+        workers_.erase(it);
+      }
+      break;
+    }
+  }
+  tls_worker = nullptr;
+}
+
+void WorkerPool::JoinDead() {
+  std::vector<std::unique_ptr<Worker>> dead;
+  {
+    MutexLock lock(&mu_);
+    dead.swap(dead_);
+  }
+  for (auto& w : dead) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+}
+
+void WorkerPool::EnterBlocking(Worker* w) {
+  MutexLock lock(&mu_);
+  if (w->blocking++ > 0) return;
+  if (w->counted) {
+    w->counted = false;
+    --nr_running_;
+    if (NeedMoreWorkerLocked()) {
+      if (w->current_pwq != nullptr) w->current_pwq->wq->CountWakeup();
+      WakeOrCreateLocked();
+    }
+  }
+}
+
+void WorkerPool::ExitBlocking(Worker* w) {
+  MutexLock lock(&mu_);
+  if (--w->blocking > 0) return;
+  if (w->current != nullptr && !w->hog && bound() && w->current_pwq != nullptr &&
+      !w->current_pwq->wq->cpu_intensive() && !w->rescuer) {
+    w->counted = true;
+    ++nr_running_;
+  }
+}
+
+bool WorkerPool::Check(absl::Time now) {
+  JoinDead();
+  MutexLock lock(&mu_);
+  bool busy = !worklist_.empty();
+  for (auto& w : workers_) {
+    if (w->current == nullptr) continue;
+    busy = true;
+    if (bound() && w->counted && !w->hog &&
+        now - w->started >= rt->options.cpu_intensive_threshold) {
+      // A CPU hog: stop counting it, so the pool's other works can run.
+      w->hog = true;
+      w->counted = false;
+      --nr_running_;
+      w->current_pwq->wq->CountHog();
+      if (NeedMoreWorkerLocked()) {
+        w->current_pwq->wq->CountWakeup();
+        WakeOrCreateLocked();
+      }
+    }
+  }
+  if (!worklist_.empty() && now - last_progress_ >= rt->options.stall_threshold &&
+      !stall_reported_) {
+    stall_reported_ = true;
+    rt->ReportStall(absl::StrCat(
+        "kwq: pool ", id, " (", cpu >= 0 ? absl::StrCat("cpu ", cpu) : std::string("unbound"),
+        highpri ? ", highpri" : "", ") stalled for ", absl::FormatDuration(now - last_progress_),
+        ": ", worklist_.size(), " pending, ", workers_.size(), " workers",
+        spawn_failed_ ? ", worker creation failing" : ""));
+  }
+  if (!worklist_.empty() && NeedMoreWorkerLocked() && spawn_failed_) WakeOrCreateLocked();
+  return busy;
+}
+
+int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
+  int ran = 0;
+  MutexLock lock(&mu_);
+  for (;;) {
+    Work* found = nullptr;
+    for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
+      if (A::pwq(w).load(std::memory_order_relaxed) == pwq) {
+        found = w;
+        break;
+      }
+    }
+    if (found == nullptr) break;
+    worklist_.Remove(found);
+    if (A::running_pool(found).load(std::memory_order_acquire) == this &&
+        A::runner(found) != nullptr) {
+      A::runner(found)->scheduled.PushBack(found);  // its runner runs it next
+      SetWhere(found, WorkWhere::kScheduled);
+      continue;
+    }
+    Execute(rescuer, found);
+    ++ran;
+  }
+  return ran;
+}
+
+std::string WorkerPool::DumpLine() const {
+  MutexLock lock(&mu_);
+  int busy = 0;
+  for (const auto& w : workers_) busy += w->current != nullptr;
+  return absl::StrCat(
+      "pool ", id, ": ", cpu >= 0 ? absl::StrCat("cpu ", cpu) : std::string("unbound"),
+      highpri ? " highpri" : "", " cpus [", absl::StrJoin(cpus, ","), "]", strict ? " strict" : "",
+      " workers=", workers_.size(), " idle=", nr_idle_, " busy=", busy, " running=", nr_running_,
+      " pending=", worklist_.size(), " started=", started_);
+}
+
+// ---- RuntimeCore ----
+
+RuntimeCore::RuntimeCore(WorkqueueRuntime::Options opts)
+    : options(std::move(opts)),
+      topology(options.topology),
+      clock(options.clock != nullptr ? options.clock : RealClock::Default()),
+      timers(options.timers != nullptr ? options.timers : &TimerService::Default()) {
+  MutexLock lock(&mu_);
+  int max_cpu = 0;
+  for (const CpuInfo& c : topology->cpus()) max_cpu = std::max(max_cpu, c.cpu);
+  cpu_pools_[0].resize(max_cpu + 1);
+  cpu_pools_[1].resize(max_cpu + 1);
+}
+
+RuntimeCore::~RuntimeCore() {
+  TimerId timer;
+  {
+    MutexLock lock(&watchdog_mu_);
+    timer = watchdog_timer_;
+    watchdog_timer_ = 0;
+  }
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (timer != 0) timers->CancelSync(timer);
+  std::vector<std::unique_ptr<WorkerPool>> pools;
+  {
+    MutexLock lock(&mu_);
+    for (auto& v : cpu_pools_) {
+      for (auto& p : v) {
+        if (p) pools.push_back(std::move(p));
+      }
+    }
+    for (auto& p : unbound_pools_) pools.push_back(std::move(p));
+  }
+  for (auto& p : pools) p->Stop();
+  // The watchdog may have been re-armed by a work that ran during Stop.
+  {
+    MutexLock lock(&watchdog_mu_);
+    timer = watchdog_timer_;
+    watchdog_timer_ = 0;
+  }
+  if (timer != 0) timers->CancelSync(timer);
+}
+
+WorkerPool* RuntimeCore::CpuPool(int cpu, bool highpri) {
+  MutexLock lock(&mu_);
+  auto& slot = cpu_pools_[highpri ? 1 : 0][cpu];
+  if (!slot)
+    slot = std::make_unique<WorkerPool>(this, next_pool_id_++, cpu, highpri, std::vector<int>{cpu},
+                                        /*strict=*/true);
+  return slot.get();
+}
+
+WorkerPool* RuntimeCore::UnboundPool(const std::vector<int>& cpus, bool highpri, bool strict) {
+  MutexLock lock(&mu_);
+  for (auto& p : unbound_pools_) {
+    if (p->highpri == highpri && p->strict == strict && p->cpus == cpus) return p.get();
+  }
+  // Not strict: workers may run on any allowed CPU (the scheduler places them).
+  std::vector<int> bind = cpus;
+  if (!strict) {
+    bind.clear();
+    for (const CpuInfo& c : topology->cpus()) bind.push_back(c.cpu);
+  }
+  unbound_pools_.push_back(
+      std::make_unique<WorkerPool>(this, next_pool_id_++, -1, highpri, std::move(bind), strict));
+  return unbound_pools_.back().get();
+}
+
+void RuntimeCore::Register(WorkqueueCore* wq) {
+  MutexLock lock(&mu_);
+  workqueues_.push_back(wq);
+}
+
+void RuntimeCore::Unregister(WorkqueueCore* wq) {
+  MutexLock lock(&mu_);
+  workqueues_.erase(std::remove(workqueues_.begin(), workqueues_.end(), wq), workqueues_.end());
+}
+
+void RuntimeCore::KickWatchdog() {
+  if (watchdog_armed_.load(std::memory_order_relaxed) ||
+      watchdog_armed_.exchange(true, std::memory_order_acq_rel)) {
+    return;
+  }
+  MutexLock lock(&watchdog_mu_);
+  const absl::Duration period =
+      std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);
+  watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
+}
+
+void RuntimeCore::Watchdog() {
+  std::vector<WorkerPool*> pools;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return;
+    for (auto& v : cpu_pools_) {
+      for (auto& p : v) {
+        if (p) pools.push_back(p.get());
+      }
+    }
+    for (auto& p : unbound_pools_) pools.push_back(p.get());
+  }
+  const absl::Time now = clock->Now();
+  bool busy = false;
+  for (WorkerPool* p : pools) busy |= p->Check(now);
+  const absl::Duration period =
+      std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);
+  MutexLock lock(&watchdog_mu_);
+  if (busy) {
+    watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
+  } else {
+    watchdog_timer_ = 0;
+    watchdog_armed_.store(false, std::memory_order_release);
+  }
+}
+
+void RuntimeCore::ReportStall(const std::string& report) {
+  stalls_.fetch_add(1, std::memory_order_relaxed);
+  if (options.stall_reporter) {
+    options.stall_reporter(report);
+  } else {
+    std::fprintf(stderr, "%s\n", report.c_str());
+  }
+}
+
+bool RuntimeCore::ShouldFailSpawn() {
+  return options.fail_thread_creation && options.fail_thread_creation();
+}
+
+std::string RuntimeCore::Dump() const {
+  std::string out = topology->Describe();
+  std::vector<const WorkerPool*> pools;
+  std::vector<WorkqueueCore*> wqs;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& v : cpu_pools_) {
+      for (const auto& p : v) {
+        if (p) pools.push_back(p.get());
+      }
+    }
+    for (const auto& p : unbound_pools_) pools.push_back(p.get());
+    wqs = workqueues_;
+  }
+  absl::StrAppend(&out, "\nPools (", pools.size(), "):\n");
+  for (const WorkerPool* p : pools) absl::StrAppend(&out, "  ", p->DumpLine(), "\n");
+  absl::StrAppend(&out, "Workqueues (", wqs.size(), "):\n");
+  for (WorkqueueCore* wq : wqs) absl::StrAppend(&out, "  ", wq->DumpLine(), "\n");
+  return out;
+}
+
+}  // namespace internal
+
+// ---- public: WorkqueueRuntime, BlockingScope ----
+
+absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> WorkqueueRuntime::Create(Options options) {
+  if (options.topology == nullptr) {
+    absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::Detect();
+    if (!topo.ok()) return topo.status();
+    options.topology = *topo;
+  }
+  if (options.topology->num_cpus() == 0) {
+    return absl::InvalidArgumentError("WorkqueueRuntime: the topology has no CPUs");
+  }
+  if (options.idle_timeout <= absl::ZeroDuration() ||
+      options.cpu_intensive_threshold <= absl::ZeroDuration() ||
+      options.stall_threshold <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "WorkqueueRuntime: idle_timeout, cpu_intensive_threshold and stall_threshold must "
+        "be positive");
+  }
+  return std::unique_ptr<WorkqueueRuntime>(
+      new WorkqueueRuntime(std::make_unique<internal::RuntimeCore>(std::move(options))));
+}
+
+WorkqueueRuntime& WorkqueueRuntime::Default() {
+  static WorkqueueRuntime* const runtime = [] {
+    absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> rt = Create(Options{});
+    if (!rt.ok()) {
+      std::fprintf(stderr, "kwq: cannot create the default workqueue runtime: %s\n",
+                   rt.status().ToString().c_str());
+      std::abort();
+    }
+    return rt->release();
+  }();
+  return *runtime;
+}
+
+WorkqueueRuntime::WorkqueueRuntime(std::unique_ptr<internal::RuntimeCore> core)
+    : core_(std::move(core)) {}
+WorkqueueRuntime::~WorkqueueRuntime() = default;
+const Topology& WorkqueueRuntime::topology() const { return *core_->topology; }
+std::string WorkqueueRuntime::Dump() const { return core_->Dump(); }
+uint64_t WorkqueueRuntime::bind_failures() const {
+  return core_->bind_failures_.load(std::memory_order_relaxed);
+}
+uint64_t WorkqueueRuntime::stalls() const { return core_->stalls_.load(std::memory_order_relaxed); }
+bool WorkqueueRuntime::highpri_raised() const {
+  return core_->highpri_raised_.load(std::memory_order_relaxed);
+}
+
+BlockingScope::BlockingScope() : worker_(internal::CurrentWorker()) {
+  if (worker_ != nullptr) worker_->pool->EnterBlocking(worker_);
+}
+
+BlockingScope::~BlockingScope() {
+  if (worker_ != nullptr) worker_->pool->ExitBlocking(worker_);
+}
+
+}  // namespace kwq

@@ -1,0 +1,632 @@
+// Workqueues: queueing, max_active accounting, flush colors, cancel, delayed work,
+// freeze, drain, rescuer, and the public Workqueue/Work API.
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kwq/internal/check.h"
+#include "workqueue/internal.h"
+
+namespace kwq {
+namespace internal {
+
+namespace {
+using A = WorkAccess;
+constexpr int kDefaultMaxActive = 256;
+constexpr int kMaxMaxActive = 2048;
+constexpr int kDefaultMinActive = 8;
+// Waits that depend on another workqueue's completions poll at this period.
+constexpr absl::Duration kPollPeriod = absl::Milliseconds(1);
+
+void SetWhere(Work* w, WorkWhere where) {
+  A::where(w).store(static_cast<uint8_t>(where), std::memory_order_release);
+}
+WorkWhere WhereOf(Work* w) {
+  return static_cast<WorkWhere>(A::where(w).load(std::memory_order_acquire));
+}
+bool Pending(Work* w) { return (A::state(w).load(std::memory_order_acquire) & kPendingBit) != 0; }
+void ClearPending(Work* w) { A::state(w).fetch_and(~kPendingBit, std::memory_order_acq_rel); }
+bool Running(Work* w) { return A::running_pool(w).load(std::memory_order_acquire) != nullptr; }
+
+// Takes the pending bit unless it is set or the work is disabled.
+bool TryClaimPending(Work* w) {
+  uint32_t s = A::state(w).load(std::memory_order_relaxed);
+  for (;;) {
+    if ((s & kPendingBit) != 0 || s >= kDisableUnit) return false;
+    if (A::state(w).compare_exchange_weak(s, s | kPendingBit, std::memory_order_acq_rel)) {
+      return true;
+    }
+  }
+}
+}  // namespace
+
+WorkqueueCore::WorkqueueCore(RuntimeCore* rt, WorkqueueOptions opts, Workqueue* owner)
+    : rt(rt), options(std::move(opts)), owner(owner) {}
+
+absl::Status WorkqueueCore::Init() {
+  const Topology& topo = *rt->topology;
+  max_active_ = options.max_active;
+  const bool highpri = (options.flags & kHighPri) != 0;
+  int max_cpu = 0;
+  for (const CpuInfo& c : topo.cpus()) max_cpu = std::max(max_cpu, c.cpu);
+  pwq_by_cpu_.assign(max_cpu + 1, nullptr);
+
+  if ((options.flags & kOrdered) != 0) {
+    std::vector<int> all;
+    for (const CpuInfo& c : topo.cpus()) all.push_back(c.cpu);
+    WorkerPool* pool = rt->UnboundPool(all, highpri, /*strict=*/false);
+    pwqs_.push_back(std::make_unique<PoolWorkqueue>(this, pool, 0));
+    for (int c : all) pwq_by_cpu_[c] = pwqs_.back().get();
+    node_limit_ = {1};
+  } else if ((options.flags & kUnbound) == 0) {
+    // Bound: one pwq per CPU, each with its own max_active.
+    for (const CpuInfo& c : topo.cpus()) {
+      const int node = static_cast<int>(pwqs_.size());
+      pwqs_.push_back(std::make_unique<PoolWorkqueue>(this, rt->CpuPool(c.cpu, highpri), node));
+      pwq_by_cpu_[c.cpu] = pwqs_.back().get();
+      node_limit_.push_back(max_active_);
+    }
+  } else {
+    // Unbound: one pwq per pod; max_active split over NUMA nodes by CPU count, with the
+    // min_active floor (one accounting node for the system scope or a one-node machine).
+    const bool one_node =
+        options.affinity_scope == AffinityScope::kSystem || topo.num_numa_nodes() <= 1;
+    const std::vector<int>& nodes = topo.numa_nodes();
+    if (one_node) {
+      node_limit_ = {max_active_};
+    } else {
+      for (int n : nodes) {
+        const int share = static_cast<int>(static_cast<int64_t>(max_active_) *
+                                           topo.CpusOfNode(n).size() / topo.num_cpus());
+        node_limit_.push_back(std::clamp(std::max(share, options.min_active), 1, max_active_));
+      }
+    }
+    for (const std::vector<int>& pod : topo.Pods(options.affinity_scope)) {
+      int node = 0;
+      if (!one_node) {
+        const int os_node = topo.cpus()[0].numa_node;
+        int first_node = os_node;
+        for (const CpuInfo& c : topo.cpus()) {
+          if (c.cpu == pod.front()) first_node = c.numa_node;
+        }
+        node = static_cast<int>(std::find(nodes.begin(), nodes.end(), first_node) - nodes.begin());
+        if (node >= static_cast<int>(nodes.size())) node = 0;
+      }
+      WorkerPool* pool = rt->UnboundPool(pod, highpri, options.affinity_strict);
+      pwqs_.push_back(std::make_unique<PoolWorkqueue>(this, pool, node));
+      for (int c : pod) pwq_by_cpu_[c] = pwqs_.back().get();
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    node_active_.assign(node_limit_.size(), 0);
+    node_inactive_.resize(node_limit_.size());
+    color_counts_ = {0};
+  }
+  if ((options.flags & kMemReclaim) != 0) {
+    try {
+      rescuer_ = std::thread([this] { RescuerMain(); });
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Workqueue ", options.name, ": cannot start its rescuer: ", e.what()));
+    }
+  }
+  rt->Register(this);
+  return absl::OkStatus();
+}
+
+WorkqueueCore::~WorkqueueCore() {
+  // destroy_workqueue: delayed works still on timers are cancelled, the rest drained.
+  for (;;) {
+    DelayedWork* d = nullptr;
+    {
+      MutexLock lock(&timer_mu_);
+      if (!timed_.empty()) d = *timed_.begin();
+    }
+    if (d == nullptr) break;
+    CancelSync(A::work(d));
+  }
+  Drain();
+  rt->Unregister(this);
+  if (rescuer_.joinable()) {
+    {
+      MutexLock lock(&rescuer_mu_);
+      rescuer_stop_ = true;
+    }
+    rescuer_cv_.SignalAll();
+    rescuer_.join();
+  }
+}
+
+PoolWorkqueue* WorkqueueCore::PwqFor(int cpu, int node) const {
+  const Topology& topo = *rt->topology;
+  if (cpu < 0 && node >= 0 && topo.HasNumaNode(node)) {
+    const int here = CurrentCpu();
+    const std::vector<int> node_cpus = topo.CpusOfNode(node);
+    cpu = std::find(node_cpus.begin(), node_cpus.end(), here) != node_cpus.end() ? here
+                                                                                 : node_cpus[0];
+  }
+  if (cpu < 0 || cpu >= static_cast<int>(pwq_by_cpu_.size()) || pwq_by_cpu_[cpu] == nullptr) {
+    cpu = CurrentCpu();  // no preference, or an unknown CPU: the local one
+  }
+  if (cpu < 0 || cpu >= static_cast<int>(pwq_by_cpu_.size()) || pwq_by_cpu_[cpu] == nullptr) {
+    cpu = topo.cpus()[0].cpu;  // not running on a CPU of this topology (synthetic)
+  }
+  return pwq_by_cpu_[cpu];
+}
+
+PoolWorkqueue* WorkqueueCore::PwqOfPool(WorkerPool* pool) const {
+  for (const auto& pwq : pwqs_) {
+    if (pwq->pool == pool) return pwq.get();
+  }
+  return nullptr;
+}
+
+bool WorkqueueCore::QueueOn(int cpu, int node, Work* w) {
+  if (draining_.load(std::memory_order_acquire)) {
+    Worker* self = CurrentWorker();
+    if (self == nullptr || self->current_pwq == nullptr || self->current_pwq->wq != this) {
+      return false;  // only chained queueing while draining
+    }
+  }
+  if (!TryClaimPending(w)) return false;
+  queued_.fetch_add(1, std::memory_order_relaxed);
+  Enqueue(cpu, node, w);
+  return true;
+}
+
+void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
+  A::queued_seq(w).fetch_add(1, std::memory_order_acq_rel);
+  PoolWorkqueue* pwq = PwqFor(cpu, node);
+  // Non-reentrancy: while an instance runs, a new one goes to the pool running it.
+  if (WorkerPool* running = A::running_pool(w).load(std::memory_order_acquire)) {
+    if (PoolWorkqueue* there = PwqOfPool(running)) pwq = there;
+  }
+  bool active;
+  {
+    MutexLock lock(&mu_);
+    A::color(w) = color_base_ + color_counts_.size() - 1;
+    ++color_counts_.back();
+    ++nr_queued_;
+    A::pwq(w).store(pwq, std::memory_order_release);
+    active = !frozen_ && node_active_[pwq->node] < node_limit_[pwq->node];
+    if (active) {
+      ++node_active_[pwq->node];
+    } else {
+      node_inactive_[pwq->node].PushBack(w);
+      SetWhere(w, WorkWhere::kInactive);
+    }
+  }
+  if (active) pwq->pool->Insert(w);
+}
+
+void WorkqueueCore::Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw) {
+  completed_.fetch_add(1, std::memory_order_relaxed);
+  busy_ns_.fetch_add(absl::ToInt64Nanoseconds(busy), std::memory_order_relaxed);
+  if (threw) exceptions_.fetch_add(1, std::memory_order_relaxed);
+  Work* next = nullptr;
+  {
+    MutexLock lock(&mu_);
+    --node_active_[pwq->node];
+    --color_counts_[color - color_base_];
+    while (color_counts_.size() > 1 && color_counts_.front() == 0) {
+      color_counts_.pop_front();
+      ++color_base_;
+    }
+    --nr_queued_;
+    WorkList& inactive = node_inactive_[pwq->node];
+    if (!frozen_ && !inactive.empty() && node_active_[pwq->node] < node_limit_[pwq->node]) {
+      next = inactive.PopFront();
+      SetWhere(next, WorkWhere::kNone);
+      ++node_active_[pwq->node];
+    }
+    if (waiters_ > 0) cv_.SignalAll();
+  }
+  if (next != nullptr) A::pwq(next).load(std::memory_order_relaxed)->pool->Insert(next);
+}
+
+bool WorkqueueCore::GrabPending(Work* w) {
+  for (;;) {
+    if (!Pending(w)) return false;
+    PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
+    switch (WhereOf(w)) {
+      case WorkWhere::kTimer: {
+        WorkqueueCore* owner_wq = pwq->wq;
+        TimerId timer = 0;
+        {
+          MutexLock lock(&owner_wq->timer_mu_);
+          if (WhereOf(w) != WorkWhere::kTimer) break;
+          auto* d = static_cast<DelayedWork*>(A::list(w));
+          timer = A::timer(d);
+          if (rt->timers->Cancel(timer)) {
+            SetWhere(w, WorkWhere::kNone);
+            A::list(w) = nullptr;
+            owner_wq->timed_.erase(d);
+            return true;
+          }
+        }
+        std::this_thread::yield();  // the timer is firing: it moves the work to a pool
+        break;
+      }
+      case WorkWhere::kInactive: {
+        WorkqueueCore* owner_wq = pwq->wq;
+        MutexLock lock(&owner_wq->mu_);
+        if (WhereOf(w) != WorkWhere::kInactive ||
+            A::pwq(w).load(std::memory_order_relaxed) != pwq) {
+          break;
+        }
+        owner_wq->node_inactive_[pwq->node].Remove(w);
+        SetWhere(w, WorkWhere::kNone);
+        --owner_wq->color_counts_[A::color(w) - owner_wq->color_base_];
+        while (owner_wq->color_counts_.size() > 1 && owner_wq->color_counts_.front() == 0) {
+          owner_wq->color_counts_.pop_front();
+          ++owner_wq->color_base_;
+        }
+        --owner_wq->nr_queued_;
+        if (owner_wq->waiters_ > 0) owner_wq->cv_.SignalAll();
+        return true;
+      }
+      case WorkWhere::kPool:
+      case WorkWhere::kScheduled: {
+        if (!pwq->pool->TryRemove(w)) {
+          std::this_thread::yield();
+          break;
+        }
+        // It was active: account for it as if it had completed, without running.
+        WorkqueueCore* owner_wq = pwq->wq;
+        Work* next = nullptr;
+        {
+          MutexLock lock(&owner_wq->mu_);
+          --owner_wq->node_active_[pwq->node];
+          --owner_wq->color_counts_[A::color(w) - owner_wq->color_base_];
+          while (owner_wq->color_counts_.size() > 1 && owner_wq->color_counts_.front() == 0) {
+            owner_wq->color_counts_.pop_front();
+            ++owner_wq->color_base_;
+          }
+          --owner_wq->nr_queued_;
+          WorkList& inactive = owner_wq->node_inactive_[pwq->node];
+          if (!owner_wq->frozen_ && !inactive.empty() &&
+              owner_wq->node_active_[pwq->node] < owner_wq->node_limit_[pwq->node]) {
+            next = inactive.PopFront();
+            SetWhere(next, WorkWhere::kNone);
+            ++owner_wq->node_active_[pwq->node];
+          }
+          if (owner_wq->waiters_ > 0) owner_wq->cv_.SignalAll();
+        }
+        if (next != nullptr) A::pwq(next).load(std::memory_order_relaxed)->pool->Insert(next);
+        return true;
+      }
+      case WorkWhere::kNone:
+        std::this_thread::yield();  // between lists for a moment
+        break;
+    }
+  }
+}
+
+bool WorkqueueCore::Cancel(Work* w) {
+  if (!GrabPending(w)) return false;
+  ClearPending(w);
+  return true;
+}
+
+void WorkqueueCore::WaitIdle(Work* w) {
+  MutexLock lock(&mu_);
+  ++waiters_;
+  while (Running(w)) cv_.WaitFor(&mu_, kPollPeriod);
+  --waiters_;
+}
+
+bool WorkqueueCore::CancelSync(Work* w) {
+  A::state(w).fetch_add(kDisableUnit, std::memory_order_acq_rel);  // refuse requeueing
+  const bool was = GrabPending(w);
+  if (was) ClearPending(w);
+  WaitIdle(w);
+  A::state(w).fetch_sub(kDisableUnit, std::memory_order_acq_rel);
+  return was;
+}
+
+bool WorkqueueCore::Flush(Work* w) {
+  const uint64_t target = A::queued_seq(w).load(std::memory_order_acquire);
+  if (!Pending(w) && !Running(w)) return false;
+  MutexLock lock(&mu_);
+  ++waiters_;
+  while (A::done_seq(w).load(std::memory_order_acquire) < target && (Pending(w) || Running(w))) {
+    cv_.WaitFor(&mu_, kPollPeriod);
+  }
+  --waiters_;
+  return true;
+}
+
+void WorkqueueCore::FlushAll() {
+  MutexLock lock(&mu_);
+  const uint64_t mine = color_base_ + color_counts_.size() - 1;
+  color_counts_.push_back(0);  // works queued from now on get a newer color
+  while (color_counts_.size() > 1 && color_counts_.front() == 0) {
+    color_counts_.pop_front();
+    ++color_base_;
+  }
+  ++waiters_;
+  while (color_base_ <= mine) cv_.Wait(&mu_);
+  --waiters_;
+}
+
+void WorkqueueCore::Drain() {
+  draining_.store(true, std::memory_order_release);
+  for (;;) {
+    FlushAll();
+    MutexLock lock(&mu_);
+    if (nr_queued_ == 0) break;
+  }
+  draining_.store(false, std::memory_order_release);
+}
+
+bool WorkqueueCore::Disable(Work* w) {
+  A::state(w).fetch_add(kDisableUnit, std::memory_order_acq_rel);
+  const bool was = GrabPending(w);
+  if (was) ClearPending(w);
+  return was;
+}
+
+bool WorkqueueCore::Enable(Work* w) {
+  const uint32_t before = A::state(w).load(std::memory_order_acquire);
+  if (before < kDisableUnit) return false;  // not disabled: nothing to undo
+  const uint32_t s = A::state(w).fetch_sub(kDisableUnit, std::memory_order_acq_rel);
+  return s - kDisableUnit < kDisableUnit;
+}
+
+void WorkqueueCore::Freeze() {
+  if ((options.flags & kFreezable) == 0) return;
+  MutexLock lock(&mu_);
+  frozen_ = true;
+  ++waiters_;
+  auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int n : node_active_) {
+      if (n > 0) return true;
+    }
+    return false;
+  };
+  while (busy()) cv_.Wait(&mu_);
+  --waiters_;
+}
+
+void WorkqueueCore::Thaw() {
+  if ((options.flags & kFreezable) == 0) return;
+  std::vector<Work*> activate;
+  {
+    MutexLock lock(&mu_);
+    frozen_ = false;
+    for (size_t n = 0; n < node_inactive_.size(); ++n) {
+      while (!node_inactive_[n].empty() && node_active_[n] < node_limit_[n]) {
+        Work* w = node_inactive_[n].PopFront();
+        SetWhere(w, WorkWhere::kNone);
+        ++node_active_[n];
+        activate.push_back(w);
+      }
+    }
+  }
+  for (Work* w : activate) A::pwq(w).load(std::memory_order_relaxed)->pool->Insert(w);
+}
+
+bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, bool modify) {
+  Work* w = A::work(d);
+  bool was_pending = false;
+  if (modify) {
+    for (;;) {
+      if (GrabPending(w)) {
+        was_pending = true;  // we hold its pending bit now
+        break;
+      }
+      if (A::state(w).load(std::memory_order_acquire) >= kDisableUnit) return false;
+      if (TryClaimPending(w)) break;
+    }
+  } else if (!TryClaimPending(w)) {
+    return false;
+  }
+  queued_.fetch_add(1, std::memory_order_relaxed);
+  if (delay <= absl::ZeroDuration()) {
+    Enqueue(cpu, -1, w);
+    return modify ? was_pending : true;
+  }
+  {
+    MutexLock lock(&timer_mu_);
+    A::target_cpu(d) = cpu;
+    A::pwq(w).store(PwqFor(cpu, -1), std::memory_order_release);
+    A::list(w) = d;
+    timed_.insert(d);
+    A::timer(d) = rt->timers->ScheduleAfter(delay, [this, d] { TimerFired(d); });
+    SetWhere(w, WorkWhere::kTimer);
+  }
+  return modify ? was_pending : true;
+}
+
+void WorkqueueCore::TimerFired(DelayedWork* d) {
+  Work* w = A::work(d);
+  int cpu;
+  {
+    MutexLock lock(&timer_mu_);
+    if (WhereOf(w) != WorkWhere::kTimer || A::list(w) != d) return;
+    SetWhere(w, WorkWhere::kNone);
+    A::list(w) = nullptr;
+    timed_.erase(d);
+    cpu = A::target_cpu(d);
+  }
+  Enqueue(cpu, -1, w);
+}
+
+bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
+  Work* w = A::work(d);
+  if (WhereOf(w) == WorkWhere::kTimer && GrabPending(w)) Enqueue(A::target_cpu(d), -1, w);
+  return Flush(w);
+}
+
+void WorkqueueCore::Mayday() {
+  MutexLock lock(&rescuer_mu_);
+  mayday_ = true;
+  rescuer_cv_.Signal();
+}
+
+void WorkqueueCore::RescuerMain() {
+  pthread_setname_np(pthread_self(), "kwq-rescuer");
+  for (;;) {
+    {
+      MutexLock lock(&rescuer_mu_);
+      while (!mayday_ && !rescuer_stop_) rescuer_cv_.Wait(&rescuer_mu_);
+      if (rescuer_stop_) return;
+      mayday_ = false;
+    }
+    for (const auto& pwq : pwqs_) {
+      Worker rescuer(pwq->pool);
+      rescuer.rescuer = true;
+      const int ran = pwq->pool->Rescue(pwq.get(), &rescuer);
+      rescued_.fetch_add(ran, std::memory_order_relaxed);
+    }
+  }
+}
+
+WorkqueueStats WorkqueueCore::Stats() const {
+  WorkqueueStats s;
+  s.queued = queued_.load(std::memory_order_relaxed);
+  s.started = started_.load(std::memory_order_relaxed);
+  s.completed = completed_.load(std::memory_order_relaxed);
+  s.in_flight = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed);
+  s.cpu_time = absl::Nanoseconds(busy_ns_.load(std::memory_order_relaxed));
+  s.cpu_hogs = hogs_.load(std::memory_order_relaxed);
+  s.concurrency_wakeups = wakeups_.load(std::memory_order_relaxed);
+  s.rescued = rescued_.load(std::memory_order_relaxed);
+  s.exceptions = exceptions_.load(std::memory_order_relaxed);
+  return s;
+}
+
+std::string WorkqueueCore::DumpLine() const {
+  std::string pools;
+  for (const auto& pwq : pwqs_) absl::StrAppend(&pools, pools.empty() ? "" : ",", pwq->pool->id);
+  MutexLock lock(&mu_);
+  size_t inactive = 0;
+  for (const WorkList& l : node_inactive_) inactive += l.size();
+  const uint32_t f = options.flags;
+  return absl::StrCat(options.name, ": ",
+                      (f & kOrdered)   ? "ordered"
+                      : (f & kUnbound) ? "unbound"
+                                       : "bound",
+                      (f & kHighPri) ? " highpri" : "", (f & kCpuIntensive) ? " cpu-intensive" : "",
+                      (f & kFreezable) ? " freezable" : "", (f & kMemReclaim) ? " mem-reclaim" : "",
+                      " scope=", std::string(AffinityScopeName(options.affinity_scope)),
+                      options.affinity_strict ? " strict" : "", " max_active=", max_active_,
+                      " queued=", nr_queued_, " inactive=", inactive, frozen_ ? " FROZEN" : "",
+                      " pools=[", pools, "]");
+}
+
+}  // namespace internal
+
+using internal::WorkAccess;
+
+// ---- Work ----
+
+Work::Work(absl::AnyInvocable<void()> fn) : fn_(std::move(fn)) {}
+
+Work::~Work() {
+  KWQ_CHECK((state_.load(std::memory_order_acquire) & internal::kPendingBit) == 0 &&
+                running_pool_.load(std::memory_order_acquire) == nullptr,
+            "kwq::Work destroyed while pending or running (CancelSync it first)");
+}
+
+bool Work::pending() const {
+  return (state_.load(std::memory_order_acquire) & internal::kPendingBit) != 0;
+}
+bool Work::disabled() const {
+  return state_.load(std::memory_order_acquire) >= internal::kDisableUnit;
+}
+
+// ---- Workqueue ----
+
+absl::StatusOr<std::unique_ptr<Workqueue>> Workqueue::Create(WorkqueueOptions options) {
+  if (options.name.empty()) return absl::InvalidArgumentError("Workqueue: a name is required");
+  if (options.max_active < 0 || options.max_active > internal::kMaxMaxActive) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Workqueue ", options.name, ": max_active must be in [0, ",
+                     internal::kMaxMaxActive, "], got ", options.max_active));
+  }
+  if (options.min_active < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Workqueue ", options.name, ": min_active must be >= 0, got ", options.min_active));
+  }
+  if ((options.flags & kOrdered) != 0) {
+    if (options.max_active > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Workqueue ", options.name, ": kOrdered needs max_active 1, got ", options.max_active));
+    }
+    options.flags |= kUnbound;
+    options.max_active = 1;
+  }
+  if (options.max_active == 0) options.max_active = internal::kDefaultMaxActive;
+  if (options.min_active == 0) options.min_active = internal::kDefaultMinActive;
+  options.min_active = std::min(options.min_active, options.max_active);
+  WorkqueueRuntime* runtime =
+      options.runtime != nullptr ? options.runtime : &WorkqueueRuntime::Default();
+  std::unique_ptr<Workqueue> wq(new Workqueue(nullptr));
+  wq->core_ = std::make_unique<internal::WorkqueueCore>(WorkAccess::core(runtime),
+                                                        std::move(options), wq.get());
+  if (absl::Status s = wq->core_->Init(); !s.ok()) return s;
+  return wq;
+}
+
+Workqueue::Workqueue(std::unique_ptr<internal::WorkqueueCore> core) : core_(std::move(core)) {}
+Workqueue::~Workqueue() = default;
+
+bool Workqueue::Queue(Work* work) { return core_->QueueOn(-1, -1, work); }
+bool Workqueue::QueueOn(int cpu, Work* work) { return core_->QueueOn(cpu, -1, work); }
+bool Workqueue::QueueOnNode(int node, Work* work) { return core_->QueueOn(-1, node, work); }
+bool Workqueue::QueueDelayed(DelayedWork* dwork, absl::Duration delay, int cpu) {
+  return core_->QueueDelayed(dwork, delay, cpu, /*modify=*/false);
+}
+bool Workqueue::ModDelayed(DelayedWork* dwork, absl::Duration delay, int cpu) {
+  return core_->QueueDelayed(dwork, delay, cpu, /*modify=*/true);
+}
+bool Workqueue::Cancel(Work* work) { return core_->Cancel(work); }
+bool Workqueue::Cancel(DelayedWork* dwork) { return core_->Cancel(&dwork->work()); }
+bool Workqueue::CancelSync(Work* work) { return core_->CancelSync(work); }
+bool Workqueue::CancelSync(DelayedWork* dwork) { return core_->CancelSync(&dwork->work()); }
+bool Workqueue::Flush(Work* work) { return core_->Flush(work); }
+bool Workqueue::Flush(DelayedWork* dwork) { return core_->FlushDelayed(dwork); }
+void Workqueue::Flush() { core_->FlushAll(); }
+void Workqueue::Drain() { core_->Drain(); }
+bool Workqueue::Disable(Work* work) { return core_->Disable(work); }
+bool Workqueue::Enable(Work* work) { return core_->Enable(work); }
+void Workqueue::Freeze() { core_->Freeze(); }
+void Workqueue::Thaw() { core_->Thaw(); }
+WorkqueueStats Workqueue::stats() const { return core_->Stats(); }
+const std::string& Workqueue::name() const { return core_->options.name; }
+uint32_t Workqueue::flags() const { return core_->options.flags; }
+int Workqueue::max_active() const { return core_->options.max_active; }
+
+// ---- system workqueues ----
+
+namespace {
+Workqueue& MakeSystemWq(const char* name, uint32_t flags) {
+  absl::StatusOr<std::unique_ptr<Workqueue>> wq = Workqueue::Create({.name = name, .flags = flags});
+  KWQ_CHECK(wq.ok(), "cannot create a system workqueue");
+  return *wq->release();
+}
+}  // namespace
+
+Workqueue& SystemWq() {
+  static Workqueue& wq = MakeSystemWq("events", 0);
+  return wq;
+}
+Workqueue& SystemHighPriWq() {
+  static Workqueue& wq = MakeSystemWq("events_highpri", kHighPri);
+  return wq;
+}
+Workqueue& SystemLongWq() {
+  static Workqueue& wq = MakeSystemWq("events_long", 0);
+  return wq;
+}
+Workqueue& SystemUnboundWq() {
+  static Workqueue& wq = MakeSystemWq("events_unbound", kUnbound);
+  return wq;
+}
+
+}  // namespace kwq

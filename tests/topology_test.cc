@@ -1,0 +1,408 @@
+#include "kwq/topology.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kwq {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr AffinityScope kAllScopes[] = {AffinityScope::kCpu, AffinityScope::kSmt,
+                                        AffinityScope::kCache, AffinityScope::kNuma,
+                                        AffinityScope::kSystem};
+
+std::shared_ptr<const Topology> Synthetic(std::string_view description) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromSynthetic(description);
+  EXPECT_TRUE(topo.ok()) << topo.status();
+  return topo.ok() ? *topo : nullptr;
+}
+
+std::vector<int> Range(int first, int count) {
+  std::vector<int> v;
+  for (int i = 0; i < count; ++i) v.push_back(first + i);
+  return v;
+}
+
+std::vector<int> CpuIds(const Topology& topo) {
+  std::vector<int> ids;
+  for (const CpuInfo& c : topo.cpus()) ids.push_back(c.cpu);
+  return ids;
+}
+
+// Pods(scope) partitions cpus() exactly, each pod ascending, pods ordered by first CPU,
+// and PodOf agrees with Pods.
+void ExpectWellFormedPods(const Topology& topo) {
+  for (AffinityScope scope : kAllScopes) {
+    SCOPED_TRACE(AffinityScopeName(scope));
+    const std::vector<std::vector<int>>& pods = topo.Pods(scope);
+    std::vector<int> all;
+    int previous_first = -1;
+    for (size_t p = 0; p < pods.size(); ++p) {
+      ASSERT_FALSE(pods[p].empty());
+      EXPECT_TRUE(std::is_sorted(pods[p].begin(), pods[p].end()));
+      EXPECT_GT(pods[p].front(), previous_first);
+      previous_first = pods[p].front();
+      for (int cpu : pods[p]) {
+        EXPECT_EQ(topo.PodOf(scope, cpu), static_cast<int>(p)) << "cpu " << cpu;
+        all.push_back(cpu);
+      }
+    }
+    std::sort(all.begin(), all.end());
+    EXPECT_EQ(all, CpuIds(topo));  // every CPU exactly once
+  }
+}
+
+// ---- scope names ----
+
+TEST(AffinityScopeTest, NamesRoundTrip) {
+  for (AffinityScope scope : kAllScopes) {
+    absl::StatusOr<AffinityScope> parsed = ParseAffinityScope(AffinityScopeName(scope));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, scope);
+  }
+  EXPECT_EQ(AffinityScopeName(AffinityScope::kCache), "cache");
+  EXPECT_EQ(AffinityScopeName(kDefaultAffinityScope), "cache");
+  EXPECT_EQ(AffinityScopeName(static_cast<AffinityScope>(42)), "unknown");
+}
+
+TEST(AffinityScopeTest, ParseRejectsUnknownNames) {
+  for (std::string_view bad : {"", "unknown", "Cache", "l3", "numa ", "default", "sys"}) {
+    absl::StatusOr<AffinityScope> parsed = ParseAffinityScope(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
+  }
+}
+
+// ---- synthetic topologies ----
+
+TEST(TopologyTest, SyntheticTwoSocketMachine) {
+  auto topo = Synthetic("pack:2 numa:2 l3:2 core:4 pu:2");
+  ASSERT_NE(topo, nullptr);
+  EXPECT_EQ(topo->num_cpus(), 64);
+  EXPECT_EQ(CpuIds(*topo), Range(0, 64));
+  EXPECT_EQ(topo->num_numa_nodes(), 4);
+  EXPECT_THAT(topo->numa_nodes(), ElementsAre(0, 1, 2, 3));
+
+  const auto& cpu = topo->Pods(AffinityScope::kCpu);
+  ASSERT_EQ(cpu.size(), 64u);
+  for (int i = 0; i < 64; ++i) EXPECT_THAT(cpu[i], ElementsAre(i));
+
+  const auto& smt = topo->Pods(AffinityScope::kSmt);
+  ASSERT_EQ(smt.size(), 32u);
+  for (int i = 0; i < 32; ++i) EXPECT_THAT(smt[i], ElementsAre(2 * i, 2 * i + 1));
+
+  const auto& cache = topo->Pods(AffinityScope::kCache);
+  ASSERT_EQ(cache.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(cache[i], Range(8 * i, 8));
+
+  const auto& numa = topo->Pods(AffinityScope::kNuma);
+  ASSERT_EQ(numa.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(numa[i], Range(16 * i, 16));
+
+  const auto& system = topo->Pods(AffinityScope::kSystem);
+  ASSERT_EQ(system.size(), 1u);
+  EXPECT_EQ(system[0], Range(0, 64));
+
+  ExpectWellFormedPods(*topo);
+}
+
+TEST(TopologyTest, SyntheticCpuInfo) {
+  auto topo = Synthetic("pack:2 numa:2 l3:2 core:4 pu:2");
+  ASSERT_NE(topo, nullptr);
+  // CPU 37: package 1, node 2 (cpus 32..47), L3 4 (cpus 32..39), core 18 (cpus 36, 37).
+  const CpuInfo& c = topo->cpus()[37];
+  EXPECT_EQ(c, (CpuInfo{.cpu = 37, .core = 18, .package = 1, .numa_node = 2, .l3 = 4}));
+  EXPECT_EQ(topo->PodOf(AffinityScope::kCpu, 37), 37);
+  EXPECT_EQ(topo->PodOf(AffinityScope::kSmt, 37), 18);
+  EXPECT_EQ(topo->PodOf(AffinityScope::kCache, 37), 4);
+  EXPECT_EQ(topo->PodOf(AffinityScope::kNuma, 37), 2);
+  EXPECT_EQ(topo->PodOf(AffinityScope::kSystem, 37), 0);
+}
+
+TEST(TopologyTest, LookupsOfUnknownCpusAndNodes) {
+  auto topo = Synthetic("pack:2 numa:2 l3:2 core:4 pu:2");
+  ASSERT_NE(topo, nullptr);
+  EXPECT_TRUE(topo->HasCpu(0));
+  EXPECT_TRUE(topo->HasCpu(63));
+  EXPECT_FALSE(topo->HasCpu(64));
+  EXPECT_FALSE(topo->HasCpu(-1));
+  EXPECT_TRUE(topo->HasNumaNode(3));
+  EXPECT_FALSE(topo->HasNumaNode(4));
+  EXPECT_FALSE(topo->HasNumaNode(-1));
+  for (AffinityScope scope : kAllScopes) {
+    EXPECT_EQ(topo->PodOf(scope, 64), -1);
+    EXPECT_EQ(topo->PodOf(scope, -5), -1);
+  }
+  const auto bad_scope = static_cast<AffinityScope>(99);
+  EXPECT_THAT(topo->Pods(bad_scope), IsEmpty());
+  EXPECT_EQ(topo->PodOf(bad_scope, 0), -1);
+}
+
+TEST(TopologyTest, CpusOfNode) {
+  auto topo = Synthetic("pack:2 numa:2 l3:2 core:4 pu:2");
+  ASSERT_NE(topo, nullptr);
+  for (int node = 0; node < 4; ++node) EXPECT_EQ(topo->CpusOfNode(node), Range(16 * node, 16));
+  EXPECT_THAT(topo->CpusOfNode(4), IsEmpty());
+  EXPECT_THAT(topo->CpusOfNode(-1), IsEmpty());
+}
+
+TEST(TopologyTest, CachePodsFallBackToPackagesWithoutL3) {
+  auto topo = Synthetic("pack:2 core:2 pu:2");
+  ASSERT_NE(topo, nullptr);
+  EXPECT_EQ(topo->num_cpus(), 8);
+  for (const CpuInfo& c : topo->cpus()) EXPECT_EQ(c.l3, -1);
+  EXPECT_THAT(topo->Pods(AffinityScope::kCache), ElementsAre(Range(0, 4), Range(4, 4)));
+  EXPECT_THAT(topo->Pods(AffinityScope::kSmt), ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3),
+                                                           ElementsAre(4, 5), ElementsAre(6, 7)));
+  // No NUMA level: hwloc gives the machine one node, 0.
+  EXPECT_THAT(topo->numa_nodes(), ElementsAre(0));
+  EXPECT_THAT(topo->Pods(AffinityScope::kNuma), ElementsAre(Range(0, 8)));
+  EXPECT_THAT(topo->Describe(), HasSubstr("below no L3 cache"));
+  ExpectWellFormedPods(*topo);
+}
+
+TEST(TopologyTest, CachePodsFallBackToNumaWithoutL3OrPackages) {
+  auto topo = Synthetic("numa:2 core:2 pu:2");
+  ASSERT_NE(topo, nullptr);
+  for (const CpuInfo& c : topo->cpus()) {
+    EXPECT_EQ(c.l3, -1);
+    EXPECT_EQ(c.package, -1);
+  }
+  EXPECT_THAT(topo->Pods(AffinityScope::kCache), ElementsAre(Range(0, 4), Range(4, 4)));
+  EXPECT_THAT(topo->Pods(AffinityScope::kNuma), ElementsAre(Range(0, 4), Range(4, 4)));
+  ExpectWellFormedPods(*topo);
+}
+
+TEST(TopologyTest, SmtPodsAreSingleCpusWithoutCores) {
+  auto topo = Synthetic("pack:2 pu:3");
+  ASSERT_NE(topo, nullptr);
+  for (const CpuInfo& c : topo->cpus()) EXPECT_EQ(c.core, -1);
+  EXPECT_EQ(topo->Pods(AffinityScope::kSmt).size(), 6u);
+  EXPECT_THAT(topo->Pods(AffinityScope::kCache), ElementsAre(Range(0, 3), Range(3, 3)));
+  ExpectWellFormedPods(*topo);
+}
+
+TEST(TopologyTest, BadSyntheticDescriptionsAreErrors) {
+  const std::string_view kBad[] = {"",
+                                   "   ",
+                                   "nonsense",
+                                   "pack:0 pu:2",
+                                   "pack:2 core:x pu:2",
+                                   "pu:2 pack:2",
+                                   "pack:2 core:2 pu:2 extra:",
+                                   "pack:-1 pu:1",
+                                   std::string_view("pack:2\0pu:2", 11)};
+  for (std::string_view bad : kBad) {
+    absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromSynthetic(bad);
+    EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument)
+        << "'" << bad << "': " << topo.status();
+  }
+}
+
+TEST(TopologyTest, DescribeListsPods) {
+  auto topo = Synthetic("pack:2 numa:2 l3:2 core:4 pu:2");
+  ASSERT_NE(topo, nullptr);
+  const std::string text = topo->Describe();
+  EXPECT_THAT(text, HasSubstr("synthetic \"pack:2 numa:2 l3:2 core:4 pu:2\""));
+  EXPECT_THAT(text, HasSubstr("cpus: 64 of 64 (0-63)"));
+  EXPECT_THAT(text, HasSubstr("node 2: cpus 32-47"));
+  EXPECT_THAT(text, HasSubstr("pods cache  (8): 0-7 | 8-15"));
+  EXPECT_THAT(text, HasSubstr("pods system (1): 0-63"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("below no L3")));
+}
+
+// ---- XML ----
+
+// Two packages, each with a NUMA node and an L3, two cores of two SMT siblings; the
+// siblings are numbered like Intel's (core 0 = CPUs 0 and 4) and CPU 7 is disallowed.
+constexpr char kTwoSocketXml[] = R"(<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE topology SYSTEM "hwloc2.dtd">
+<topology version="2.0">
+  <object type="Machine" os_index="0" cpuset="0xff" complete_cpuset="0xff" allowed_cpuset="0x7f" nodeset="0x3" complete_nodeset="0x3" allowed_nodeset="0x3" gp_index="1">
+    <object type="Package" os_index="0" cpuset="0x33" complete_cpuset="0x33" nodeset="0x1" complete_nodeset="0x1" gp_index="2">
+      <object type="NUMANode" os_index="0" cpuset="0x33" complete_cpuset="0x33" nodeset="0x1" complete_nodeset="0x1" gp_index="3" local_memory="1073741824"/>
+      <object type="L3Cache" cpuset="0x33" complete_cpuset="0x33" nodeset="0x1" complete_nodeset="0x1" gp_index="4" cache_size="16777216" depth="3" cache_linesize="64" cache_associativity="0" cache_type="0">
+        <object type="Core" os_index="0" cpuset="0x11" complete_cpuset="0x11" nodeset="0x1" complete_nodeset="0x1" gp_index="5">
+          <object type="PU" os_index="0" cpuset="0x01" complete_cpuset="0x01" nodeset="0x1" complete_nodeset="0x1" gp_index="6"/>
+          <object type="PU" os_index="4" cpuset="0x10" complete_cpuset="0x10" nodeset="0x1" complete_nodeset="0x1" gp_index="7"/>
+        </object>
+        <object type="Core" os_index="1" cpuset="0x22" complete_cpuset="0x22" nodeset="0x1" complete_nodeset="0x1" gp_index="8">
+          <object type="PU" os_index="1" cpuset="0x02" complete_cpuset="0x02" nodeset="0x1" complete_nodeset="0x1" gp_index="9"/>
+          <object type="PU" os_index="5" cpuset="0x20" complete_cpuset="0x20" nodeset="0x1" complete_nodeset="0x1" gp_index="10"/>
+        </object>
+      </object>
+    </object>
+    <object type="Package" os_index="1" cpuset="0xcc" complete_cpuset="0xcc" nodeset="0x2" complete_nodeset="0x2" gp_index="11">
+      <object type="NUMANode" os_index="1" cpuset="0xcc" complete_cpuset="0xcc" nodeset="0x2" complete_nodeset="0x2" gp_index="12" local_memory="1073741824"/>
+      <object type="L3Cache" cpuset="0xcc" complete_cpuset="0xcc" nodeset="0x2" complete_nodeset="0x2" gp_index="13" cache_size="16777216" depth="3" cache_linesize="64" cache_associativity="0" cache_type="0">
+        <object type="Core" os_index="0" cpuset="0x44" complete_cpuset="0x44" nodeset="0x2" complete_nodeset="0x2" gp_index="14">
+          <object type="PU" os_index="2" cpuset="0x04" complete_cpuset="0x04" nodeset="0x2" complete_nodeset="0x2" gp_index="15"/>
+          <object type="PU" os_index="6" cpuset="0x40" complete_cpuset="0x40" nodeset="0x2" complete_nodeset="0x2" gp_index="16"/>
+        </object>
+        <object type="Core" os_index="1" cpuset="0x88" complete_cpuset="0x88" nodeset="0x2" complete_nodeset="0x2" gp_index="17">
+          <object type="PU" os_index="3" cpuset="0x08" complete_cpuset="0x08" nodeset="0x2" complete_nodeset="0x2" gp_index="18"/>
+          <object type="PU" os_index="7" cpuset="0x80" complete_cpuset="0x80" nodeset="0x2" complete_nodeset="0x2" gp_index="19"/>
+        </object>
+      </object>
+    </object>
+  </object>
+</topology>
+)";
+
+void ExpectTwoSocketXmlTopology(const Topology& topo) {
+  EXPECT_EQ(CpuIds(topo), Range(0, 7));  // CPU 7 is not allowed
+  EXPECT_THAT(topo.numa_nodes(), ElementsAre(0, 1));
+  EXPECT_THAT(topo.CpusOfNode(0), ElementsAre(0, 1, 4, 5));
+  EXPECT_THAT(topo.CpusOfNode(1), ElementsAre(2, 3, 6));
+  EXPECT_THAT(topo.Pods(AffinityScope::kSmt),
+              ElementsAre(ElementsAre(0, 4), ElementsAre(1, 5), ElementsAre(2, 6), ElementsAre(3)));
+  EXPECT_THAT(topo.Pods(AffinityScope::kCache),
+              ElementsAre(ElementsAre(0, 1, 4, 5), ElementsAre(2, 3, 6)));
+  EXPECT_THAT(topo.Pods(AffinityScope::kNuma),
+              ElementsAre(ElementsAre(0, 1, 4, 5), ElementsAre(2, 3, 6)));
+  EXPECT_EQ(topo.PodOf(AffinityScope::kSmt, 4), 0);
+  EXPECT_EQ(topo.PodOf(AffinityScope::kSmt, 3), 3);
+  EXPECT_EQ(topo.PodOf(AffinityScope::kCache, 6), 1);
+  EXPECT_FALSE(topo.HasCpu(7));
+  EXPECT_EQ(topo.PodOf(AffinityScope::kCpu, 7), -1);
+  ExpectWellFormedPods(topo);
+}
+
+TEST(TopologyTest, FromXmlBuffer) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(kTwoSocketXml);
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  ExpectTwoSocketXmlTopology(**topo);
+  EXPECT_THAT((*topo)->Describe(), HasSubstr("cpus: 7 of 7 (0-6)"));
+}
+
+TEST(TopologyTest, FromXmlFile) {
+  char path[] = "/tmp/kwq_topology_test_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string_view xml(kTwoSocketXml);
+  ASSERT_EQ(write(fd, xml.data(), xml.size()), static_cast<ssize_t>(xml.size()));
+  close(fd);
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXmlFile(path);
+  unlink(path);
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  ExpectTwoSocketXmlTopology(**topo);
+
+  EXPECT_EQ(Topology::FromXmlFile("/nonexistent/kwq/topology.xml").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Topology::FromXmlFile("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TopologyTest, BadXmlIsAnError) {
+  const std::string truncated = std::string(kTwoSocketXml).substr(0, 900);
+  const std::string wrong_root = R"(<?xml version="1.0"?><nottopology/>)";
+  for (std::string_view bad : {std::string_view(""), std::string_view("   \n"),
+                               std::string_view("not xml at all"), std::string_view("<topology>"),
+                               std::string_view(truncated), std::string_view(wrong_root)}) {
+    absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(bad);
+    EXPECT_FALSE(topo.ok()) << "'" << bad << "'";
+    EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument) << topo.status();
+  }
+}
+
+// ---- this machine ----
+
+std::set<int> ThreadAffinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::set<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE; ++i) {
+    if (CPU_ISSET(i, &set)) cpus.insert(i);
+  }
+  return cpus;
+}
+
+TEST(TopologyTest, DetectThisMachine) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::Detect();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const Topology& t = **topo;
+  EXPECT_GE(t.num_cpus(), 1);
+  EXPECT_LE(t.num_cpus(), sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_GE(t.num_numa_nodes(), 1);
+  const std::set<int> affinity = ThreadAffinity();
+  for (const CpuInfo& c : t.cpus()) {
+    EXPECT_TRUE(affinity.contains(c.cpu)) << "cpu " << c.cpu;
+    EXPECT_TRUE(t.HasNumaNode(c.numa_node));
+  }
+  EXPECT_EQ(t.Pods(AffinityScope::kSystem).size(), 1u);
+  EXPECT_EQ(t.Pods(AffinityScope::kCpu).size(), static_cast<size_t>(t.num_cpus()));
+  ExpectWellFormedPods(t);
+  EXPECT_EQ(t.source(), "this system");
+  std::printf("%s", t.Describe().c_str());
+}
+
+TEST(TopologyTest, DetectReadsTheCallingThreadsAffinity) {
+  absl::StatusOr<std::shared_ptr<const Topology>> full = Topology::Detect();
+  ASSERT_TRUE(full.ok()) << full.status();
+  const int last = (*full)->cpus().back().cpu;
+  absl::StatusOr<std::shared_ptr<const Topology>> pinned;
+  absl::Status bind;
+  std::thread([&] {
+    bind = BindCurrentThread({last});
+    if (bind.ok()) pinned = Topology::Detect();
+  }).join();
+  ASSERT_TRUE(bind.ok()) << bind;
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ((*pinned)->num_cpus(), 1);
+  EXPECT_EQ((*pinned)->cpus()[0].cpu, last);
+  EXPECT_EQ((*pinned)->cpus()[0], (*full)->cpus().back());
+  // The test's thread was not affected.
+  EXPECT_EQ(ThreadAffinity().size(), static_cast<size_t>((*full)->num_cpus()));
+}
+
+TEST(BindCurrentThreadTest, BindsToEachAllowedCpu) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::Detect();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  const std::set<int> before = ThreadAffinity();
+  std::thread([&] {
+    for (const CpuInfo& c : (*topo)->cpus()) {
+      const absl::Status s = BindCurrentThread({c.cpu});
+      ASSERT_TRUE(s.ok()) << "cpu " << c.cpu << ": " << s;
+      EXPECT_EQ(CurrentCpu(), c.cpu);
+      EXPECT_EQ(ThreadAffinity(), std::set<int>{c.cpu});
+    }
+    // A set of several CPUs, then back to all of them.
+    const absl::Status s = BindCurrentThread(CpuIds(**topo));
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE((*topo)->HasCpu(CurrentCpu()));
+  }).join();
+  EXPECT_EQ(ThreadAffinity(), before);  // the main thread stays unpinned
+}
+
+TEST(BindCurrentThreadTest, BadSetsAreInvalidArgument) {
+  const std::set<int> before = ThreadAffinity();
+  std::thread([&] {
+    EXPECT_EQ(BindCurrentThread({}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(BindCurrentThread({99999}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(BindCurrentThread({-1}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(BindCurrentThread({0, 99999}).code(), absl::StatusCode::kInvalidArgument);
+    // Unchanged after the failures.
+    EXPECT_EQ(ThreadAffinity(), before);
+  }).join();
+}
+
+TEST(BindCurrentThreadTest, CurrentCpuIsAnAllowedCpu) {
+  const int cpu = CurrentCpu();
+  ASSERT_GE(cpu, 0);
+  EXPECT_TRUE(ThreadAffinity().contains(cpu));
+}
+
+}  // namespace
+}  // namespace kwq

@@ -1,0 +1,581 @@
+#include "kwq/workqueue.h"
+
+#include <atomic>
+#include <latch>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kwq {
+namespace {
+
+// Polls `pred` until it holds or `limit` (real time) passes; for effects that happen on
+// worker threads. Returns the final value.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(5)) {
+  const absl::Time end = absl::Now() + limit;
+  while (!pred()) {
+    if (absl::Now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+// A gate a work can wait on (without a BlockingScope, so it looks like CPU work).
+class Gate {
+ public:
+  void Open() { open_.store(true, std::memory_order_release); }
+  void Wait() const {
+    while (!open_.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+
+ private:
+  std::atomic<bool> open_{false};
+};
+
+class WorkqueueTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<WorkqueueRuntime> runtime_ =
+      *WorkqueueRuntime::Create({.idle_timeout = absl::Milliseconds(200),
+                                 // No CPU-hog marking here (the FakeClock tests cover it).
+                                 .cpu_intensive_threshold = absl::Seconds(30)});
+
+  std::unique_ptr<Workqueue> Make(WorkqueueOptions o) {
+    o.runtime = runtime_.get();
+    if (o.name.empty()) o.name = "test";
+    auto wq = Workqueue::Create(std::move(o));
+    EXPECT_TRUE(wq.ok()) << wq.status();
+    return std::move(*wq);
+  }
+};
+
+TEST_F(WorkqueueTest, InvalidOptionsAreRejected) {
+  EXPECT_EQ(Workqueue::Create({.name = ""}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Workqueue::Create({.name = "x", .max_active = -1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Workqueue::Create({.name = "x", .max_active = 5000}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Workqueue::Create({.name = "x", .min_active = -2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Workqueue::Create({.name = "x", .flags = kOrdered, .max_active = 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WorkqueueRuntime::Create({.idle_timeout = absl::ZeroDuration()}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkqueueTest, QueueRunsWorkAndDedupsWhilePending) {
+  for (uint32_t flags : {0u, static_cast<uint32_t>(kUnbound), static_cast<uint32_t>(kOrdered),
+                         static_cast<uint32_t>(kHighPri)}) {
+    auto wq = Make({.flags = flags});
+    Gate gate;
+    std::atomic<int> runs{0};
+    Work blocker([&] { gate.Wait(); });
+    Work work([&] { ++runs; });
+    // Hold the pool (ordered: the only slot) so `work` stays pending.
+    auto ordered = Make({.name = "hold", .flags = kOrdered});
+    ASSERT_TRUE(ordered->Queue(&blocker));
+    Work held([&] { ++runs; });
+    EXPECT_TRUE(ordered->Queue(&held));
+    EXPECT_FALSE(ordered->Queue(&held));  // already pending
+    EXPECT_TRUE(held.pending());
+    gate.Open();
+    ordered->Flush();
+    EXPECT_FALSE(held.pending());
+    EXPECT_TRUE(wq->Queue(&work));
+    wq->Flush();
+    EXPECT_EQ(runs.load(), 2) << "flags " << flags;
+    EXPECT_EQ(wq->stats().completed, 1u);
+  }
+}
+
+TEST_F(WorkqueueTest, QueueDuringRunRunsAgainAfter) {
+  auto wq = Make({});
+  std::atomic<int> runs{0};
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  Work work([&] {
+    if (runs.fetch_add(1) == 0) {
+      EXPECT_FALSE(self->pending());  // cleared before the function runs
+      EXPECT_TRUE(q->Queue(self));    // so queueing now succeeds
+    }
+  });
+  self = &work;
+  wq->Queue(&work);
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 2 && !work.pending(); }));
+  wq->Flush(&work);
+}
+
+TEST_F(WorkqueueTest, StoresBeforeQueueAreVisible) {
+  auto wq = Make({.flags = kUnbound});
+  int plain = 0;  // not atomic: TSan checks the ordering
+  int seen = -1;
+  Work work([&] { seen = plain; });
+  plain = 42;
+  wq->Queue(&work);
+  wq->Flush(&work);
+  EXPECT_EQ(seen, 42);
+}
+
+TEST_F(WorkqueueTest, NeverRunsOnTwoWorkersAtOnce) {
+  auto wq = Make({.flags = kUnbound, .affinity_scope = AffinityScope::kCpu});
+  std::atomic<int> busy{0};
+  std::atomic<bool> overlap{false};
+  std::atomic<int> runs{0};
+  Work work([&] {
+    if (busy.fetch_add(1) != 0) overlap = true;
+    for (int i = 0; i < 200; ++i) std::this_thread::yield();
+    busy.fetch_sub(1);
+    ++runs;
+  });
+  const int ncpu = runtime_->topology().num_cpus();
+  std::vector<std::thread> queuers;
+  for (int t = 0; t < 4; ++t) {
+    queuers.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        wq->QueueOn(runtime_->topology().cpus()[(i + t) % ncpu].cpu, &work);
+      }
+    });
+  }
+  for (auto& t : queuers) t.join();
+  wq->Flush();
+  EXPECT_FALSE(overlap.load());
+  EXPECT_GT(runs.load(), 0);
+}
+
+TEST_F(WorkqueueTest, BoundWorkRunsOnItsCpu) {
+  auto wq = Make({});
+  for (const CpuInfo& c : runtime_->topology().cpus()) {
+    int ran_on = -2;
+    Work work([&] { ran_on = CurrentCpu(); });
+    ASSERT_TRUE(wq->QueueOn(c.cpu, &work));
+    wq->Flush(&work);
+    EXPECT_EQ(ran_on, c.cpu);
+  }
+  EXPECT_EQ(runtime_->bind_failures(), 0u);
+}
+
+TEST_F(WorkqueueTest, StrictUnboundWorkRunsInsideItsPod) {
+  auto wq =
+      Make({.flags = kUnbound, .affinity_scope = AffinityScope::kCpu, .affinity_strict = true});
+  for (const CpuInfo& c : runtime_->topology().cpus()) {
+    int ran_on = -2;
+    Work work([&] { ran_on = CurrentCpu(); });
+    wq->QueueOn(c.cpu, &work);
+    wq->Flush(&work);
+    EXPECT_EQ(ran_on, c.cpu);  // the cpu scope's pod is that one CPU
+  }
+}
+
+TEST_F(WorkqueueTest, OrderedRunsOneAtATimeInQueueingOrder) {
+  auto wq = Make({.flags = kOrdered});
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<int> busy{0};
+  std::atomic<bool> overlap{false};
+  std::vector<std::unique_ptr<Work>> works;
+  for (int i = 0; i < 200; ++i) {
+    works.push_back(std::make_unique<Work>([&, i] {
+      if (busy.fetch_add(1) != 0) overlap = true;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        order.push_back(i);
+      }
+      busy.fetch_sub(1);
+    }));
+  }
+  for (int i = 0; i < 200; ++i)
+    wq->QueueOn(
+        runtime_->topology().cpus()[i % 2 == 0 ? 0 : runtime_->topology().num_cpus() - 1].cpu,
+        works[i].get());
+  wq->Flush();
+  EXPECT_FALSE(overlap.load());
+  ASSERT_EQ(order.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST_F(WorkqueueTest, MaxActiveLimitsConcurrency) {
+  auto wq = Make({.flags = kUnbound, .max_active = 2});
+  std::atomic<int> busy{0}, peak{0}, done{0};
+  std::vector<std::unique_ptr<Work>> works;
+  for (int i = 0; i < 12; ++i) {
+    works.push_back(std::make_unique<Work>([&] {
+      BlockingScope blocking;  // a sleeping work: the limit, not the CPU, must stop others
+      const int now = busy.fetch_add(1) + 1;
+      int p = peak.load();
+      while (now > p && !peak.compare_exchange_weak(p, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      busy.fetch_sub(1);
+      ++done;
+    }));
+  }
+  for (auto& w : works) wq->Queue(w.get());
+  wq->Flush();
+  EXPECT_EQ(done.load(), 12);
+  EXPECT_EQ(peak.load(), 2);
+}
+
+// 4 CPUs on 2 NUMA nodes (synthetic: pinning fails and workers run unpinned).
+std::shared_ptr<const Topology> TwoNodes() {
+  return *Topology::FromSynthetic("pack:1 numa:2 core:2 pu:1");
+}
+
+int PeakConcurrency(WorkqueueRuntime* rt, int max_active, int min_active) {
+  auto wq = *Workqueue::Create({.name = "numa",
+                                .flags = kUnbound,
+                                .max_active = max_active,
+                                .min_active = min_active,
+                                .affinity_scope = AffinityScope::kNuma,
+                                .runtime = rt});
+  std::atomic<int> busy{0}, peak{0};
+  std::vector<std::unique_ptr<Work>> works;
+  for (int i = 0; i < 16; ++i) {
+    works.push_back(std::make_unique<Work>([&] {
+      BlockingScope blocking;
+      const int now = busy.fetch_add(1) + 1;
+      int p = peak.load();
+      while (now > p && !peak.compare_exchange_weak(p, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      busy.fetch_sub(1);
+    }));
+  }
+  for (int i = 0; i < 16; ++i) wq->QueueOnNode(i % 2, works[i].get());
+  wq->Flush();
+  return peak.load();
+}
+
+TEST_F(WorkqueueTest, UnboundMaxActiveIsSplitPerNodeWithMinActiveFloor) {
+  auto rt = *WorkqueueRuntime::Create({.topology = TwoNodes()});
+  EXPECT_EQ(PeakConcurrency(rt.get(), 2, 1), 2);  // 1 per node
+  EXPECT_EQ(PeakConcurrency(rt.get(), 2, 2), 4);  // the floor lifts each node to 2
+  EXPECT_GT(rt->bind_failures(), 0u);             // CPUs 2 and 3 do not exist here
+}
+
+TEST_F(WorkqueueTest, CancelRemovesPendingWork) {
+  auto wq = Make({.flags = kOrdered});
+  Gate gate;
+  std::atomic<int> runs{0};
+  Work blocker([&] { gate.Wait(); });
+  Work victim([&] { ++runs; });
+  wq->Queue(&blocker);
+  wq->Queue(&victim);
+  EXPECT_TRUE(wq->Cancel(&victim));
+  EXPECT_FALSE(wq->Cancel(&victim));
+  EXPECT_FALSE(victim.pending());
+  gate.Open();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);
+}
+
+TEST_F(WorkqueueTest, CancelSyncStopsSelfRequeueingWork) {
+  auto wq = Make({.flags = kUnbound});
+  std::atomic<int> runs{0};
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  Work work([&] {
+    ++runs;
+    q->Queue(self);  // requeues itself forever
+  });
+  self = &work;
+  wq->Queue(&work);
+  ASSERT_TRUE(Eventually([&] { return runs.load() > 10; }));
+  wq->CancelSync(&work);
+  const int after = runs.load();
+  EXPECT_FALSE(work.pending());
+  wq->Flush();
+  EXPECT_EQ(runs.load(), after);  // nothing ran after CancelSync returned
+  EXPECT_FALSE(work.disabled());  // and it can be queued again
+  EXPECT_TRUE(wq->Queue(&work));
+  wq->CancelSync(&work);
+}
+
+TEST_F(WorkqueueTest, FlushWorkWaitsForTheInstance) {
+  auto wq = Make({.flags = kUnbound});
+  std::atomic<bool> finished{false};
+  Work work([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    finished = true;
+  });
+  EXPECT_FALSE(wq->Flush(&work));  // idle: nothing to wait for
+  wq->Queue(&work);
+  EXPECT_TRUE(wq->Flush(&work));
+  EXPECT_TRUE(finished.load());
+}
+
+TEST_F(WorkqueueTest, FlushIsNotLivelockedByNewArrivals) {
+  auto wq = Make({.flags = kUnbound});
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  std::atomic<int> runs{0};
+  Work work([&] {
+    ++runs;
+    q->Queue(self);  // an endless stream of new arrivals
+  });
+  self = &work;
+  wq->Queue(&work);
+  wq->Flush();  // returns although the work keeps requeueing itself
+  EXPECT_GE(runs.load(), 1);
+  wq->CancelSync(&work);
+}
+
+TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
+  auto wq = Make({.flags = kUnbound});
+  std::atomic<int> chain{0};
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  Gate gate;
+  Work work([&] {
+    gate.Wait();
+    if (++chain < 5) {
+      EXPECT_TRUE(q->Queue(self));  // chained queueing is allowed
+    }
+  });
+  self = &work;
+  Work outsider([] {});
+  wq->Queue(&work);
+  std::thread drainer([&] { wq->Drain(); });
+  ASSERT_TRUE(Eventually([&] { return !wq->Queue(&outsider); }));  // draining: refused
+  gate.Open();
+  drainer.join();
+  EXPECT_EQ(chain.load(), 5);
+  EXPECT_TRUE(wq->Queue(&outsider));  // accepted again after the drain
+  wq->Flush();
+}
+
+TEST_F(WorkqueueTest, DisableRefusesQueueingUntilEnabled) {
+  auto wq = Make({.flags = kUnbound});
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  EXPECT_FALSE(wq->Disable(&work));
+  EXPECT_TRUE(work.disabled());
+  EXPECT_FALSE(wq->Queue(&work));
+  EXPECT_FALSE(wq->Disable(&work));  // nested
+  EXPECT_FALSE(wq->Enable(&work));   // one level still held
+  EXPECT_TRUE(wq->Enable(&work));
+  EXPECT_FALSE(wq->Enable(&work));  // not disabled: no-op
+  EXPECT_TRUE(wq->Queue(&work));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+TEST_F(WorkqueueTest, FreezeHoldsWorkUntilThaw) {
+  auto wq = Make({.flags = kUnbound | kFreezable});
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  wq->Freeze();
+  EXPECT_TRUE(wq->Queue(&work));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // would have run by now
+  EXPECT_EQ(runs.load(), 0);
+  wq->Thaw();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+TEST_F(WorkqueueTest, BlockingScopeLetsTheCpuPoolRunOtherWork) {
+  auto wq = Make({});
+  const int cpu = runtime_->topology().cpus()[0].cpu;
+  Gate may_block, done;
+  std::atomic<bool> started{false}, second_ran{false};
+  Work sleeper([&] {
+    started = true;
+    may_block.Wait();        // running (counted): the pool runs nothing else on this CPU
+    BlockingScope blocking;  // now it "sleeps": the pool wakes a worker for `second`
+    done.Wait();
+  });
+  Work second([&] { second_ran = true; });
+  wq->QueueOn(cpu, &sleeper);
+  ASSERT_TRUE(Eventually([&] { return started.load(); }));
+  wq->QueueOn(cpu, &second);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(second_ran.load());  // concurrency 1 while the sleeper counts as running
+  may_block.Open();
+  EXPECT_TRUE(Eventually([&] { return second_ran.load(); }));
+  done.Open();
+  wq->Flush();
+  EXPECT_EQ(wq->stats().concurrency_wakeups, 1u);
+}
+
+TEST_F(WorkqueueTest, ExceptionsAreCaughtAndCounted) {
+  auto wq = Make({.flags = kUnbound});
+  Work bad([] { throw std::runtime_error("boom"); });
+  std::atomic<bool> good_ran{false};
+  Work good([&] { good_ran = true; });
+  wq->Queue(&bad);
+  wq->Flush();
+  wq->Queue(&good);
+  wq->Flush();
+  EXPECT_TRUE(good_ran.load());
+  EXPECT_EQ(wq->stats().exceptions, 1u);
+  EXPECT_EQ(wq->stats().completed, 2u);
+}
+
+TEST_F(WorkqueueTest, IdleWorkersAreReaped) {
+  auto wq = Make({});
+  const int cpu = runtime_->topology().cpus()[0].cpu;
+  Gate gate;
+  std::vector<std::unique_ptr<Work>> works;
+  for (int i = 0; i < 5; ++i) {
+    works.push_back(std::make_unique<Work>([&] {
+      BlockingScope blocking;  // each blocked work makes the pool wake another worker
+      gate.Wait();
+    }));
+    wq->QueueOn(cpu, works.back().get());
+  }
+  auto workers = [&] {
+    const std::string dump = runtime_->Dump();
+    const size_t at = dump.find("cpu " + std::to_string(cpu) + " cpus");
+    const size_t w = dump.find("workers=", at);
+    return std::stoi(dump.substr(w + 8));
+  };
+  ASSERT_TRUE(Eventually([&] { return workers() >= 5; }));
+  gate.Open();
+  wq->Flush();
+  EXPECT_TRUE(Eventually([&] { return workers() <= 2; }));  // idle_timeout is 200 ms
+}
+
+TEST_F(WorkqueueTest, DumpNamesPoolsAndWorkqueues) {
+  auto wq = Make({.name = "dump-me", .flags = kUnbound});
+  Work work([] {});
+  wq->Queue(&work);
+  wq->Flush();
+  const std::string dump = runtime_->Dump();
+  EXPECT_NE(dump.find("dump-me: unbound"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("Pools ("), std::string::npos);
+  EXPECT_NE(dump.find("pods cache"), std::string::npos);
+}
+
+TEST_F(WorkqueueTest, SystemWorkqueuesRunWork) {
+  for (Workqueue* wq : {&SystemWq(), &SystemHighPriWq(), &SystemLongWq(), &SystemUnboundWq()}) {
+    std::atomic<bool> ran{false};
+    Work work([&] { ran = true; });
+    wq->Queue(&work);
+    wq->Flush(&work);
+    EXPECT_TRUE(ran.load()) << wq->name();
+  }
+}
+
+// ---- delayed work and the watchdog, on a FakeClock ----
+
+class FakeTimeWorkqueueTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock_});
+  std::vector<std::string> stalls_;
+  std::mutex stall_mu_;
+  std::atomic<bool> fail_spawn_{false};
+  std::unique_ptr<WorkqueueRuntime> runtime_ =
+      *WorkqueueRuntime::Create({.clock = &clock_,
+                                 .timers = timers_.get(),
+                                 .stall_threshold = absl::Seconds(2),
+                                 .stall_reporter =
+                                     [this](const std::string& r) {
+                                       std::lock_guard<std::mutex> l(stall_mu_);
+                                       stalls_.push_back(r);
+                                     },
+                                 .fail_thread_creation = [this] { return fail_spawn_.load(); }});
+};
+
+TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsAfterItsDelay) {
+  auto wq = *Workqueue::Create({.name = "delayed", .flags = kUnbound, .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  EXPECT_TRUE(wq->QueueDelayed(&dwork, absl::Seconds(10)));
+  EXPECT_FALSE(wq->QueueDelayed(&dwork, absl::Seconds(1)));  // already pending
+  EXPECT_TRUE(dwork.pending());
+  clock_.Advance(absl::Seconds(9));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  wq->Flush(&dwork);
+}
+
+TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesTheTimer) {
+  auto wq = *Workqueue::Create({.name = "mod", .flags = kUnbound, .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  EXPECT_FALSE(wq->ModDelayed(&dwork, absl::Seconds(10)));  // was not pending
+  EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(2)));    // was pending: moved
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  clock_.Advance(absl::Seconds(10));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);  // the first timer was replaced, not kept
+}
+
+TEST_F(FakeTimeWorkqueueTest, CancelAndFlushDelayedWork) {
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });  // outlives the workqueue (see the last line)
+  auto wq = *Workqueue::Create({.name = "cancel", .flags = kUnbound, .runtime = runtime_.get()});
+  wq->QueueDelayed(&dwork, absl::Seconds(5));
+  EXPECT_TRUE(wq->Cancel(&dwork));
+  EXPECT_FALSE(dwork.pending());
+  clock_.Advance(absl::Seconds(10));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);
+  wq->QueueDelayed(&dwork, absl::Hours(1));
+  EXPECT_TRUE(wq->Flush(&dwork));  // flush_delayed_work runs it now
+  EXPECT_EQ(runs.load(), 1);
+  wq->QueueDelayed(&dwork, absl::Hours(1));  // destroyed with the timer armed: cancelled
+}
+
+TEST_F(FakeTimeWorkqueueTest, WatchdogMarksCpuHogAndLetsOthersRun) {
+  auto wq = *Workqueue::Create({.name = "hog", .runtime = runtime_.get()});
+  const int cpu = runtime_->topology().cpus()[0].cpu;
+  Gate gate;
+  std::atomic<bool> hog_started{false}, second_ran{false};
+  Work hog([&] {
+    hog_started = true;
+    gate.Wait();  // CPU work as far as the pool can tell: no BlockingScope
+  });
+  Work second([&] { second_ran = true; });
+  wq->QueueOn(cpu, &hog);
+  ASSERT_TRUE(Eventually([&] { return hog_started.load(); }));
+  wq->QueueOn(cpu, &second);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(second_ran.load());         // one runner per CPU pool
+  clock_.Advance(absl::Milliseconds(10));  // the watchdog sees 10 ms of running
+  ASSERT_TRUE(Eventually([&] { return second_ran.load(); }));
+  EXPECT_EQ(wq->stats().cpu_hogs, 1u);
+  gate.Open();
+  wq->Flush();
+}
+
+TEST_F(FakeTimeWorkqueueTest, StallIsReportedWhenNoWorkerCanStart) {
+  auto wq = *Workqueue::Create({.name = "stall", .flags = kUnbound, .runtime = runtime_.get()});
+  fail_spawn_ = true;
+  std::atomic<bool> ran{false};
+  Work work([&] { ran = true; });
+  wq->Queue(&work);
+  clock_.Advance(absl::Seconds(3));
+  {
+    std::lock_guard<std::mutex> l(stall_mu_);
+    ASSERT_EQ(stalls_.size(), 1u);
+    EXPECT_NE(stalls_[0].find("worker creation failing"), std::string::npos) << stalls_[0];
+  }
+  EXPECT_EQ(runtime_->stalls(), 1u);
+  fail_spawn_ = false;
+  clock_.Advance(absl::Milliseconds(10));  // the watchdog retries creating a worker
+  ASSERT_TRUE(Eventually([&] { return ran.load(); }));
+  wq->Flush();
+}
+
+TEST_F(FakeTimeWorkqueueTest, RescuerRunsMemReclaimWorkWhenThreadsCannotBeCreated) {
+  auto wq = *Workqueue::Create(
+      {.name = "reclaim", .flags = kUnbound | kMemReclaim, .runtime = runtime_.get()});
+  fail_spawn_ = true;
+  std::atomic<bool> ran{false};
+  Work work([&] { ran = true; });
+  wq->Queue(&work);
+  ASSERT_TRUE(Eventually([&] { return ran.load(); }));
+  wq->Flush();
+  EXPECT_EQ(wq->stats().rescued, 1u);
+  fail_spawn_ = false;
+}
+
+}  // namespace
+}  // namespace kwq
