@@ -25,6 +25,7 @@ struct Scenario {
 std::vector<Scenario> ContextScenarios();
 std::vector<Scenario> QueueScenarios();
 std::vector<Scenario> DelayScenarios();
+std::vector<Scenario> WorkqueueScenarios();
 
 // Helpers shared by the scenario files.
 std::vector<std::string> MakeKeys(int64_t n);  // "default/object-<i>", i < n

@@ -1,0 +1,128 @@
+// The kernel-style workqueue scenarios of SCENARIOS.md: wq_tiny and wq_latency on kwq,
+// and wq_tiny through boost::asio::thread_pool and oneTBB task_arena when those optional
+// packages were found at configure time (otherwise those scenarios print skipped=1).
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kwq/workqueue.h"
+#include "scenario.h"
+
+#ifdef KWQ_HAVE_ASIO
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#endif
+#ifdef KWQ_HAVE_TBB
+#include <tbb/task_arena.h>
+#endif
+
+namespace kwq::scenarios {
+namespace {
+
+int Cpus() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+std::string PerItem(absl::Duration d, int64_t n, int threads) {
+  return absl::StrFormat("ns_per_item=%.1f n=%d threads=%d", absl::ToDoubleNanoseconds(d) / n,
+                         n, threads);
+}
+
+// n distinct work items (each bumps a counter) on an unbound workqueue with one worker
+// per CPU; waits until all ran.
+std::string WqTiny(int64_t n) {
+  const int cpus = Cpus();
+  auto wq = *Workqueue::Create({.name = "wq_tiny", .flags = kUnbound, .max_active = cpus,
+                                .affinity_scope = AffinityScope::kSystem});
+  std::atomic<int64_t> count{0};
+  std::vector<std::unique_ptr<Work>> works;
+  works.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    works.push_back(std::make_unique<Work>([&count] {
+      count.fetch_add(1, std::memory_order_relaxed);
+    }));
+  }
+  Stopwatch sw;
+  for (auto& w : works) wq->Queue(w.get());
+  while (count.load(std::memory_order_acquire) < n) std::this_thread::yield();
+  const absl::Duration d = sw.Elapsed();
+  wq->Flush();
+  return PerItem(d, n, cpus);
+}
+
+std::string WqTinyAsio(int64_t n) {
+#ifdef KWQ_HAVE_ASIO
+  const int cpus = Cpus();
+  boost::asio::thread_pool pool(cpus);
+  std::atomic<int64_t> count{0};
+  Stopwatch sw;
+  for (int64_t i = 0; i < n; ++i) {
+    boost::asio::post(pool, [&count] { count.fetch_add(1, std::memory_order_relaxed); });
+  }
+  while (count.load(std::memory_order_acquire) < n) std::this_thread::yield();
+  const absl::Duration d = sw.Elapsed();
+  pool.join();
+  return PerItem(d, n, cpus);
+#else
+  (void)n;
+  return "skipped=1 reason=boost_asio_not_found";
+#endif
+}
+
+std::string WqTinyTbb(int64_t n) {
+#ifdef KWQ_HAVE_TBB
+  const int cpus = Cpus();
+  tbb::task_arena arena(cpus);
+  std::atomic<int64_t> count{0};
+  Stopwatch sw;
+  for (int64_t i = 0; i < n; ++i) {
+    arena.enqueue([&count] { count.fetch_add(1, std::memory_order_relaxed); });
+  }
+  while (count.load(std::memory_order_acquire) < n) std::this_thread::yield();
+  const absl::Duration d = sw.Elapsed();
+  return PerItem(d, n, cpus);
+#else
+  (void)n;
+  return "skipped=1 reason=tbb_not_found";
+#endif
+}
+
+// Idle workqueue: queue one item, record enqueue -> start latency; n times, 100 us apart.
+std::string WqLatency(int64_t n) {
+  auto wq = *Workqueue::Create({.name = "wq_latency", .flags = kUnbound});
+  Clock* clock = RealClock::Default();
+  std::atomic<int64_t> started_ns{0};
+  Work work([&] {
+    started_ns.store(absl::ToUnixNanos(clock->Now()), std::memory_order_release);
+  });
+  std::vector<double> lat_us;
+  lat_us.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    started_ns.store(0, std::memory_order_relaxed);
+    const absl::Time queued = clock->Now();
+    wq->Queue(&work);
+    int64_t s;
+    while ((s = started_ns.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+    lat_us.push_back(absl::ToDoubleMicroseconds(absl::FromUnixNanos(s) - queued));
+    wq->Flush(&work);
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::sort(lat_us.begin(), lat_us.end());
+  return absl::StrFormat("lat_p50_us=%.1f lat_p99_us=%.1f lat_max_us=%.1f n=%d",
+                         lat_us[n / 2], lat_us[n * 99 / 100], lat_us.back(), n);
+}
+
+}  // namespace
+
+std::vector<Scenario> WorkqueueScenarios() {
+  return {
+      {"wq_tiny", 1'000'000, WqTiny},
+      {"wq_tiny_asio", 1'000'000, WqTinyAsio},
+      {"wq_tiny_tbb", 1'000'000, WqTinyTbb},
+      {"wq_latency", 10'000, WqLatency},
+  };
+}
+
+}  // namespace kwq::scenarios
