@@ -538,7 +538,10 @@ TEST_F(FakeTimeWorkqueueTest, WatchdogMarksCpuHogAndLetsOthersRun) {
   wq->QueueOn(cpu, &second);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_FALSE(second_ran.load());         // one runner per CPU pool
-  clock_.Advance(absl::Milliseconds(10));  // the watchdog sees 10 ms of running
+  clock_.Advance(absl::Milliseconds(10));  // first watchdog look: running since now
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(second_ran.load());
+  clock_.Advance(absl::Milliseconds(10));  // 10 ms later, still the same execution: a hog
   ASSERT_TRUE(Eventually([&] { return second_ran.load(); }));
   EXPECT_EQ(wq->stats().cpu_hogs, 1u);
   gate.Open();
@@ -551,7 +554,8 @@ TEST_F(FakeTimeWorkqueueTest, StallIsReportedWhenNoWorkerCanStart) {
   std::atomic<bool> ran{false};
   Work work([&] { ran = true; });
   wq->Queue(&work);
-  clock_.Advance(absl::Seconds(3));
+  clock_.Advance(absl::Milliseconds(10));  // the watchdog's first look
+  clock_.Advance(absl::Seconds(3));        // no progress since
   {
     std::lock_guard<std::mutex> l(stall_mu_);
     ASSERT_EQ(stalls_.size(), 1u);

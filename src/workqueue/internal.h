@@ -83,8 +83,12 @@ class Worker {
   // P:
   Work* current = nullptr;  // the work being executed
   PoolWorkqueue* current_pwq = nullptr;
-  WorkList scheduled;    // colliding instances of `current` to run next
-  absl::Time started;    // when `current` started (watchdog)
+  WorkList scheduled;  // colliding instances of `current` to run next
+  uint64_t execs = 0;  // executions started (the watchdog samples it)
+  // Watchdog only: the execution it saw last, since when, in which watch epoch.
+  uint64_t watch_execs = 0;
+  absl::Time watch_since;
+  uint64_t watch_epoch = 0;
   bool counted = false;  // counts in pool->nr_running
   bool hog = false;      // marked CPU-intensive by the watchdog
   int blocking = 0;      // nesting of BlockingScope
@@ -128,8 +132,13 @@ class WorkerPool {
   bool NeedMoreWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeOrCreateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WorkerMain(Worker* self);
-  // Runs `w` (claimed from a list) on `self`; called and returns with mu_ held.
-  void Execute(Worker* self, Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `w` (claimed from a list) on `self`; called and returns with mu_ held. Returns
+  // a work the workqueue activated for this pool and handed straight back (to run next
+  // without a trip through the worklist), or null.
+  Work* Execute(Worker* self, Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers that may run at once without blocking: 1 per CPU pool (the kernel's
+  // concurrency management), the pod's CPU count for unbound pools.
+  int concurrency() const { return bound() || cpus.empty() ? 1 : static_cast<int>(cpus.size()); }
   // Claims the next work for `self`, or null.
   Work* NextLocked(Worker* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void JoinDead();
@@ -144,9 +153,13 @@ class WorkerPool {
   int nr_creating_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool spawn_failed_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
-  bool stall_reported_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
+  // Watchdog only: started_ when it last looked, since when it has not moved with work
+  // pending, in which watch epoch; whether this stall was reported.
+  uint64_t watch_started_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time watch_since_ ABSL_GUARDED_BY(mu_);
+  uint64_t watch_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stall_reported_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The link between a workqueue and one pool it uses (the kernel's pool_workqueue).
@@ -197,6 +210,13 @@ class RuntimeCore {
   int next_pool_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> watchdog_armed_{false};
+
+ public:
+  // Bumped each time the watchdog is armed after a pause: pools and workers restart
+  // their observations (A, relaxed: read by the watchdog only).
+  std::atomic<uint64_t> watch_epoch_{0};
+
+ private:
   Mutex watchdog_mu_;
   TimerId watchdog_timer_ ABSL_GUARDED_BY(watchdog_mu_) = 0;
 };
@@ -225,8 +245,11 @@ class WorkqueueCore {
   bool FlushDelayed(DelayedWork* d);
   void TimerFired(DelayedWork* d);
 
-  // Called by a worker after `w` (of pwq) ran; `color` is the instance's flush color.
-  void Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw);
+  // Called by a worker of `here` after a work of `pwq` ran; `color` is the instance's
+  // flush color. Activates the next waiting work, if any: returns it when it belongs to
+  // `here` (the caller runs or queues it), else inserts it into its pool.
+  Work* Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw,
+                  WorkerPool* here);
   void CountStarted() { started_.fetch_add(1, std::memory_order_relaxed); }
   void CountHog() { hogs_.fetch_add(1, std::memory_order_relaxed); }
   void CountWakeup() { wakeups_.fetch_add(1, std::memory_order_relaxed); }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "internal/cycle_clock.h"
 #include "workqueue/internal.h"
 
 namespace kwq {
@@ -72,10 +73,7 @@ bool WorkList::Contains(const Work* w) const { return A::list(const_cast<Work*>(
 
 WorkerPool::WorkerPool(RuntimeCore* rt, int id, int cpu, bool highpri, std::vector<int> cpus,
                        bool strict)
-    : rt(rt), id(id), cpu(cpu), highpri(highpri), cpus(std::move(cpus)), strict(strict) {
-  MutexLock lock(&mu_);
-  last_progress_ = rt->clock->Now();
-}
+    : rt(rt), id(id), cpu(cpu), highpri(highpri), cpus(std::move(cpus)), strict(strict) {}
 
 WorkerPool::~WorkerPool() { Stop(); }
 
@@ -110,7 +108,7 @@ void WorkerPool::Stop() {
 }
 
 bool WorkerPool::NeedMoreWorkerLocked() const {
-  return !worklist_.empty() && (!bound() || nr_running_ == 0);
+  return !worklist_.empty() && nr_running_ < concurrency();
 }
 
 void WorkerPool::WakeOrCreateLocked() {
@@ -176,7 +174,7 @@ bool WorkerPool::TryRemove(Work* w) {
 Work* WorkerPool::NextLocked(Worker* self) {
   if (!self->scheduled.empty()) return self->scheduled.PopFront();
   while (!worklist_.empty()) {
-    if (bound() && nr_running_ > 0) return nullptr;  // concurrency management
+    if (nr_running_ >= concurrency()) return nullptr;  // concurrency management
     Work* w = worklist_.PopFront();
     // Non-reentrancy: an instance queued while the work runs here goes to the worker
     // running it, which runs it next.
@@ -191,31 +189,29 @@ Work* WorkerPool::NextLocked(Worker* self) {
   return nullptr;
 }
 
-void WorkerPool::Execute(Worker* self, Work* w) {
+Work* WorkerPool::Execute(Worker* self, Work* w) {
   PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_relaxed);
   WorkqueueCore* wq = pwq->wq;
   const uint64_t color = A::color(w);
   self->current = w;
   self->current_pwq = pwq;
+  ++self->execs;
   A::runner(w) = self;
   A::running_pool(w).store(this, std::memory_order_release);
   A::running_seq(w) = A::queued_seq(w).load(std::memory_order_relaxed);
   SetWhere(w, WorkWhere::kNone);
   // Cleared just before the function runs: a Queue from now on runs it again after.
   A::state(w).fetch_and(~kPendingBit, std::memory_order_acq_rel);
-  if (bound() && !wq->cpu_intensive() && !self->rescuer) {
+  if (!wq->cpu_intensive() && !self->rescuer) {
     self->counted = true;
     ++nr_running_;
   }
-  const absl::Time start = rt->clock->Now();
-  self->started = start;
-  last_progress_ = start;
-  stall_reported_ = false;
   ++started_;
   mu_.Unlock();
 
   wq->CountStarted();
   rt->KickWatchdog();
+  const int64_t start = CycleClock::Now();
   bool threw = false;
   try {
     A::fn(w)();
@@ -228,7 +224,7 @@ void WorkerPool::Execute(Worker* self, Work* w) {
     std::fprintf(stderr, "kwq: work on workqueue %s threw a non-std exception\n",
                  wq->options.name.c_str());
   }
-  const absl::Duration busy = rt->clock->Now() - start;
+  const absl::Duration busy = CycleClock::ToDuration(CycleClock::Now() - start);
 
   mu_.Lock();
   if (self->counted) {
@@ -242,8 +238,20 @@ void WorkerPool::Execute(Worker* self, Work* w) {
   self->current = nullptr;
   self->current_pwq = nullptr;
   mu_.Unlock();
-  wq->Completed(pwq, color, busy, threw);
+  Work* next = wq->Completed(pwq, color, busy, threw, this);
   mu_.Lock();
+  if (next == nullptr) return nullptr;
+  // Run the activated work at once unless others wait in the worklist (FIFO first) or it
+  // collides with a running instance.
+  if (!worklist_.empty() || !self->scheduled.empty() || stopping_ ||
+      A::running_pool(next).load(std::memory_order_acquire) == this ||
+      nr_running_ >= concurrency()) {
+    worklist_.PushBack(next);
+    SetWhere(next, WorkWhere::kPool);
+    if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
+    return nullptr;
+  }
+  return next;
 }
 
 void WorkerPool::WorkerMain(Worker* self) {
@@ -258,7 +266,7 @@ void WorkerPool::WorkerMain(Worker* self) {
   MutexLock lock(&mu_);
   for (;;) {
     if (Work* w = NextLocked(self)) {
-      Execute(self, w);
+      while (w != nullptr) w = Execute(self, w);
       continue;
     }
     if (stopping_) break;
@@ -308,7 +316,7 @@ void WorkerPool::EnterBlocking(Worker* w) {
 void WorkerPool::ExitBlocking(Worker* w) {
   MutexLock lock(&mu_);
   if (--w->blocking > 0) return;
-  if (w->current != nullptr && !w->hog && bound() && w->current_pwq != nullptr &&
+  if (w->current != nullptr && !w->hog && w->current_pwq != nullptr &&
       !w->current_pwq->wq->cpu_intensive() && !w->rescuer) {
     w->counted = true;
     ++nr_running_;
@@ -317,13 +325,21 @@ void WorkerPool::ExitBlocking(Worker* w) {
 
 bool WorkerPool::Check(absl::Time now) {
   JoinDead();
+  const uint64_t epoch = rt->watch_epoch_.load(std::memory_order_relaxed);
   MutexLock lock(&mu_);
+  const bool fresh = watch_epoch_ != epoch;  // the watchdog was paused: look anew
+  watch_epoch_ = epoch;
   bool busy = !worklist_.empty();
   for (auto& w : workers_) {
     if (w->current == nullptr) continue;
     busy = true;
-    if (bound() && w->counted && !w->hog &&
-        now - w->started >= rt->options.cpu_intensive_threshold) {
+    if (fresh || w->watch_epoch != epoch || w->watch_execs != w->execs) {
+      w->watch_epoch = epoch;  // a new execution: first seen now
+      w->watch_execs = w->execs;
+      w->watch_since = now;
+      continue;
+    }
+    if (w->counted && !w->hog && now - w->watch_since >= rt->options.cpu_intensive_threshold) {
       // A CPU hog: stop counting it, so the pool's other works can run.
       w->hog = true;
       w->counted = false;
@@ -335,14 +351,17 @@ bool WorkerPool::Check(absl::Time now) {
       }
     }
   }
-  if (!worklist_.empty() && now - last_progress_ >= rt->options.stall_threshold &&
-      !stall_reported_) {
+  if (fresh || worklist_.empty() || started_ != watch_started_) {
+    watch_started_ = started_;
+    watch_since_ = now;
+    stall_reported_ = false;
+  } else if (now - watch_since_ >= rt->options.stall_threshold && !stall_reported_) {
     stall_reported_ = true;
     rt->ReportStall(absl::StrCat(
         "kwq: pool ", id, " (", cpu >= 0 ? absl::StrCat("cpu ", cpu) : std::string("unbound"),
-        highpri ? ", highpri" : "", ") stalled for ", absl::FormatDuration(now - last_progress_),
-        ": ", worklist_.size(), " pending, ", workers_.size(), " workers",
-        spawn_failed_ ? ", worker creation failing" : ""));
+        highpri ? ", highpri" : "", ") made no progress for ",
+        absl::FormatDuration(now - watch_since_), ": ", worklist_.size(), " pending, ",
+        workers_.size(), " workers", spawn_failed_ ? ", worker creation failing" : ""));
   }
   if (!worklist_.empty() && NeedMoreWorkerLocked() && spawn_failed_) WakeOrCreateLocked();
   return busy;
@@ -367,8 +386,7 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
       SetWhere(found, WorkWhere::kScheduled);
       continue;
     }
-    Execute(rescuer, found);
-    ++ran;
+    for (Work* w = found; w != nullptr; w = Execute(rescuer, w)) ++ran;
   }
   return ran;
 }
@@ -470,6 +488,7 @@ void RuntimeCore::KickWatchdog() {
       watchdog_armed_.exchange(true, std::memory_order_acq_rel)) {
     return;
   }
+  watch_epoch_.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&watchdog_mu_);
   const absl::Duration period =
       std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);

@@ -203,7 +203,8 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   if (active) pwq->pool->Insert(w);
 }
 
-void WorkqueueCore::Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw) {
+Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw,
+                               WorkerPool* here) {
   completed_.fetch_add(1, std::memory_order_relaxed);
   busy_ns_.fetch_add(absl::ToInt64Nanoseconds(busy), std::memory_order_relaxed);
   if (threw) exceptions_.fetch_add(1, std::memory_order_relaxed);
@@ -225,7 +226,11 @@ void WorkqueueCore::Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration
     }
     if (waiters_ > 0) cv_.SignalAll();
   }
-  if (next != nullptr) A::pwq(next).load(std::memory_order_relaxed)->pool->Insert(next);
+  if (next == nullptr) return nullptr;
+  WorkerPool* pool = A::pwq(next).load(std::memory_order_relaxed)->pool;
+  if (pool == here) return next;
+  pool->Insert(next);
+  return nullptr;
 }
 
 bool WorkqueueCore::GrabPending(Work* w) {
