@@ -318,6 +318,7 @@ bool WorkqueueCore::Cancel(Work* w) {
 }
 
 void WorkqueueCore::WaitIdle(Work* w) {
+  BlockingScope blocking;  // waiting from a work must not hold up its pool
   MutexLock lock(&mu_);
   ++waiters_;
   while (Running(w)) cv_.WaitFor(&mu_, kPollPeriod);
@@ -336,6 +337,7 @@ bool WorkqueueCore::CancelSync(Work* w) {
 bool WorkqueueCore::Flush(Work* w) {
   const uint64_t target = A::queued_seq(w).load(std::memory_order_acquire);
   if (!Pending(w) && !Running(w)) return false;
+  BlockingScope blocking;
   MutexLock lock(&mu_);
   ++waiters_;
   while (A::done_seq(w).load(std::memory_order_acquire) < target && (Pending(w) || Running(w))) {
@@ -346,6 +348,7 @@ bool WorkqueueCore::Flush(Work* w) {
 }
 
 void WorkqueueCore::FlushAll() {
+  BlockingScope blocking;
   MutexLock lock(&mu_);
   const uint64_t mine = color_base_ + color_counts_.size() - 1;
   color_counts_.push_back(0);  // works queued from now on get a newer color
