@@ -1,12 +1,13 @@
 # kwq: the two commands of the README, plus helpers.
 #   make run   - install missing Debian packages, build Release, run the main job
 #   make test  - the same set-up, then every test: ASan+UBSan (gcc, Debug), TSan (gcc),
-#                and clang with -Wthread-safety -Werror
+#                clang with -Wthread-safety -Werror, and the libFuzzer fuzzers for a
+#                bounded time
 JOBS ?= 2
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS) --timeout 120
 
-.PHONY: run test setup release asan tsan clang bench scenarios plots clean format
+.PHONY: run test setup release asan tsan clang fuzz bench scenarios plots clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -36,7 +37,22 @@ clang: setup
 	cmake --build build/clang -j$(JOBS)
 	cd build/clang && $(CTEST)
 
-test: asan tsan clang
+# libFuzzer, model-based: each fuzzer runs FUZZ_SECONDS on the seed corpus in fuzz/corpus.
+FUZZ_SECONDS ?= 20
+fuzz: setup
+	cmake -S . -B build/fuzz $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DKWQ_SANITIZE=address,undefined -DKWQ_FUZZ=ON -DKWQ_BUILD_TESTS=OFF -DKWQ_BUILD_BENCHMARKS=OFF \
+	  -DKWQ_BUILD_TOOLS=OFF >/dev/null
+	cmake --build build/fuzz -j$(JOBS)
+	for f in queue_fuzz context_fuzz; do \
+	  mkdir -p build/fuzz/corpus/$$f && \
+	  if ./build/fuzz/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	      build/fuzz/corpus/$$f fuzz/corpus/$$f > build/fuzz/$$f.log 2>&1; then \
+	    echo "$$f: $$(grep -E 'number_of_executed_units|new_units_added' build/fuzz/$$f.log | tr '\n' ' ')"; \
+	  else tail -40 build/fuzz/$$f.log; echo "$$f FAILED"; exit 1; fi; \
+	done
+
+test: asan tsan clang fuzz
 
 bench: release
 	bash bench/run_benchmarks.sh
