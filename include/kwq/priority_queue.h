@@ -1,0 +1,1095 @@
+// File: kwq/priority_queue.h
+//
+// PriorityQueue<T>: controller-runtime's priority queue (pkg/controller/priorityqueue) for
+// C++: a deduplicating work queue that hands out the highest-priority ready item first,
+// with delayed and rate-limited adds built in, plus three things controller-runtime lacks:
+// anti-starvation aging, optional round-robin fairness between groups of items, and a
+// draining shutdown.
+//
+//   auto q = *kwq::PriorityQueue<std::string>::Create();
+//   q->Add("default/web", {.priority = 10});           // producers
+//   q->AddAfter("default/db", absl::Seconds(30));
+//   while (auto item = q->Get()) {                     // workers; blocks until ready
+//     if (Reconcile(**item)) q->Forget(**item); else q->AddRateLimited(**item);
+//   }                                                  // the lease's destructor calls Done
+//
+// Promises (pinned by tests/priority_queue_test.cc):
+//   - Ready items are handed out highest priority first; within one priority, in the
+//     order they became ready (FIFO). With Options::group, groups of one priority take
+//     turns (below). With Options::aging, items ready for `aging` go first (below).
+//   - An item waiting to be processed is stored once, however often it is added. An add
+//     of a waiting item (ready or delayed) merges into it: its priority becomes the
+//     larger of the two, its ready time the earlier of the two (so a delayed item added
+//     with no delay becomes ready now, and a ready item stays where it is).
+//   - An add with `after` > 0, or with `rate_limited` (a delay of max(after,
+//     rate_limiter->When(item))), leaves the item delayed: not handed out and not in Len()
+//     until its ready time. One TimerService timer is armed, for the earliest ready time
+//     of all delayed items; each firing makes every due item ready at once.
+//   - An item is never handed to two workers at once. An add while it is in flight is
+//     remembered (highest priority, earliest ready time) and the item is queued again
+//     when its lease ends, once (level-triggered: a change made during processing is
+//     never lost).
+//   - Get blocks until an item is ready or the queue is shut down and nothing is ready.
+//     After ShutDown, adds are ignored, delayed items are dropped (they were never
+//     ready), and Get keeps returning ready items until none are left.
+//   - ShutDownWithDrain waits until every queued and in-flight item is Done (as
+//     Queue::ShutDownWithDrain; controller-runtime has no drain), waking every blocked
+//     Get; a ShutDown() from another thread ends the wait early.
+//   - Get returns a move-only Lease whose destructor calls Done.
+//   - Add and Get are O(log n) (amortised) in the number of waiting items; every key is
+//     stored once (kwq/internal/key_table.h), as in Queue.
+//
+// Order of hand-out, exactly. An item becomes *ready* when an add with no delay stores
+// it, when its delay ends (its ready time is then the end of the delay), or, for an item
+// added while in flight, when its lease ends -- whichever is latest. Get then picks:
+//   1. Aging (Options::aging = A, off by default): an item ready for at least A (now -
+//      ready time >= A, on the queue's clock) is *aged*. Aged items go before every other
+//      item, oldest first, whatever their priority or group. So once an item has waited
+//      A, only items that became ready before it can still go first: no priority stream
+//      starves it.
+//   2. Otherwise the highest priority level that has a ready item.
+//   3. Fairness (Options::group set): the groups that have ready items at that level take
+//      turns, in a ring. Get serves the group at the front of the ring (its earliest-ready
+//      item) and moves it to the back, or out of the ring when it has no ready item left
+//      at this level; a group that gets a ready item at a level where it had none joins
+//      at the back. An aged item taken out of turn does not move its group. Without
+//      groups, a level is one group.
+//   4. Within a group of a level: FIFO by ready time (ties in the order the items became
+//      ready). An item whose priority an add raises keeps its ready time, so it goes
+//      before the items of its new level that became ready after it.
+//
+// Beyond controller-runtime's interface: Add returns whether it stored a new waiting item;
+// Get returns a Lease (whose destructor calls Done) and reports the priority; TryGet,
+// Get(ctx), Depth, Waiting and InFlight as on Queue; aging, fairness and the drain.
+//
+// Thread safety: every member may be called from any thread. One mutex guards the queue
+// and is never held while calling the rate limiter or `group`; Get blocks on a condition
+// variable. Lock order: this queue's lock, then the clock's and the timer service's. A
+// Lease must not outlive its queue.
+
+#ifndef KWQ_PRIORITY_QUEUE_H_
+#define KWQ_PRIORITY_QUEUE_H_
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kwq/clock.h"
+#include "kwq/context.h"
+#include "kwq/internal/check.h"
+#include "kwq/internal/indexed_heap.h"
+#include "kwq/internal/key_table.h"
+#include "kwq/internal/mutex.h"
+#include "kwq/internal/queue_metrics.h"
+#include "kwq/metrics.h"
+#include "kwq/queue.h"
+#include "kwq/rate_limiter.h"
+#include "kwq/timer.h"
+
+namespace kwq {
+
+// How an add is queued (controller-runtime's AddOpts).
+struct AddOpts {
+  // Higher runs first. Any int; an add of a waiting item keeps the larger priority.
+  int priority = 0;
+  // The item becomes ready this long after the add; <= 0 means now. An add of a waiting
+  // item keeps the earlier ready time. absl::InfiniteDuration() means never (until an
+  // add with an earlier ready time).
+  absl::Duration after = absl::ZeroDuration();
+  // Also wait max(after, rate_limiter->When(item)) (which records a failure of the item
+  // in the limiter) and count a retry in the metrics.
+  bool rate_limited = false;
+};
+
+template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
+class PriorityQueue {
+ public:
+  using Limiter = RateLimiter<T, Hash, Eq>;
+
+  // QueueOptions (name, metrics, clock, timers) plus the priority queue's own. Move-only.
+  struct Options : QueueOptions {
+    // Delays of rate-limited adds; Forget and NumRequeues are its. nullptr (default):
+    // DefaultControllerRateLimiter on `clock` (needs a copyable T).
+    std::unique_ptr<Limiter> rate_limiter;
+    // Anti-starvation: an item ready for at least `aging` goes before every item that
+    // became ready after it (see the order of hand-out above). Must be > 0;
+    // absl::InfiniteDuration() (default) turns aging off and Get then never reads the clock for it.
+    absl::Duration aging = absl::InfiniteDuration();
+    // Fairness: when set, the ready items of one priority are handed out round-robin
+    // across group(item) values (say, a hash of the namespace), FIFO within a group.
+    // Called on every add, without the queue's lock (the value of the add that stored the
+    // key is kept); must be a pure function of the item and must not call this queue.
+    std::function<uint64_t(const T&)> group;
+  };
+
+  // The right to process one item. Move-only. Done (explicit or by the destructor) ends
+  // it; an item added meanwhile is then queued again.
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept
+        : queue_(other.queue_), slot_(other.slot_), priority_(other.priority_), item_(other.item_) {
+      other.queue_ = nullptr;
+    }
+    Lease& operator=(Lease&& other) noexcept {
+      if (this != &other) {
+        Done();
+        queue_ = other.queue_;
+        slot_ = other.slot_;
+        priority_ = other.priority_;
+        item_ = other.item_;
+        other.queue_ = nullptr;
+      }
+      return *this;
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { Done(); }
+
+    // The item. Valid until Done. Calling it on an ended lease fails a debug assertion.
+    const T& item() const {
+      KWQ_DCHECK(queue_ != nullptr, "kwq::PriorityQueue::Lease used after Done or move");
+      return *item_;
+    }
+    const T& operator*() const { return item(); }
+    const T* operator->() const { return &item(); }
+
+    // The priority the item was handed out with (controller-runtime's GetWithPriority).
+    int priority() const { return priority_; }
+
+    // Marks the item done. Idempotent: later calls do nothing.
+    void Done() {
+      if (queue_ != nullptr) {
+        PriorityQueue* q = queue_;
+        queue_ = nullptr;
+        q->Finish(slot_);
+      }
+    }
+    // False once Done has been called or the lease was moved from.
+    bool active() const { return queue_ != nullptr; }
+
+   private:
+    friend class PriorityQueue;
+    Lease(PriorityQueue* queue, uint32_t slot, int priority, const T* item)
+        : queue_(queue), slot_(slot), priority_(priority), item_(item) {}
+    PriorityQueue* queue_;
+    uint32_t slot_;
+    int priority_;
+    // Read under the queue's lock by Get; the slab never moves an item and nothing
+    // changes or frees it while the lease is active, so it is read without the lock.
+    const T* item_;
+  };
+
+  // Builds a queue. Errors (InvalidArgument): aging <= 0; `timers` not running on
+  // `clock` (a FakeClock needs a TimerService built on it; with both unset the queue
+  // uses RealClock::Default() and TimerService::Default(), created on first delay); no
+  // rate_limiter for a T that is not copyable.
+  static absl::StatusOr<std::unique_ptr<PriorityQueue>> Create(Options options) {
+    if (!(options.aging > absl::ZeroDuration())) {
+      return absl::InvalidArgumentError(
+          "PriorityQueue: aging must be > 0 (absl::InfiniteDuration() turns it off), got " +
+          absl::FormatDuration(options.aging));
+    }
+    Clock* const clock = options.clock != nullptr ? options.clock : RealClock::Default();
+    Clock* const timer_clock =
+        options.timers != nullptr ? &options.timers->clock() : RealClock::Default();
+    if (timer_clock != clock) {
+      return absl::InvalidArgumentError(
+          "PriorityQueue: options.timers must run on options.clock (for a FakeClock, pass a "
+          "TimerService built on it)");
+    }
+    if (options.rate_limiter == nullptr) {
+      if constexpr (std::is_copy_constructible_v<T>) {
+        options.rate_limiter = DefaultControllerRateLimiter<T, Hash, Eq>(clock);
+      } else {
+        return absl::InvalidArgumentError(
+            "PriorityQueue: a non-copyable item type needs an explicit rate_limiter");
+      }
+    }
+    return std::unique_ptr<PriorityQueue>(new PriorityQueue(std::move(options), clock));
+  }
+  // Create with default options (fails only for a non-copyable T, which needs a
+  // rate_limiter).
+  static absl::StatusOr<std::unique_ptr<PriorityQueue>> Create() { return Create(Options{}); }
+
+  // Shuts the queue down (dropping delayed items and stopping the timer, waiting for a
+  // firing in progress). Leases must have ended (a debug assertion checks it).
+  ~PriorityQueue() {
+    ShutDown();
+    metrics_.reset();
+    internal::MutexLock lock(&mu_);
+    KWQ_DCHECK(in_flight_ == 0, "kwq::PriorityQueue destroyed while a Lease is active");
+  }
+  PriorityQueue(const PriorityQueue&) = delete;
+  PriorityQueue& operator=(const PriorityQueue&) = delete;
+
+  // Adds `item` with `opts` (see AddOpts and the promises above). Returns true when the
+  // item was not waiting before (this call made it ready, delayed, or marked to run again
+  // after its Done); false when it was already waiting (the add merged into it: larger
+  // priority, earlier ready time) or the queue is shutting down. Never blocks on workers;
+  // with rate_limited, calls the rate limiter's When first (without the queue's lock).
+  template <typename K>
+  bool Add(K&& item, AddOpts opts = {}) {
+    if constexpr (!std::is_same_v<std::remove_cvref_t<K>, T>) {
+      return Add(T(std::forward<K>(item)), opts);  // convert once, not at every use
+    } else {
+      const Prep prep = Prepare(item, opts);  // outside the lock
+      bool added;
+      WakeKind wake;
+      {
+        internal::MutexLock lock(&mu_);
+        const uint64_t ready_before = next_seq_;
+        const absl::Time now = NowForAddLocked(prep.after);
+        added = AddLocked(std::forward<K>(item), prep, opts.priority, now);
+        wake = WakeLocked(next_seq_ - ready_before);
+      }
+      Notify(wake);
+      return added;
+    }
+  }
+
+  // Add(item, {.after = delay}): client-go's AddAfter.
+  template <typename K>
+  bool AddAfter(K&& item, absl::Duration delay) {
+    return Add(std::forward<K>(item), AddOpts{.after = delay});
+  }
+
+  // Add(item, {.rate_limited = true}): client-go's AddRateLimited.
+  template <typename K>
+  bool AddRateLimited(K&& item) {
+    return Add(std::forward<K>(item), AddOpts{.rate_limited = true});
+  }
+
+  // Adds every item of `items` (a container or other multi-pass range of T, or of values
+  // convertible to T) with the same `opts`, under one lock acquisition. Returns how many
+  // were not waiting before (as Add). Items of an rvalue range are moved in.
+  template <typename Range>
+  size_t AddAll(Range&& items, AddOpts opts = {}) {
+    constexpr bool kMove = !std::is_lvalue_reference_v<Range>;
+    std::vector<Prep> preps;
+    if constexpr (requires { std::size(items); }) preps.reserve(std::size(items));
+    absl::Duration longest = absl::ZeroDuration();
+    for (const auto& item : items) {
+      preps.push_back(Prepare(item, opts));
+      longest = std::max(longest, preps.back().after);
+    }
+    size_t added = 0;
+    WakeKind wake;
+    {
+      internal::MutexLock lock(&mu_);
+      const uint64_t ready_before = next_seq_;
+      const absl::Time now = NowForAddLocked(longest);
+      size_t i = 0;
+      for (auto& item : items) {
+        if constexpr (kMove) {
+          added += AddLocked(std::move(item), preps[i++], opts.priority, now);
+        } else {
+          added += AddLocked(item, preps[i++], opts.priority, now);
+        }
+      }
+      wake = WakeLocked(next_seq_ - ready_before);
+    }
+    Notify(wake);
+    return added;
+  }
+
+  // controller-runtime's AddWithOpts(opts, items...): AddAll of the arguments, in order.
+  template <typename... Items>
+  size_t AddWithOpts(const AddOpts& opts, Items&&... items) {
+    const std::array<Prep, sizeof...(Items)> preps{Prepare(items, opts)...};
+    absl::Duration longest = absl::ZeroDuration();
+    for (const Prep& prep : preps) longest = std::max(longest, prep.after);
+    size_t added = 0;
+    WakeKind wake;
+    {
+      internal::MutexLock lock(&mu_);
+      const uint64_t ready_before = next_seq_;
+      const absl::Time now = NowForAddLocked(longest);
+      [[maybe_unused]] size_t i = 0;
+      ((added += AddLocked(std::forward<Items>(items), preps[i++], opts.priority, now)), ...);
+      wake = WakeLocked(next_seq_ - ready_before);
+    }
+    Notify(wake);
+    return added;
+  }
+
+  // The rate limiter's Forget: clears `item`'s failure history (call it on success).
+  // Does not touch a waiting entry of the item.
+  void Forget(const T& item) { limiter_->Forget(item); }
+  // The rate limiter's NumRequeues: failures recorded for `item` since its last Forget.
+  int NumRequeues(const T& item) { return limiter_->NumRequeues(item); }
+
+  // Blocks until an item is ready and returns its lease, or returns nullopt once the
+  // queue is shut down and nothing is ready.
+  std::optional<Lease> Get() {
+    internal::MutexLock lock(&mu_);
+    if (ready_count_ == 0 && !shutting_down_) SpinLocked();
+    while (ready_count_ == 0) {
+      if (shutting_down_) return std::nullopt;
+      WaitLocked();
+    }
+    return PopLocked();
+  }
+
+  // Returns a ready item's lease, or nullopt at once when none is ready.
+  std::optional<Lease> TryGet() {
+    internal::MutexLock lock(&mu_);
+    if (ready_count_ == 0) return std::nullopt;
+    return PopLocked();
+  }
+
+  // Like Get, and also returns nullopt when `ctx` is done (check ctx.IsCancelled() to
+  // tell). A ready item wins over a done context. Registers a wake-up on `ctx` only when
+  // it has to block.
+  std::optional<Lease> Get(const Context& ctx) {
+    {
+      internal::MutexLock lock(&mu_);
+      if (ready_count_ != 0) return PopLocked();
+      if (shutting_down_ || ctx.IsCancelled()) return std::nullopt;
+    }
+    Waker waker{this};
+    AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
+    std::optional<Lease> lease;
+    {
+      internal::MutexLock lock(&mu_);
+      while (ready_count_ == 0 && !shutting_down_ && !ctx.IsCancelled()) WaitLocked();
+      if (ready_count_ != 0) lease.emplace(PopLocked());
+    }
+    // The waker touches this queue: make sure it is not running when we return.
+    if (!handle.Stop()) {
+      while (!waker.finished.load(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    return lease;
+  }
+
+  // Items ready to be handed out. A delayed item counts from the timer firing for it (or
+  // an Add or Done noticing it is due).
+  size_t Len() const {
+    internal::MutexLock lock(&mu_);
+    return ready_count_;
+  }
+  // Items waiting to run without a delay: ready ones plus in-flight ones added again
+  // with no delay (client-go's depth; the `depth` metric).
+  size_t Depth() const {
+    internal::MutexLock lock(&mu_);
+    return queued_;
+  }
+  // Delayed items (by `after` or the rate limiter), including in-flight ones added again
+  // with a delay (the `delayed` metric).
+  size_t Waiting() const {
+    internal::MutexLock lock(&mu_);
+    return delayed_count_;
+  }
+  // Leases not yet ended.
+  size_t InFlight() const {
+    internal::MutexLock lock(&mu_);
+    return in_flight_;
+  }
+
+  // Stops accepting adds, drops delayed items (an in-flight item's delayed re-add is
+  // dropped at its Done), stops the timer (waiting for a firing in progress) and wakes
+  // every blocked Get. Ready items, and in-flight items added again with no delay, are
+  // still handed out. Ends a ShutDownWithDrain wait in progress. Idempotent.
+  void ShutDown() {
+    PendingTimer timer;
+    {
+      internal::MutexLock lock(&mu_);
+      timer = StopLocked();
+      if (draining_ > 0) drain_aborted_ = true;
+    }
+    timer.CancelSync();
+    ready_cv_.SignalAll();
+    drained_cv_.SignalAll();
+  }
+
+  // ShutDown (without aborting other drains), then blocks until every queued and
+  // in-flight item is Done. Returns true when the queue drained, false when a ShutDown()
+  // from another thread ended the wait. Workers must keep calling Get to drain queued
+  // items. Delayed items are dropped, not waited for.
+  bool ShutDownWithDrain() {
+    PendingTimer timer;
+    {
+      internal::MutexLock lock(&mu_);
+      timer = StopLocked();
+      if (draining_ == 0) drain_aborted_ = false;
+      ++draining_;
+    }
+    timer.CancelSync();
+    ready_cv_.SignalAll();
+    internal::MutexLock lock(&mu_);
+    while (queued_ + in_flight_ > 0 && !drain_aborted_) drained_cv_.Wait(&mu_);
+    --draining_;
+    return queued_ + in_flight_ == 0;
+  }
+
+  bool ShuttingDown() const {
+    internal::MutexLock lock(&mu_);
+    return shutting_down_;
+  }
+
+  // The metrics recorder, or nullptr without a MetricsProvider.
+  internal::QueueMetricsRecorder* metrics_recorder() { return metrics_.get(); }
+
+ private:
+  using Table = internal::KeyTable<T, Hash, Eq>;
+  static constexpr uint32_t kNone = UINT32_MAX;
+  static constexpr uint32_t kInFifo = UINT32_MAX - 1;  // SlotInfo::local of a FIFO item
+
+  // State bits of a stored key. kQueued and kDelayed exclude each other.
+  static constexpr uint8_t kQueued = 1;      // ready (in a group), or to be at its Done
+  static constexpr uint8_t kDelayed = 2;     // in delayed_, or to be at its Done
+  static constexpr uint8_t kProcessing = 4;  // a lease is active
+  static constexpr uint8_t kIdleListed = 8;  // the slot is in idle_ (it may be busy again)
+  // As Queue's: idle keys kept in the table before the oldest is erased.
+  static constexpr size_t kMaxIdle = 4096;
+  // Empty groups are kept for reuse until there are this many and more than non-empty
+  // ones; then all are forgotten (SweepLocked).
+  static constexpr size_t kMinEmptyGroups = 64;
+  // A group's FIFO is compacted when it holds more dead entries than this and than live
+  // items.
+  static constexpr size_t kMinDead = 64;
+
+  // What an add computed before taking the lock.
+  struct Prep {
+    uint32_t hash;
+    uint64_t group;
+    absl::Duration after;  // including the rate limiter's delay
+    bool rate_limited;
+  };
+
+  // Per stored key.
+  struct SlotInfo {
+    int priority;        // while waiting: the largest of the adds since the last Get
+    uint32_t group;      // its group while ready, else kNone
+    int64_t seq;         // while ready: its ready sequence
+    uint32_t local;      // while ready: kInFifo, or its id in the group's heap
+    uint64_t group_key;  // Options::group(item), or 0
+    int64_t due;         // kProcessing | kDelayed: ready time (ToKey) of the re-add
+  };
+
+  // The ready items of one (priority, group key), by ready sequence. Items almost always
+  // arrive in sequence order, so they go to a FIFO (O(1) in and out, sequential memory);
+  // an item that arrives out of order (its priority was raised, so it keeps an older
+  // sequence) goes to a heap. An item taken out of the FIFO's middle (a raise, an aged
+  // item) leaves a dead entry, skipped when it reaches the front and compacted away when
+  // dead entries outnumber live ones. Heap ids are group-local so that each heap's
+  // position index is as large as its own peak, not the whole table.
+  struct Group {
+    struct Entry {
+      int64_t seq;
+      uint32_t slot;
+    };
+    std::deque<Entry> fifo;         // increasing seq; the front is always live
+    internal::IndexedHeap late;     // local ids by ready sequence
+    std::vector<uint32_t> slot_of;  // local id -> slot
+    std::vector<uint32_t> free_ids;
+    size_t count = 0;  // live items (fifo and late)
+    size_t dead = 0;   // dead entries in fifo
+    int priority = 0;
+    uint64_t key = 0;
+    uint32_t level = kNone;
+    uint32_t prev = kNone, next = kNone;  // the level's ring of non-empty groups
+    bool live = false;                    // in group_ids_
+    bool listed = false;                  // in emptied_
+  };
+
+  // One priority: its ring of non-empty groups (front is served next).
+  struct Level {
+    int priority = 0;
+    uint32_t head = kNone, tail = kNone;
+    size_t count = 0;   // ready items
+    size_t groups = 0;  // live groups
+    bool live = false;  // in level_ids_
+  };
+
+  enum class WakeKind { kNone, kOne, kAll };
+
+  // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
+  struct Waker {
+    PriorityQueue* queue;
+    std::atomic<bool> finished{false};
+    void Wake() {
+      { internal::MutexLock lock(&queue->mu_); }
+      queue->ready_cv_.SignalAll();
+      finished.store(true, std::memory_order_release);
+    }
+  };
+
+  PriorityQueue(Options options, Clock* clock)
+      : clock_(clock),
+        limiter_(std::move(options.rate_limiter)),
+        group_fn_(std::move(options.group)),
+        aging_(options.aging != absl::InfiniteDuration()),
+        aging_ns_(absl::ToInt64Nanoseconds(options.aging)),
+        timers_(options.timers) {
+    if (options.metrics != nullptr) {
+      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
+          options.metrics, options.name, options.clock, options.timers, &mu_);
+    }
+  }
+
+  static int64_t ToKey(absl::Time t) {
+    if (t == absl::InfiniteFuture()) return std::numeric_limits<int64_t>::max();
+    if (t == absl::InfinitePast()) return std::numeric_limits<int64_t>::min();
+    return absl::ToUnixNanos(t);
+  }
+  static absl::Time FromKey(int64_t key) {
+    if (key == std::numeric_limits<int64_t>::max()) return absl::InfiniteFuture();
+    return absl::FromUnixNanos(key);
+  }
+
+  Prep Prepare(const T& item, const AddOpts& opts) {
+    Prep prep{Table::HashOf(item), group_fn_ ? group_fn_(item) : 0, opts.after, opts.rate_limited};
+    if (opts.rate_limited) prep.after = std::max(prep.after, limiter_->When(item));
+    return prep;
+  }
+
+  // Reads the clock when an add needs it (for a delay, for aging's ready times, or when
+  // items are delayed) and first makes every due delayed item ready, so that ready order
+  // follows ready time. Returns the time read (InfinitePast, unused, when not read).
+  absl::Time NowForAddLocked(absl::Duration longest_after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (longest_after > absl::ZeroDuration() || aging_ || !delayed_.empty()) {
+      const absl::Time now = clock_->Now();
+      PromoteDueLocked(now);
+      return now;
+    }
+    return absl::InfinitePast();  // unused
+  }
+
+  // Stores or merges one add. `now` is the clock (read when the add needs it).
+  template <typename K>
+  bool AddLocked(K&& item, const Prep& prep, int priority, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutting_down_) return false;
+    if (prep.rate_limited && metrics_) metrics_->OnRetry();
+    const bool immediate = prep.after <= absl::ZeroDuration();
+    const int64_t due = immediate ? 0 : ToKey(now + prep.after);
+    uint32_t slot = table_.Find(item, prep.hash);
+    if (slot == Table::kNone) {
+      slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
+      if (slot >= info_.size()) info_.resize(table_.slot_limit());
+      info_[slot] = SlotInfo{.priority = priority,
+                             .group = kNone,
+                             .seq = -1,
+                             .local = kNone,
+                             .group_key = prep.group,
+                             .due = 0};
+    }
+    SlotInfo& info = info_[slot];
+    const uint8_t state = table_.state(slot);
+    if (state & kQueued) {  // waiting with no delay: keep its ready time, raise priority
+      if (priority > info.priority) {
+        if (state & kProcessing) {
+          info.priority = priority;
+        } else {
+          const int64_t seq = UnlinkLocked(slot);
+          info.priority = priority;
+          LinkLocked(slot, seq);
+        }
+      }
+      return false;
+    }
+    if (state & kDelayed) {  // waiting for its time: earliest time, largest priority
+      info.priority = std::max(info.priority, priority);
+      if (immediate) {
+        if (!(state & kProcessing)) delayed_.Remove(slot);
+        DelayedToQueuedLocked(slot);
+        if (!(state & kProcessing)) MakeReadyLocked(slot, now);
+      } else if (state & kProcessing) {
+        info.due = std::min(info.due, due);
+      } else if (due < delayed_.KeyOf(slot)) {
+        delayed_.Update(slot, due);
+        ArmLocked();
+      }
+      return false;
+    }
+    // Not waiting: idle, or in flight and not added since its Get.
+    info.priority = priority;
+    if (immediate) {
+      table_.state(slot) |= kQueued;
+      ++queued_;
+      if (metrics_) metrics_->OnAdd(slot);
+      if (!(state & kProcessing)) MakeReadyLocked(slot, now);
+    } else {
+      table_.state(slot) |= kDelayed;
+      ++delayed_count_;
+      if (metrics_) metrics_->OnDelayed(+1);
+      if (state & kProcessing) {
+        info.due = due;
+      } else {
+        delayed_.Push(slot, due);
+        ArmLocked();
+      }
+    }
+    return true;
+  }
+
+  // kDelayed -> kQueued bookkeeping (the caller moves the slot between structures).
+  void DelayedToQueuedLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint8_t& state = table_.state(slot);
+    state = static_cast<uint8_t>((state & ~kDelayed) | kQueued);
+    --delayed_count_;
+    ++queued_;
+    if (metrics_) {
+      metrics_->OnDelayed(-1);
+      metrics_->OnAdd(slot);
+    }
+  }
+
+  // Makes every delayed item due at `now` ready, in ready-time order, with its ready
+  // time as the time it became ready.
+  void PromoteDueLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t now_key = ToKey(now);
+    while (!delayed_.empty() && delayed_.TopKey() <= now_key) {
+      const uint32_t slot = delayed_.TopId();
+      const absl::Time due = FromKey(delayed_.TopKey());
+      delayed_.Pop();
+      DelayedToQueuedLocked(slot);
+      MakeReadyLocked(slot, due);
+    }
+  }
+
+  // Puts a kQueued slot that is not in flight into the ready structures.
+  void MakeReadyLocked(uint32_t slot, absl::Time ready_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    LinkLocked(slot, static_cast<int64_t>(next_seq_++));
+    if (aging_) aged_.Push(slot, ToKey(ready_at));
+  }
+
+  // Finds or creates the group of (priority, key).
+  uint32_t GroupForLocked(int priority, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = group_ids_.find(std::pair<int, uint64_t>(priority, key));
+    if (it != group_ids_.end()) return it->second;
+    if (empty_groups_ >= kMinEmptyGroups && empty_groups_ * 2 > group_ids_.size()) SweepLocked();
+    uint32_t level;
+    auto lit = level_ids_.find(priority);
+    if (lit != level_ids_.end()) {
+      level = lit->second;
+    } else {
+      if (!free_levels_.empty()) {
+        level = free_levels_.back();
+        free_levels_.pop_back();
+      } else {
+        level = static_cast<uint32_t>(levels_.size());
+        levels_.emplace_back();
+      }
+      levels_[level] = Level{.priority = priority, .live = true};
+      level_ids_.emplace(priority, level);
+    }
+    uint32_t g;
+    if (!free_groups_.empty()) {
+      g = free_groups_.back();
+      free_groups_.pop_back();
+    } else {
+      g = static_cast<uint32_t>(groups_.size());
+      groups_.emplace_back();
+    }
+    Group& group = groups_[g];
+    group.slot_of.clear();
+    group.free_ids.clear();
+    group.count = 0;
+    group.priority = priority;
+    group.key = key;
+    group.level = level;
+    group.prev = group.next = kNone;
+    group.live = true;
+    ++levels_[level].groups;
+    group_ids_.emplace(std::pair<int, uint64_t>(priority, key), g);
+    ++empty_groups_;
+    return g;
+  }
+
+  // Forgets every empty group, and every level left without groups. Amortised O(1): it
+  // runs when more than half the groups are empty, and visits only the groups that
+  // emptied since the last sweep (each listed once).
+  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const uint32_t g : emptied_) {
+      Group& group = groups_[g];
+      group.listed = false;
+      if (!group.live || group.count != 0) continue;
+      group_ids_.erase(std::pair<int, uint64_t>(group.priority, group.key));
+      group.live = false;
+      free_groups_.push_back(g);
+      Level& level = levels_[group.level];
+      if (--level.groups == 0) {
+        level_ids_.erase(level.priority);
+        level.live = false;
+        free_levels_.push_back(group.level);
+      }
+    }
+    emptied_.clear();
+    empty_groups_ = 0;  // every empty group had emptied since the last sweep
+  }
+
+  void RingAppendLocked(Level& level, uint32_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Group& group = groups_[g];
+    group.prev = level.tail;
+    group.next = kNone;
+    if (level.tail != kNone) {
+      groups_[level.tail].next = g;
+    } else {
+      level.head = g;
+    }
+    level.tail = g;
+  }
+
+  void RingRemoveLocked(Level& level, uint32_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Group& group = groups_[g];
+    if (group.prev != kNone) {
+      groups_[group.prev].next = group.next;
+    } else {
+      level.head = group.next;
+    }
+    if (group.next != kNone) {
+      groups_[group.next].prev = group.prev;
+    } else {
+      level.tail = group.prev;
+    }
+    group.prev = group.next = kNone;
+  }
+
+  // Puts `slot` into the group of its priority and group key, ordered by `seq`.
+  void LinkLocked(uint32_t slot, int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SlotInfo& info = info_[slot];
+    const uint32_t g = GroupForLocked(info.priority, info.group_key);
+    Group& group = groups_[g];
+    info.group = g;
+    info.seq = seq;
+    if (group.fifo.empty() || seq > group.fifo.back().seq) {
+      group.fifo.push_back({seq, slot});
+      info.local = kInFifo;
+    } else {
+      uint32_t local;
+      if (!group.free_ids.empty()) {
+        local = group.free_ids.back();
+        group.free_ids.pop_back();
+        group.slot_of[local] = slot;
+      } else {
+        local = static_cast<uint32_t>(group.slot_of.size());
+        group.slot_of.push_back(slot);
+      }
+      group.late.Push(local, seq);
+      info.local = local;
+    }
+    Level& level = levels_[group.level];
+    if (group.count++ == 0) {
+      --empty_groups_;
+      RingAppendLocked(level, g);
+      if (level.count == 0) level_heap_.Push(group.level, -static_cast<int64_t>(level.priority));
+    }
+    ++level.count;
+    ++ready_count_;
+    ready_hint_.store(ready_count_, std::memory_order_relaxed);
+  }
+
+  // Whether a FIFO entry of group `g` is a live item (not one taken out of the middle).
+  bool LiveLocked(uint32_t g, const typename Group::Entry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const SlotInfo& info = info_[e.slot];
+    return info.group == g && info.local == kInFifo && info.seq == e.seq;
+  }
+
+  // The slot of group `g`'s earliest-ready item. The group must not be empty.
+  uint32_t FirstLocked(uint32_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Group& group = groups_[g];
+    if (group.late.empty() ||
+        (!group.fifo.empty() && group.fifo.front().seq < group.late.TopKey())) {
+      return group.fifo.front().slot;
+    }
+    return group.slot_of[group.late.TopId()];
+  }
+
+  // Takes a ready `slot` out of its group (not out of aged_); returns its ready sequence.
+  int64_t UnlinkLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SlotInfo& info = info_[slot];
+    const uint32_t g = info.group;
+    Group& group = groups_[g];
+    if (info.local != kInFifo) {
+      group.late.Remove(info.local);
+      group.free_ids.push_back(info.local);
+    } else if (group.fifo.front().slot == slot) {
+      group.fifo.pop_front();
+    } else {
+      ++group.dead;  // left in place, dead once info.group changes
+    }
+    info.group = kNone;
+    Level& level = levels_[group.level];
+    --level.count;
+    --ready_count_;
+    ready_hint_.store(ready_count_, std::memory_order_relaxed);
+    if (--group.count == 0) {
+      group.fifo.clear();
+      group.dead = 0;
+      ++empty_groups_;
+      if (!group.listed) {
+        group.listed = true;
+        emptied_.push_back(g);
+      }
+      RingRemoveLocked(level, g);
+      if (level.count == 0) level_heap_.Remove(group.level);
+    } else if (group.dead > 0) {
+      while (!group.fifo.empty() && !LiveLocked(g, group.fifo.front())) {  // keep it live
+        group.fifo.pop_front();
+        --group.dead;
+      }
+      if (group.dead > kMinDead && group.dead > group.count) {  // amortised O(1)
+        std::deque<typename Group::Entry> live;
+        for (const auto& e : group.fifo) {
+          if (LiveLocked(g, e)) live.push_back(e);
+        }
+        group.fifo.swap(live);
+        group.dead = 0;
+      }
+    }
+    return info.seq;
+  }
+
+  Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint32_t slot;
+    uint32_t served = kNone;  // the group served in turn, if not an aged item
+    if (aging_ && ToKey(clock_->Now()) - aged_.TopKey() >= aging_ns_) {
+      slot = aged_.TopId();
+    } else {
+      served = levels_[level_heap_.TopId()].head;
+      slot = FirstLocked(served);
+    }
+    UnlinkLocked(slot);
+    if (aging_) aged_.Remove(slot);
+    if (served != kNone && groups_[served].count != 0) {
+      Level& level = levels_[groups_[served].level];
+      if (level.tail != served) {  // its turn is over: to the back of the ring
+        RingRemoveLocked(level, served);
+        RingAppendLocked(level, served);
+      }
+    }
+    uint8_t& state = table_.state(slot);
+    state = static_cast<uint8_t>((state & ~kQueued) | kProcessing);
+    --queued_;
+    ++in_flight_;
+    if (metrics_) metrics_->OnGet(slot);
+    return Lease(this, slot, info_[slot].priority, &table_.item(slot));
+  }
+
+  // A lease ended: queue the item again if it was added meanwhile.
+  void Finish(uint32_t slot) {
+    WakeKind wake;
+    {
+      internal::MutexLock lock(&mu_);
+      const uint64_t ready_before = next_seq_;
+      uint8_t& state = table_.state(slot);
+      state &= ~kProcessing;
+      --in_flight_;
+      if (metrics_) metrics_->OnDone(slot);
+      if (state & (kQueued | kDelayed)) {
+        const absl::Time now = clock_->Now();
+        PromoteDueLocked(now);
+        if (state & kQueued) {
+          MakeReadyLocked(slot, now);
+        } else if (shutting_down_) {  // a delayed re-add: dropped like delayed items
+          state &= ~kDelayed;
+          --delayed_count_;
+          if (metrics_) metrics_->OnDelayed(-1);
+          KeepIdleLocked(slot);
+        } else if (info_[slot].due <= ToKey(now)) {
+          DelayedToQueuedLocked(slot);
+          MakeReadyLocked(slot, now);
+        } else {
+          delayed_.Push(slot, info_[slot].due);
+          ArmLocked();
+        }
+      } else {
+        KeepIdleLocked(slot);
+      }
+      wake = WakeLocked(next_seq_ - ready_before);
+      // Signalled under mu_: a drainer that returns may destroy the queue at once.
+      if (draining_ > 0 && queued_ + in_flight_ == 0) drained_cv_.SignalAll();
+    }
+    Notify(wake);  // after unlocking, as Queue::Finish
+  }
+
+  // Lists a slot that just went idle and erases the oldest idle keys beyond kMaxIdle.
+  void KeepIdleLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint8_t& state = table_.state(slot);
+    if (!(state & kIdleListed)) {
+      state |= kIdleListed;
+      idle_.push_back(slot);
+    }
+    while (idle_.size() > kMaxIdle) {
+      const uint32_t old = idle_.front();
+      idle_.pop_front();
+      uint8_t& old_state = table_.state(old);
+      old_state &= ~kIdleListed;
+      if (!(old_state & (kQueued | kDelayed | kProcessing))) table_.Erase(old);
+    }
+  }
+
+  // Before a Get sleeps, it polls (without the lock) for a short while, as Queue's.
+  void SpinLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    mu_.Unlock();
+    for (int i = 0; i < kSpins && ready_hint_.load(std::memory_order_relaxed) == 0; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    mu_.Lock();
+  }
+
+  // Blocks one Get on ready_cv_. Each Signal wakes exactly one blocked waiter, which
+  // then consumes one unit of signaled_.
+  void WaitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++waiters_;
+    ready_cv_.Wait(&mu_);
+    --waiters_;
+    if (signaled_ > 0) --signaled_;
+  }
+
+  // How to wake blocked Gets for `made_ready` newly ready items: as Queue's
+  // NeedWakeLocked, one Signal per sleeping worker not yet signalled.
+  WakeKind WakeLocked(uint64_t made_ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (made_ready == 0 || waiters_ <= signaled_) return WakeKind::kNone;
+    if (made_ready == 1) {
+      ++signaled_;
+      return WakeKind::kOne;
+    }
+    signaled_ = waiters_;
+    return WakeKind::kAll;
+  }
+  void Notify(WakeKind wake) {
+    if (wake == WakeKind::kOne) ready_cv_.Signal();
+    if (wake == WakeKind::kAll) ready_cv_.SignalAll();
+  }
+
+  // The timer service, TimerService::Default() unless the options named one.
+  TimerService* TimersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (timers_ == nullptr) timers_ = &TimerService::Default();
+    return timers_;
+  }
+
+  // Arms (or moves) the one timer to the earliest delayed ready time, if that is earlier
+  // than the time it is armed for (as DelayingQueue's).
+  void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (delayed_.empty() || shutting_down_) return;
+    const int64_t next = delayed_.TopKey();
+    if (timer_ != 0) {
+      if (next >= armed_for_) return;
+      // If Reschedule fails the timer is firing right now; that Fire re-arms under mu_.
+      if (TimersLocked()->Reschedule(timer_, FromKey(next))) armed_for_ = next;
+      return;
+    }
+    armed_for_ = next;
+    timer_ = TimersLocked()->Schedule(FromKey(next), [this] { Fire(); });
+  }
+
+  // Timer callback: makes every due item ready, re-arms, and wakes workers. Unlike
+  // DelayingQueue's, it does all its work (signals included) under mu_, so once
+  // StopLocked has run, a Fire either has not taken mu_ yet (then it is the pending
+  // timer's callback, and CancelSync waits for it) or no longer touches the queue.
+  void Fire() {
+    internal::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    timer_ = 0;  // this timer has fired
+    const uint64_t ready_before = next_seq_;
+    PromoteDueLocked(clock_->Now());
+    ArmLocked();
+    const WakeKind wake = WakeLocked(next_seq_ - ready_before);
+    if (wake == WakeKind::kOne) ready_cv_.Signal();
+    if (wake == WakeKind::kAll) ready_cv_.SignalAll();
+  }
+
+  // A timer taken from timer_ by StopLocked, to cancel after releasing mu_.
+  struct PendingTimer {
+    TimerService* service = nullptr;
+    TimerId id = 0;
+    // After it returns, the timer's Fire is not running and never will.
+    void CancelSync() const {
+      if (id != 0) service->CancelSync(id);
+    }
+  };
+
+  // Starts the shutdown: no more adds, delayed items dropped. Returns the pending timer,
+  // which the caller cancels with CancelSync after releasing mu_ (a running Fire needs
+  // mu_ to finish).
+  PendingTimer StopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    shutting_down_ = true;
+    const PendingTimer timer{timers_, timer_};
+    timer_ = 0;
+    while (!delayed_.empty()) {
+      const uint32_t slot = delayed_.TopId();
+      delayed_.Pop();
+      table_.state(slot) &= ~kDelayed;
+      --delayed_count_;
+      if (metrics_) metrics_->OnDelayed(-1);
+      KeepIdleLocked(slot);
+    }
+    return timer;
+  }
+
+  Clock* const clock_;                                // I
+  const std::unique_ptr<Limiter> limiter_;            // I, thread-safe
+  const std::function<uint64_t(const T&)> group_fn_;  // I, may be empty
+  const bool aging_;                                  // I: aging is on
+  const int64_t aging_ns_;                            // I
+
+  mutable internal::Mutex mu_;
+  internal::CondVar ready_cv_;    // an item became ready, or shutdown
+  internal::CondVar drained_cv_;  // nothing queued or in flight while draining, or abort
+  TimerService* timers_ ABSL_GUARDED_BY(mu_);  // nullptr until the first delay: Default()
+  Table table_ ABSL_GUARDED_BY(mu_);
+  std::vector<SlotInfo> info_ ABSL_GUARDED_BY(mu_);  // per slot
+  std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);   // kIdleListed slots, oldest first
+
+  // Ready items: levels_ by priority (level_heap_ holds the non-empty ones, by -priority),
+  // each with a ring of groups_, each its items by ready sequence (see Group).
+  std::vector<Level> levels_ ABSL_GUARDED_BY(mu_);
+  std::vector<Group> groups_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, uint32_t> level_ids_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<int, uint64_t>, uint32_t> group_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_levels_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_groups_ ABSL_GUARDED_BY(mu_);
+  size_t empty_groups_ ABSL_GUARDED_BY(mu_) = 0;        // live groups with no ready item
+  std::vector<uint32_t> emptied_ ABSL_GUARDED_BY(mu_);  // groups that emptied since a sweep
+  internal::IndexedHeap level_heap_ ABSL_GUARDED_BY(mu_);
+  // Aging only: every ready slot by ready time (ToKey), so the top is the oldest.
+  internal::IndexedHeap aged_ ABSL_GUARDED_BY(mu_);
+  // Delayed slots not in flight, by ready time (ToKey).
+  internal::IndexedHeap delayed_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ready sequence: items made ready so far
+
+  // ready_count_, readable without the lock (relaxed: only a hint for SpinLocked).
+  std::atomic<size_t> ready_hint_{0};
+  static constexpr int kSpins = 2000;  // about 2-5 us of polling before sleeping
+  size_t ready_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // kQueued slots
+  size_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // kDelayed slots
+  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;   // Gets blocked on ready_cv_
+  int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
+  int draining_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool drain_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  // The one timer, armed for armed_for_; 0 when none is pending.
+  TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set at construction; its methods are called with mu_ held.
+  std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
+};
+
+}  // namespace kwq
+
+#endif  // KWQ_PRIORITY_QUEUE_H_

@@ -1,0 +1,1040 @@
+#include "kwq/priority_queue.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <latch>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kwq/metrics.h"
+#include "kwq/rate_limiter.h"
+
+namespace kwq {
+namespace {
+
+using PQ = PriorityQueue<std::string>;
+using Strings = std::vector<std::string>;
+
+// Deterministic: a FakeClock and a TimerService on it, so delays end inside Advance.
+class PriorityQueueTest : public ::testing::Test {
+ protected:
+  PQ::Options Opts() {
+    PQ::Options options;
+    options.clock = &clock_;
+    options.timers = timers_.get();
+    return options;
+  }
+  static std::unique_ptr<PQ> Make(PQ::Options options) {
+    auto q = PQ::Create(std::move(options));
+    EXPECT_TRUE(q.ok()) << q.status();
+    return q.ok() ? *std::move(q) : nullptr;
+  }
+  static Strings Drain(PQ& q) {
+    Strings out;
+    while (auto lease = q.TryGet()) out.push_back(lease->item());
+    return out;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock_});
+  std::unique_ptr<PQ> q_ = Make(Opts());
+};
+
+// ---- order ----
+
+TEST_F(PriorityQueueTest, HigherPriorityFirst) {
+  q_->Add("low", {.priority = 1});
+  q_->Add("high", {.priority = 10});
+  q_->Add("mid", {.priority = 5});
+  q_->Add("negative", {.priority = -3});
+  q_->Add("zero");
+  q_->Add("max", {.priority = INT_MAX});
+  q_->Add("min", {.priority = INT_MIN});
+  EXPECT_EQ(q_->Len(), 7u);
+  EXPECT_EQ(Drain(*q_), (Strings{"max", "high", "mid", "low", "zero", "negative", "min"}));
+}
+
+TEST_F(PriorityQueueTest, FifoWithinPriority) {
+  q_->Add("a1", {.priority = 1});
+  q_->Add("b1", {.priority = 2});
+  q_->Add("a2", {.priority = 1});
+  q_->Add("b2", {.priority = 2});
+  q_->Add("a3", {.priority = 1});
+  EXPECT_EQ(Drain(*q_), (Strings{"b1", "b2", "a1", "a2", "a3"}));
+}
+
+TEST_F(PriorityQueueTest, WaitingItemIsStoredOnce) {
+  EXPECT_TRUE(q_->Add("a"));
+  EXPECT_FALSE(q_->Add("a"));
+  EXPECT_FALSE(q_->Add(std::string("a"), {.priority = 3}));
+  EXPECT_TRUE(q_->Add("b"));
+  EXPECT_EQ(q_->Len(), 2u);
+  EXPECT_EQ(q_->Depth(), 2u);
+  EXPECT_EQ(Drain(*q_), (Strings{"a", "b"}));
+}
+
+TEST_F(PriorityQueueTest, ReAddRaisesPriorityAndKeepsReadyTime) {
+  q_->Add("x", {.priority = 0});
+  clock_.Advance(absl::Seconds(1));
+  q_->Add("y", {.priority = 5});
+  q_->Add("z", {.priority = 5});
+  EXPECT_FALSE(q_->Add("x", {.priority = 5}));  // raised; x became ready before y and z
+  EXPECT_FALSE(q_->Add("y", {.priority = 1}));  // a lower priority changes nothing
+  q_->Add("w", {.priority = 3});
+  EXPECT_FALSE(q_->Add("w", {.priority = 0}));
+  q_->Add("v", {.priority = 2});
+  auto first = q_->TryGet();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(**first, "x");
+  EXPECT_EQ(first->priority(), 5);
+  EXPECT_EQ(Drain(*q_), (Strings{"y", "z", "w", "v"}));
+}
+
+TEST_F(PriorityQueueTest, ManyRaisesOutOfAStarvedLevelKeepReadyOrder) {
+  auto key = [](int i) {
+    std::string k = std::to_string(i);
+    return "k" + std::string(4 - k.size(), '0') + k;
+  };
+  for (int i = 0; i < 1000; ++i) q_->Add(key(i), {.priority = 0});
+  // Raise nine items in ten, newest first: each goes before the ones raised already
+  // (it became ready earlier), and each leaves level 0 from the middle.
+  for (int i = 999; i >= 0; --i) {
+    if (i % 10 != 0) {
+      EXPECT_FALSE(q_->Add(key(i), {.priority = 1}));
+    }
+  }
+  Strings want;
+  for (int i = 0; i < 1000; ++i) {
+    if (i % 10 != 0) want.push_back(key(i));
+  }
+  for (int i = 0; i < 1000; i += 10) want.push_back(key(i));
+  EXPECT_EQ(Drain(*q_), want);
+}
+
+TEST_F(PriorityQueueTest, ItemBackAtItsOldLevelGoesByItsNewReadyTime) {
+  q_->AddWithOpts({.priority = 0}, "a", "b", "c");
+  q_->Add("b", {.priority = 1});  // b leaves level 0 from the middle
+  EXPECT_EQ(**q_->TryGet(), "b");
+  q_->Add("b", {.priority = 0});  // ready again, after c
+  EXPECT_EQ(Drain(*q_), (Strings{"a", "c", "b"}));
+}
+
+TEST_F(PriorityQueueTest, IdleItemAddedAgainTakesTheNewPriority) {
+  q_->Add("a", {.priority = 9});
+  q_->TryGet()->Done();
+  q_->Add("a", {.priority = 1});  // not max(9, 1): the earlier add was served
+  q_->Add("b", {.priority = 5});
+  EXPECT_EQ(Drain(*q_), (Strings{"b", "a"}));
+}
+
+// ---- delays ----
+
+TEST_F(PriorityQueueTest, DelayedItemIsNotReadyBeforeItsTime) {
+  EXPECT_TRUE(q_->AddAfter("d", absl::Seconds(10)));
+  EXPECT_EQ(q_->Len(), 0u);
+  EXPECT_EQ(q_->Depth(), 0u);
+  EXPECT_EQ(q_->Waiting(), 1u);
+  EXPECT_FALSE(q_->TryGet().has_value());
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_FALSE(q_->TryGet().has_value());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(q_->Len(), 1u);
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(Drain(*q_), (Strings{"d"}));
+}
+
+TEST_F(PriorityQueueTest, NonPositiveDelayAddsNow) {
+  q_->AddAfter("zero", absl::ZeroDuration());
+  q_->AddAfter("negative", -absl::Seconds(1));
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(Drain(*q_), (Strings{"zero", "negative"}));
+}
+
+TEST_F(PriorityQueueTest, DueItemsGoByPriorityThenReadyTime) {
+  for (int i = 0; i < 100; ++i) {
+    q_->Add("k" + std::to_string(i), {.after = absl::Milliseconds(100 - i)});
+  }
+  q_->Add("late-high", {.priority = 9, .after = absl::Seconds(2)});
+  EXPECT_EQ(timers_->Pending(), 1u);  // one timer for the whole queue
+  clock_.Advance(absl::Milliseconds(50));
+  EXPECT_EQ(q_->Len(), 50u);
+  EXPECT_EQ(timers_->Pending(), 1u);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(timers_->Pending(), 0u);
+  const Strings got = Drain(*q_);
+  ASSERT_EQ(got.size(), 101u);
+  EXPECT_EQ(got[0], "late-high");  // ready last, highest priority
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i + 1], "k" + std::to_string(99 - i));
+}
+
+TEST_F(PriorityQueueTest, ReAddOfDelayedItemTakesEarliestTimeAndLargestPriority) {
+  q_->AddAfter("a", absl::Seconds(10));
+  EXPECT_FALSE(q_->Add("a", {.priority = 7, .after = absl::Seconds(20)}));
+  EXPECT_FALSE(q_->AddAfter("a", absl::Seconds(5)));  // earlier: moves the time
+  EXPECT_EQ(q_->Waiting(), 1u);
+  clock_.Advance(absl::Seconds(5));
+  q_->Add("b", {.priority = 5});
+  auto lease = q_->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+  EXPECT_EQ(lease->priority(), 7);
+  lease->Done();
+  EXPECT_EQ(Drain(*q_), (Strings{"b"}));
+  clock_.Advance(absl::Seconds(30));
+  EXPECT_TRUE(Drain(*q_).empty());  // one entry, so it ran once
+}
+
+TEST_F(PriorityQueueTest, AddWithoutDelayMakesDelayedItemReadyNowOnce) {
+  q_->AddAfter("a", absl::Seconds(10));
+  EXPECT_FALSE(q_->Add("a"));
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(Drain(*q_), (Strings{"a"}));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(Drain(*q_).empty());
+}
+
+TEST_F(PriorityQueueTest, DelayedAddOfReadyItemLeavesItReady) {
+  q_->Add("a");
+  EXPECT_FALSE(q_->AddAfter("a", absl::Seconds(5)));
+  EXPECT_EQ(q_->Len(), 1u);
+  EXPECT_EQ(q_->Waiting(), 0u);
+}
+
+TEST_F(PriorityQueueTest, InfiniteDelayNeverFires) {
+  q_->AddAfter("never", absl::InfiniteDuration());
+  clock_.Advance(absl::Hours(24 * 365 * 1000));
+  EXPECT_TRUE(Drain(*q_).empty());
+  EXPECT_EQ(q_->Waiting(), 1u);
+}
+
+TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {
+  q_->AddAfter("a", absl::Seconds(1));
+  std::string got;
+  std::thread worker([&] {
+    auto lease = q_->Get();
+    if (lease) got = lease->item();
+  });
+  clock_.Advance(absl::Seconds(1));  // the timer fires here and wakes the worker
+  worker.join();
+  EXPECT_EQ(got, "a");
+}
+
+// ---- rate limiting ----
+
+TEST_F(PriorityQueueTest, RateLimitedAddWaitsForTheLimiter) {
+  PQ::Options options = Opts();
+  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_});
+  auto q = Make(std::move(options));
+  EXPECT_TRUE(q->AddRateLimited("a"));  // 1st failure: 1 s
+  EXPECT_EQ(q->NumRequeues("a"), 1);
+  EXPECT_EQ(q->Waiting(), 1u);
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_FALSE(q->TryGet().has_value());
+  clock_.Advance(absl::Milliseconds(1));
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  lease->Done();
+  q->AddRateLimited("a");                // 2nd: 2 s
+  EXPECT_FALSE(q->AddRateLimited("a"));  // 3rd: 4 s; the earlier ready time stays
+  EXPECT_EQ(q->NumRequeues("a"), 3);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(Drain(*q), (Strings{"a"}));
+  q->Forget("a");
+  EXPECT_EQ(q->NumRequeues("a"), 0);
+  // rate_limited waits max(after, When): here `after`.
+  q->Add("b", {.after = absl::Seconds(10), .rate_limited = true});
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_TRUE(Drain(*q).empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Drain(*q), (Strings{"b"}));
+}
+
+TEST_F(PriorityQueueTest, DefaultRateLimiterIsClientGos) {
+  q_->AddRateLimited("a");  // ExponentialFailure(5 ms, ...)
+  EXPECT_EQ(q_->NumRequeues("a"), 1);
+  clock_.Advance(absl::Milliseconds(4));
+  EXPECT_TRUE(Drain(*q_).empty());
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(Drain(*q_), (Strings{"a"}));
+}
+
+// ---- in flight ----
+
+TEST_F(PriorityQueueTest, AddWhileProcessingIsQueuedOnceAtDoneWithLargestPriority) {
+  q_->Add("a", {.priority = 1});
+  auto lease = q_->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_TRUE(q_->Add("a", {.priority = 2}));   // marked to run again
+  EXPECT_FALSE(q_->Add("a", {.priority = 9}));  // once, with the largest priority
+  EXPECT_FALSE(q_->Add("a", {.priority = 3}));
+  EXPECT_EQ(q_->Len(), 0u);  // not handed to a second worker while in flight
+  EXPECT_EQ(q_->Depth(), 1u);
+  EXPECT_FALSE(q_->TryGet().has_value());
+  q_->Add("b", {.priority = 5});
+  lease->Done();
+  EXPECT_EQ(q_->Len(), 2u);
+  auto again = q_->TryGet();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(**again, "a");
+  EXPECT_EQ(again->priority(), 9);
+  again->Done();
+  EXPECT_EQ(Drain(*q_), (Strings{"b"}));
+}
+
+TEST_F(PriorityQueueTest, DelayedAddWhileProcessingWaitsAfterDone) {
+  q_->Add("a");
+  auto lease = q_->TryGet();
+  EXPECT_TRUE(q_->AddAfter("a", absl::Seconds(10)));
+  EXPECT_EQ(q_->Waiting(), 1u);
+  EXPECT_EQ(q_->Depth(), 0u);
+  clock_.Advance(absl::Seconds(4));
+  lease->Done();
+  EXPECT_EQ(q_->Waiting(), 1u);
+  EXPECT_EQ(q_->Len(), 0u);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_TRUE(Drain(*q_).empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Drain(*q_), (Strings{"a"}));
+
+  // A delay that ended while the item was in flight: ready at Done.
+  q_->Add("b");
+  auto b = q_->TryGet();
+  q_->AddAfter("b", absl::Seconds(1));
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(q_->Len(), 0u);
+  b->Done();
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(Drain(*q_), (Strings{"b"}));
+}
+
+TEST_F(PriorityQueueTest, AddWithoutDelayWhileProcessingOverridesDelayedReAdd) {
+  q_->Add("a");
+  auto lease = q_->TryGet();
+  q_->AddAfter("a", absl::Seconds(10));
+  EXPECT_FALSE(q_->Add("a"));
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(q_->Depth(), 1u);
+  lease->Done();
+  EXPECT_EQ(Drain(*q_), (Strings{"a"}));
+}
+
+TEST_F(PriorityQueueTest, LeaseDestructorCallsDone) {
+  q_->Add("a");
+  {
+    auto lease = q_->TryGet();
+    EXPECT_EQ(q_->InFlight(), 1u);
+    q_->Add("a");
+  }
+  EXPECT_EQ(q_->InFlight(), 0u);
+  EXPECT_EQ(q_->Len(), 1u);
+}
+
+TEST_F(PriorityQueueTest, LeaseDoneIsIdempotentAndMoveTransfersIt) {
+  q_->Add("a");
+  auto lease = q_->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  PQ::Lease moved = std::move(*lease);
+  EXPECT_FALSE(lease->active());
+  EXPECT_TRUE(moved.active());
+  moved.Done();
+  moved.Done();
+  EXPECT_FALSE(moved.active());
+  EXPECT_EQ(q_->InFlight(), 0u);
+  EXPECT_TRUE(q_->Add("a"));
+}
+
+// ---- batch ----
+
+TEST_F(PriorityQueueTest, BatchAdd) {
+  Strings items{"a", "b", "a", "c"};
+  EXPECT_EQ(q_->AddAll(items, {.priority = 3}), 3u);
+  EXPECT_EQ(q_->AddWithOpts({.priority = 5}, "x", std::string("y"), "x"), 2u);
+  EXPECT_EQ(q_->AddAll(Strings{"d1", "d2"}, {.after = absl::Seconds(1)}), 2u);
+  EXPECT_EQ(q_->Waiting(), 2u);
+  EXPECT_EQ(Drain(*q_), (Strings{"x", "y", "a", "b", "c"}));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Drain(*q_), (Strings{"d1", "d2"}));
+}
+
+// ---- aging ----
+
+TEST_F(PriorityQueueTest, AgedLowPriorityItemGoesBeforeNewerHighPriorityOnes) {
+  PQ::Options options = Opts();
+  options.aging = absl::Seconds(10);
+  auto q = Make(std::move(options));
+  q->Add("low", {.priority = 0});
+  int low_served_at = -1;
+  // Every second two new high-priority items arrive and one item is served: the high
+  // items alone would keep the worker busy forever.
+  for (int step = 0; step < 30 && low_served_at < 0; ++step) {
+    q->Add("high" + std::to_string(step) + "a", {.priority = 10});
+    q->Add("high" + std::to_string(step) + "b", {.priority = 10});
+    auto lease = q->TryGet();
+    ASSERT_TRUE(lease.has_value());
+    if (**lease == "low") low_served_at = step;
+    clock_.Advance(absl::Seconds(1));
+  }
+  EXPECT_EQ(low_served_at, 10);  // ready for exactly `aging`
+}
+
+TEST_F(PriorityQueueTest, WithoutAgingHighPriorityStreamStarvesLowItem) {
+  q_->Add("low", {.priority = 0});
+  for (int step = 0; step < 30; ++step) {
+    q_->Add("high" + std::to_string(step) + "a", {.priority = 10});
+    q_->Add("high" + std::to_string(step) + "b", {.priority = 10});
+    EXPECT_NE(**q_->TryGet(), "low");
+    clock_.Advance(absl::Seconds(1));
+  }
+}
+
+TEST_F(PriorityQueueTest, AgedItemsGoOldestFirstWhateverTheirPriority) {
+  PQ::Options options = Opts();
+  options.aging = absl::Seconds(10);
+  auto q = Make(std::move(options));
+  q->Add("old-low", {.priority = 0});
+  clock_.Advance(absl::Seconds(1));
+  q->Add("old-mid", {.priority = 5});
+  clock_.Advance(absl::Seconds(1));
+  q->Add("old-high", {.priority = 9});
+  clock_.Advance(absl::Seconds(5));  // none aged yet: priority order
+  q->Add("new-top", {.priority = 100});
+  EXPECT_EQ(**q->TryGet(), "new-top");
+  clock_.Advance(absl::Seconds(20));
+  q->Add("newer-top", {.priority = 100});
+  EXPECT_EQ(Drain(*q), (Strings{"old-low", "old-mid", "old-high", "newer-top"}));
+}
+
+TEST_F(PriorityQueueTest, AgeOfDelayedItemCountsFromTheEndOfItsDelay) {
+  PQ::Options options = Opts();
+  options.aging = absl::Seconds(10);
+  auto q = Make(std::move(options));
+  q->AddAfter("late", absl::Seconds(5));
+  clock_.Advance(absl::Seconds(14));  // ready for 9 s
+  q->Add("hi", {.priority = 1});
+  EXPECT_EQ(Drain(*q), (Strings{"hi", "late"}));
+  q->AddAfter("late", absl::Seconds(5));
+  clock_.Advance(absl::Seconds(15));  // ready for 10 s: aged
+  q->Add("hi", {.priority = 1});
+  EXPECT_EQ(Drain(*q), (Strings{"late", "hi"}));
+}
+
+// ---- fairness ----
+
+std::unique_ptr<PQ> MakeGrouped(PQ::Options options) {
+  // The group is the part before '/', say a namespace.
+  options.group = [](const std::string& item) {
+    return absl::Hash<std::string>{}(item.substr(0, item.find('/')));
+  };
+  return *PQ::Create(std::move(options));
+}
+
+TEST_F(PriorityQueueTest, GroupsOfOnePriorityTakeTurns) {
+  auto q = MakeGrouped(Opts());
+  q->AddWithOpts({}, "a/1", "a/2", "a/3", "a/4", "b/1", "c/1", "b/2");
+  EXPECT_EQ(**q->TryGet(), "a/1");  // ring: b c a
+  q->Add("d/1");                    // joins at the back: b c a d
+  q->Add("z/1", {.priority = 5});   // priority still goes first
+  EXPECT_EQ(Drain(*q), (Strings{"z/1", "b/1", "c/1", "a/2", "d/1", "b/2", "a/3", "a/4"}));
+}
+
+TEST_F(PriorityQueueTest, RaisedItemKeepsItsPlaceInItsGroup) {
+  auto q = MakeGrouped(Opts());
+  q->Add("a/1", {.priority = 0});
+  q->Add("a/2", {.priority = 1});
+  q->Add("b/1", {.priority = 1});
+  q->Add("a/1", {.priority = 1});  // older than a/2: goes first within group a
+  EXPECT_EQ(Drain(*q), (Strings{"a/1", "b/1", "a/2"}));
+}
+
+TEST_F(PriorityQueueTest, ManyGroupsAcrossManyLevels) {
+  auto q = MakeGrouped(Opts());
+  for (int round = 0; round < 5; ++round) {
+    for (int item = 0; item < 2; ++item) {
+      for (int g = 0; g < 300; ++g) {
+        q->Add("g" + std::to_string(g) + "/" + std::to_string(item), {.priority = round % 3});
+      }
+    }
+    const Strings got = Drain(*q);
+    ASSERT_EQ(got.size(), 600u);
+    for (int g = 0; g < 300; ++g) {  // one item of every group, then the second ones
+      EXPECT_EQ(got[g], "g" + std::to_string(g) + "/0");
+      EXPECT_EQ(got[300 + g], "g" + std::to_string(g) + "/1");
+    }
+  }
+}
+
+// ---- shutdown ----
+
+TEST_F(PriorityQueueTest, ShutDownIgnoresAddsDropsDelayedAndHandsOutReady) {
+  q_->Add("a", {.priority = 1});
+  q_->Add("b");
+  q_->AddAfter("d", absl::Seconds(1));
+  q_->ShutDown();
+  EXPECT_TRUE(q_->ShuttingDown());
+  EXPECT_FALSE(q_->Add("c"));
+  EXPECT_FALSE(q_->AddAfter("e", absl::Seconds(1)));
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(timers_->Pending(), 0u);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(**q_->Get(), "a");
+  EXPECT_EQ(**q_->Get(), "b");
+  EXPECT_FALSE(q_->Get().has_value());
+}
+
+TEST_F(PriorityQueueTest, ShutDownWakesEveryBlockedGet) {
+  std::atomic<int> returned{0};
+  std::latch started(4);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 4; ++i) {
+    workers.emplace_back([&] {
+      started.count_down();
+      EXPECT_FALSE(q_->Get().has_value());
+      ++returned;
+    });
+  }
+  started.wait();
+  q_->ShutDown();
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(returned.load(), 4);
+}
+
+TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
+  q_->Add("queued");
+  auto in_flight = q_->TryGet();  // "queued" is now in flight
+  q_->Add("waiting", {.priority = 1});
+  q_->Add("queued", {.priority = 5});  // and queued again for after its Done
+  q_->AddAfter("delayed", absl::Seconds(1));
+  std::atomic<int> drained{0};
+  std::vector<std::thread> drainers;
+  for (int i = 0; i < 3; ++i) drainers.emplace_back([&] { drained += q_->ShutDownWithDrain(); });
+  while (!q_->ShuttingDown()) std::this_thread::yield();
+  EXPECT_EQ(q_->Waiting(), 0u);  // delayed items are dropped, not waited for
+  in_flight->Done();
+  Strings seen;
+  while (auto lease = q_->Get()) seen.push_back(lease->item());
+  for (auto& d : drainers) d.join();
+  EXPECT_EQ(drained.load(), 3);
+  EXPECT_EQ(seen, (Strings{"queued", "waiting"}));
+  EXPECT_EQ(q_->Depth(), 0u);
+}
+
+TEST_F(PriorityQueueTest, DrainDoesNotReturnBeforeLeaseEndsAndDropsItsDelayedReAdd) {
+  q_->Add("a");
+  auto lease = q_->TryGet();
+  q_->AddAfter("a", absl::Seconds(1));
+  std::atomic<bool> returned{false};
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] {
+    drained = q_->ShutDownWithDrain();
+    returned = true;
+  });
+  for (int i = 0; i < 1000 && !returned.load(); ++i) std::this_thread::yield();
+  EXPECT_FALSE(returned.load());
+  lease->Done();
+  drainer.join();
+  EXPECT_TRUE(drained.load());
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_FALSE(q_->TryGet().has_value());
+}
+
+TEST_F(PriorityQueueTest, ShutDownAbortsDrainWait) {
+  q_->Add("a");
+  auto lease = q_->TryGet();
+  std::atomic<int> result{-1};
+  std::thread drainer([&] { result = q_->ShutDownWithDrain(); });
+  while (!q_->ShuttingDown()) std::this_thread::yield();
+  q_->ShutDown();
+  drainer.join();
+  EXPECT_EQ(result.load(), 0);  // aborted, not drained
+  lease->Done();
+}
+
+// ---- Get(ctx) ----
+
+TEST_F(PriorityQueueTest, GetWithContextReturnsOnCancel) {
+  auto [ctx, cancel] = WithCancel(Background());
+  std::thread canceller([c = cancel] { c(); });
+  EXPECT_FALSE(q_->Get(ctx).has_value());
+  EXPECT_TRUE(ctx.IsCancelled());
+  canceller.join();
+  q_->Add("a");
+  EXPECT_EQ(**q_->Get(ctx), "a");  // a ready item wins over a done context
+  EXPECT_FALSE(q_->Get(ctx).has_value());
+  auto [live, cancel_live] = WithCancel(Background());
+  std::thread producer([&] { q_->Add("later"); });
+  auto lease = q_->Get(live);
+  producer.join();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "later");
+}
+
+// ---- options ----
+
+// A limiter for item types the default one cannot hold.
+template <typename T>
+class NoDelayLimiter : public RateLimiter<T> {
+ public:
+  absl::Duration When(const T&) override { return absl::ZeroDuration(); }
+  void Forget(const T&) override {}
+  int NumRequeues(const T&) override { return 0; }
+};
+
+TEST_F(PriorityQueueTest, InvalidOptionsAreRejected) {
+  for (absl::Duration aging :
+       {-absl::Seconds(1), absl::ZeroDuration(), -absl::InfiniteDuration()}) {
+    PQ::Options options = Opts();
+    options.aging = aging;
+    EXPECT_EQ(PQ::Create(std::move(options)).status().code(), absl::StatusCode::kInvalidArgument)
+        << aging;
+  }
+  PQ::Options fake_clock_real_timers;
+  fake_clock_real_timers.clock = &clock_;
+  EXPECT_EQ(PQ::Create(std::move(fake_clock_real_timers)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  FakeClock other;
+  PQ::Options other_clock = Opts();
+  other_clock.clock = &other;
+  EXPECT_EQ(PQ::Create(std::move(other_clock)).status().code(), absl::StatusCode::kInvalidArgument);
+
+  using Ptrs = PriorityQueue<std::unique_ptr<int>>;
+  EXPECT_EQ(Ptrs::Create().status().code(), absl::StatusCode::kInvalidArgument);
+  Ptrs::Options with_limiter;
+  with_limiter.rate_limiter = std::make_unique<NoDelayLimiter<std::unique_ptr<int>>>();
+  auto ptrs = Ptrs::Create(std::move(with_limiter));
+  ASSERT_TRUE(ptrs.ok()) << ptrs.status();
+  (*ptrs)->Add(std::make_unique<int>(5), {.priority = 1});
+  auto lease = (*ptrs)->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(*lease->item(), 5);
+
+  EXPECT_TRUE(PQ::Create().ok());
+  PQ::Options ok = Opts();
+  ok.aging = absl::Nanoseconds(1);
+  EXPECT_TRUE(PQ::Create(std::move(ok)).ok());
+}
+
+// ---- metrics ----
+
+struct Recorded {
+  std::mutex mu;
+  std::map<std::string, double> values;
+  void Bump(const std::string& k, double d) {
+    std::lock_guard<std::mutex> l(mu);
+    values[k] += d;
+  }
+  double Get(const std::string& k) {
+    std::lock_guard<std::mutex> l(mu);
+    return values[k];
+  }
+};
+
+class RecordingProvider : public MetricsProvider {
+ public:
+  explicit RecordingProvider(Recorded* r) : r_(r) {}
+  struct Counter : CounterMetric {
+    Recorded* r;
+    std::string k;
+    void Inc() override { r->Bump(k, 1); }
+  };
+  struct Gauge : GaugeMetric {
+    Recorded* r;
+    std::string k;
+    void Inc() override { r->Bump(k, 1); }
+    void Dec() override { r->Bump(k, -1); }
+  };
+  struct Histogram : HistogramMetric {
+    Recorded* r;
+    std::string k;
+    void Observe(double v) override { r->Bump(k, v); }
+  };
+  template <typename M>
+  std::unique_ptr<M> Make(std::string k) {
+    auto m = std::make_unique<M>();
+    m->r = r_;
+    m->k = std::move(k);
+    return m;
+  }
+  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
+    return Make<Gauge>("depth");
+  }
+  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
+    return Make<Counter>("adds");
+  }
+  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
+    return Make<Histogram>("latency");
+  }
+  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
+    return Make<Histogram>("work");
+  }
+  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
+    return nullptr;
+  }
+  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+      std::string_view) override {
+    return nullptr;
+  }
+  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
+    return Make<Counter>("retries");
+  }
+  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
+    return Make<Gauge>("delayed");
+  }
+
+ private:
+  Recorded* r_;
+};
+
+TEST_F(PriorityQueueTest, RecordsClientGoMetricSet) {
+  Recorded rec;
+  RecordingProvider provider(&rec);
+  PQ::Options options = Opts();
+  options.name = "pq";
+  options.metrics = &provider;
+  auto q = Make(std::move(options));
+  q->Add("a");
+  q->Add("a", {.priority = 2});  // merged: not counted
+  q->Add("b", {.priority = 1});
+  EXPECT_EQ(rec.Get("adds"), 2);
+  EXPECT_EQ(rec.Get("depth"), 2);
+  q->AddAfter("d", absl::Seconds(1));
+  q->AddRateLimited("r");  // 5 ms
+  EXPECT_EQ(rec.Get("delayed"), 2);
+  EXPECT_EQ(rec.Get("retries"), 1);
+  EXPECT_EQ(rec.Get("adds"), 2);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  EXPECT_EQ(rec.Get("adds"), 4);
+  EXPECT_EQ(rec.Get("depth"), 4);
+  auto lease = q->TryGet();
+  EXPECT_EQ(**lease, "a");
+  EXPECT_EQ(rec.Get("depth"), 3);
+  EXPECT_DOUBLE_EQ(rec.Get("latency"), 2.0);
+  clock_.Advance(absl::Seconds(3));
+  lease->Done();
+  EXPECT_DOUBLE_EQ(rec.Get("work"), 3.0);
+  q->AddAfter("x", absl::Seconds(1));
+  q->ShutDown();  // drops the delayed item
+  EXPECT_EQ(rec.Get("delayed"), 0);
+}
+
+// ---- model check ----
+
+// A direct, slow transcription of the promises and of the order of hand-out in
+// priority_queue.h, run against the queue on random operations: every hand-out (item and
+// priority) and every count must agree.
+class Model {
+ public:
+  Model(bool aging, bool fair, int groups) : aging_(aging), fair_(fair), groups_(groups) {}
+  static constexpr int64_t kAging = 3000;  // ms
+
+  // Returns Add's result.
+  bool Add(int k, int p, int64_t after) {
+    Item& it = items_[k];
+    switch (it.st) {
+      case kReady:
+        if (p > it.prio) Raise(k, p);
+        return false;
+      case kDelayed:
+        it.prio = std::max(it.prio, p);
+        if (after <= 0) {
+          MakeReady(k, now_);
+        } else if (now_ + after < it.due) {
+          it.due = now_ + after;
+          it.dseq = next_dseq_++;
+        }
+        return false;
+      case kProc:
+        if (it.pend_q) {
+          it.pprio = std::max(it.pprio, p);
+          return false;
+        }
+        if (it.pend_d) {
+          it.pprio = std::max(it.pprio, p);
+          if (after <= 0) {
+            it.pend_d = false;
+            it.pend_q = true;
+          } else {
+            it.pend_due = std::min(it.pend_due, now_ + after);
+          }
+          return false;
+        }
+        it.pprio = p;
+        if (after <= 0) {
+          it.pend_q = true;
+        } else {
+          it.pend_d = true;
+          it.pend_due = now_ + after;
+        }
+        return true;
+      case kIdle:
+        it.prio = p;
+        if (after <= 0) {
+          MakeReady(k, now_);
+        } else {
+          it.st = kDelayed;
+          it.due = now_ + after;
+          it.dseq = next_dseq_++;
+        }
+        return true;
+    }
+    return false;
+  }
+
+  // The item TryGet must return and its priority, or {-1, 0}.
+  std::pair<int, int> Get() {
+    int best = -1;
+    for (auto& [k, it] : items_) {  // aged: oldest first
+      if (it.st != kReady || !aging_ || now_ - it.ready_at < kAging) continue;
+      if (best < 0 ||
+          std::pair(it.ready_at, it.seq) < std::pair(items_[best].ready_at, items_[best].seq)) {
+        best = k;
+      }
+    }
+    bool in_turn = false;
+    int level = 0;
+    uint64_t group = 0;
+    if (best < 0) {
+      bool any = false;
+      for (auto& [k, it] : items_) {
+        if (it.st == kReady && (!any || it.prio > level)) level = it.prio, any = true;
+      }
+      if (!any) return {-1, 0};
+      group = fair_ ? ring_[level].front() : 0;
+      for (auto& [k, it] : items_) {
+        if (it.st != kReady || it.prio != level || Group(k) != group) continue;
+        if (best < 0 || it.seq < items_[best].seq) best = k;
+      }
+      in_turn = true;
+    }
+    Item& it = items_[best];
+    Unready(best);
+    if (in_turn && fair_ && Count(level, group) > 0) {
+      auto& ring = ring_[level];
+      ring.erase(std::find(ring.begin(), ring.end(), group));
+      ring.push_back(group);
+    }
+    it.st = kProc;
+    it.pend_q = it.pend_d = false;
+    return {best, it.prio};
+  }
+
+  void Done(int k) {
+    Item& it = items_[k];
+    it.st = kIdle;
+    if (it.pend_q || (it.pend_d && it.pend_due <= now_)) {
+      it.prio = it.pprio;
+      MakeReady(k, now_);
+    } else if (it.pend_d) {
+      it.st = kDelayed;
+      it.prio = it.pprio;
+      it.due = it.pend_due;
+      it.dseq = next_dseq_++;
+    }
+  }
+
+  void Advance(int64_t d) {
+    now_ += d;
+    std::vector<std::pair<std::pair<int64_t, uint64_t>, int>> due;
+    for (auto& [k, it] : items_) {
+      if (it.st == kDelayed && it.due <= now_) due.push_back({{it.due, it.dseq}, k});
+    }
+    std::sort(due.begin(), due.end());
+    for (auto& [key, k] : due) MakeReady(k, key.first);
+  }
+
+  size_t Len() const {
+    return CountIf([](const Item& it) { return it.st == kReady; });
+  }
+  size_t Depth() const {
+    return CountIf([](const Item& it) { return it.st == kReady || (it.st == kProc && it.pend_q); });
+  }
+  size_t Waiting() const {
+    return CountIf(
+        [](const Item& it) { return it.st == kDelayed || (it.st == kProc && it.pend_d); });
+  }
+
+ private:
+  enum St { kIdle, kReady, kDelayed, kProc };
+  struct Item {
+    St st = kIdle;
+    int prio = 0, pprio = 0;
+    int64_t ready_at = 0, due = 0, pend_due = 0;
+    uint64_t seq = 0, dseq = 0;
+    bool pend_q = false, pend_d = false;
+  };
+
+  uint64_t Group(int k) const { return fair_ ? static_cast<uint64_t>(k % groups_) : 0; }
+  size_t Count(int level, uint64_t group) const {
+    size_t n = 0;
+    for (auto& [k, it] : items_) n += it.st == kReady && it.prio == level && Group(k) == group;
+    return n;
+  }
+  template <typename F>
+  size_t CountIf(F f) const {
+    size_t n = 0;
+    for (auto& [k, it] : items_) n += f(it);
+    return n;
+  }
+  void Link(int k) {  // joins its (level, group); a group new to the level joins the ring
+    if (fair_ && Count(items_[k].prio, Group(k)) == 1) ring_[items_[k].prio].push_back(Group(k));
+  }
+  void Unready(int k) {  // leaves the ring when its group has nothing left at the level
+    Item& it = items_[k];
+    it.st = kIdle;
+    if (fair_ && Count(it.prio, Group(k)) == 0) {
+      auto& ring = ring_[it.prio];
+      ring.erase(std::find(ring.begin(), ring.end(), Group(k)));
+    }
+  }
+  void MakeReady(int k, int64_t ready_at) {
+    Item& it = items_[k];
+    it.st = kReady;
+    it.ready_at = ready_at;
+    it.seq = next_seq_++;
+    Link(k);
+  }
+  void Raise(int k, int p) {  // keeps its ready time and sequence
+    Unready(k);
+    items_[k].st = kReady;
+    items_[k].prio = p;
+    Link(k);
+  }
+
+  const bool aging_, fair_;
+  const int groups_;
+  int64_t now_ = 0;
+  uint64_t next_seq_ = 0, next_dseq_ = 0;
+  std::map<int, Item> items_;
+  std::map<int, std::vector<uint64_t>> ring_;
+};
+
+// Parameters: aging, fairness, and the number of distinct keys (groups: a quarter of them,
+// so that many keys make groups come and go and be swept).
+class PriorityQueueModelTest : public ::testing::TestWithParam<std::tuple<bool, bool, int>> {};
+
+TEST_P(PriorityQueueModelTest, AgreesWithTheModelOnRandomOperations) {
+  const auto [aging, fair, keys] = GetParam();
+  const int groups = keys / 4;
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  PriorityQueue<int>::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  if (aging) options.aging = absl::Milliseconds(Model::kAging);
+  if (fair) options.group = [groups](const int& k) { return static_cast<uint64_t>(k % groups); };
+  auto q = *PriorityQueue<int>::Create(std::move(options));
+  Model model(aging, fair, groups);
+  std::mt19937 rng(aging * 2 + fair + keys);
+  std::map<int, PriorityQueue<int>::Lease> leases;
+  const int ops = keys > 100 ? 4000 : 20000;
+  for (int op = 0; op < ops; ++op) {
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind < 5) {
+      const int k = static_cast<int>(rng() % keys);
+      const int p = static_cast<int>(rng() % 4);
+      static constexpr int64_t kAfters[] = {0, 0, 0, 500, 1000, 2500};
+      const int64_t after = kAfters[rng() % 6];
+      ASSERT_EQ(q->Add(k, {.priority = p, .after = absl::Milliseconds(after)}),
+                model.Add(k, p, after))
+          << "op " << op;
+    } else if (kind < 8) {
+      auto lease = q->TryGet();
+      const auto [k, p] = model.Get();
+      ASSERT_EQ(lease.has_value() ? **lease : -1, k) << "op " << op;
+      if (lease) {
+        ASSERT_EQ(lease->priority(), p) << "op " << op;
+        leases.emplace(k, std::move(*lease));
+      }
+    } else if (kind < 9) {
+      if (!leases.empty()) {
+        auto it = std::next(leases.begin(), static_cast<long>(rng() % leases.size()));
+        model.Done(it->first);
+        leases.erase(it);  // the lease's destructor calls Done
+      }
+    } else {
+      static constexpr int64_t kSteps[] = {250, 500, 1000, 3000};
+      const int64_t d = kSteps[rng() % 4];
+      clock.Advance(absl::Milliseconds(d));
+      model.Advance(d);
+    }
+    ASSERT_EQ(q->Len(), model.Len()) << "op " << op;
+    ASSERT_EQ(q->Depth(), model.Depth()) << "op " << op;
+    ASSERT_EQ(q->Waiting(), model.Waiting()) << "op " << op;
+  }
+  leases.clear();
+}
+
+INSTANTIATE_TEST_SUITE_P(AgingAndFairness, PriorityQueueModelTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Values(12, 300)));
+
+// ---- concurrency (TSan) ----
+
+TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
+  using IntQueue = PriorityQueue<int>;
+  IntQueue::Options options;
+  options.aging = absl::Microseconds(200);  // exercise the aged path too
+  options.group = [](const int& k) { return static_cast<uint64_t>(k % 5); };
+  auto q = *IntQueue::Create(std::move(options));
+  constexpr int kKeys = 64, kProducers = 3, kAddsPerProducer = 15000, kWorkers = 4;
+  std::vector<std::atomic<int>> busy(kKeys);
+  std::vector<std::atomic<int>> last_add_gen(kKeys);  // generation of the newest add
+  std::vector<std::atomic<int>> done_gen(kKeys);      // newest generation a run started after
+  std::atomic<bool> overlap{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&] {
+      while (auto lease = q->Get()) {
+        const int k = **lease;
+        if (busy[k].fetch_add(1) != 0) overlap = true;
+        done_gen[k].store(last_add_gen[k].load());  // everything added so far is seen
+        busy[k].fetch_sub(1);
+      }
+    });
+  }
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      std::mt19937 rng(p + 1);
+      for (int i = 0; i < kAddsPerProducer; ++i) {
+        const int k = static_cast<int>(rng() % kKeys);
+        const int priority = static_cast<int>(rng() % 10);
+        // One add in eight waits a few microseconds (the timer thread runs too).
+        const absl::Duration after =
+            rng() % 8 == 0 ? absl::Microseconds(rng() % 50) : absl::ZeroDuration();
+        last_add_gen[k].fetch_add(1);
+        q->Add(k, {.priority = priority, .after = after});
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  while (q->Waiting() > 0) std::this_thread::yield();  // let every delay end
+  EXPECT_TRUE(q->ShutDownWithDrain());
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(overlap.load());
+  for (int k = 0; k < kKeys; ++k) {
+    // Level-triggered: the last add of every key was followed by a run that saw it.
+    EXPECT_EQ(done_gen[k].load(), last_add_gen[k].load()) << "key " << k;
+  }
+}
+
+TEST(PriorityQueueRealTest, DestroyWhileTimerArmedIsSafe) {
+  for (int i = 0; i < 100; ++i) {
+    auto q = *PriorityQueue<int>::Create();
+    q->AddAfter(1, absl::Microseconds(i % 7));
+    q->AddAfter(2, absl::Hours(1));
+  }
+}
+
+}  // namespace
+}  // namespace kwq
