@@ -19,6 +19,12 @@ IMG = os.path.join(HERE, "img")
 
 # scenario -> (key, Go client-go/context figure, kwq goal) from shared/bench/SCENARIOS.md
 PEERS = {
+    "fifo_1t": ("ns_per_item", 1000, 60),
+    "pc_2w": ("ns_per_item", 514, 150),
+    "dedup_hot": ("ns_per_add", 79, 25),
+    "delay": ("ns_per_addafter", 1283, 150),
+    "ratelimited": ("ns_per_reconcile", 1524, 200),
+    "mem": ("bytes_per_queued_key", 124, 48),
     "ctx_child_create_cancel": ("ns_per_op", 161, 60),
     "ctx_timeout_create_cancel": ("ns_per_op", 389, 100),
     "ctx_wide_cancel_1M": ("ms", 201, 50),
@@ -39,19 +45,28 @@ def last_block(path):
     return block
 
 
-def scenario_medians():
+def scenario_runs():
+    """scenario -> list of {key: value} dicts, newest block only."""
     runs = {}
     for fields in last_block(os.path.join(DATA, "scenarios.txt")):
-        name, kv = fields[0], dict(f.split("=", 1) for f in fields[1:])
-        if name in PEERS:
-            runs.setdefault(name, []).append(float(kv[PEERS[name][0]]))
-    return {k: statistics.median(v) for k, v in runs.items()}
+        kv = dict(f.split("=", 1) for f in fields[1:])
+        runs.setdefault(fields[0], []).append(kv)
+    return runs
+
+
+def median(runs, name, key):
+    return statistics.median(float(r[key]) for r in runs[name])
+
+
+def scenario_medians():
+    runs = scenario_runs()
+    return {n: median(runs, n, PEERS[n][0]) for n in PEERS if n in runs}
 
 
 def plot_scenarios():
     med = scenario_medians()
     names = [n for n in PEERS if n in med]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(13, 4.5))
     xs = range(len(names))
     w = 0.27
     go = [PEERS[n][1] for n in names]
@@ -64,10 +79,26 @@ def plot_scenarios():
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"{n}\n({PEERS[n][0]})" for n in names], fontsize=7)
     ax.set_ylabel("lower is better (log scale)")
-    ax.set_title("Context scenarios, 2-core machine")
+    ax.set_title("Queue and context scenarios vs client-go / Go (2-core machine)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(IMG, "ctx_scenarios.png"), dpi=110)
+    fig.savefig(os.path.join(IMG, "scenarios.png"), dpi=110)
+
+
+def plot_wq():
+    runs = scenario_runs()
+    names = [n for n in ("wq_tiny", "wq_tiny_asio", "wq_tiny_tbb") if n in runs
+             and "ns_per_item" in runs[n][0]]
+    if not names:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    vals = [median(runs, n, "ns_per_item") for n in names]
+    ax.bar(["kwq", "boost::asio", "oneTBB"][: len(names)], vals,
+           color=["tab:green", "tab:blue", "tab:orange"][: len(names)])
+    ax.set_ylabel("ns per work item (lower is better)")
+    ax.set_title("wq_tiny: 1,000,000 tiny works, one worker per CPU")
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "wq_tiny.png"), dpi=110)
 
 
 def plot_timers():
@@ -93,5 +124,6 @@ def plot_timers():
 if __name__ == "__main__":
     os.makedirs(IMG, exist_ok=True)
     plot_scenarios()
+    plot_wq()
     plot_timers()
     print("wrote", ", ".join(sorted(os.listdir(IMG))))

@@ -41,6 +41,8 @@ class WorkList {
   void Remove(Work* w);
   Work* PopFront();
   bool Contains(const Work* w) const;
+  // Moves every work of `other` to the back of this list (O(size of other)).
+  void SpliceBack(WorkList* other);
 
  private:
   Work* head_ = nullptr;
@@ -112,6 +114,8 @@ class WorkerPool {
   // Watchdog: marks CPU hogs, reports stalls. Returns true while the pool is busy.
   bool Check(absl::Time now);
   std::string DumpLine() const;
+  // Adds `pwq`'s execution counters (guarded by this pool's lock) to `s`.
+  void AddStats(const PoolWorkqueue* pwq, WorkqueueStats* s, int64_t* busy_ticks) const;
   // For BlockingScope.
   void EnterBlocking(Worker* w);
   void ExitBlocking(Worker* w);
@@ -169,6 +173,12 @@ class PoolWorkqueue {
   WorkqueueCore* const wq;  // I
   WorkerPool* const pool;   // I
   const int node;           // I: max_active accounting node (index into WorkqueueCore)
+  // Counters of executions in `pool` (P: the pool's lock, which the worker holds anyway,
+  // so the hot path bumps no shared atomics; WorkqueueCore::Stats sums them).
+  uint64_t started = 0;
+  uint64_t completed = 0;
+  uint64_t exceptions = 0;
+  int64_t busy_ticks = 0;
 };
 
 // The runtime: topology, pools, watchdog.
@@ -245,12 +255,15 @@ class WorkqueueCore {
   bool FlushDelayed(DelayedWork* d);
   void TimerFired(DelayedWork* d);
 
-  // Called by a worker of `here` after a work of `pwq` ran; `color` is the instance's
-  // flush color. Activates the next waiting work, if any: returns it when it belongs to
-  // `here` (the caller runs or queues it), else inserts it into its pool.
-  Work* Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw,
-                  WorkerPool* here);
-  void CountStarted() { started_.fetch_add(1, std::memory_order_relaxed); }
+  // Called by a worker of `here` after a work of `pwq` ran, before it clears the work's
+  // running state. Frees the work's active slot or hands it to the next waiting work:
+  // returns that work when it belongs to `here` (the caller runs or queues it), else
+  // inserts it into its pool. Must be followed by Finished.
+  Work* Completed(PoolWorkqueue* pwq, WorkerPool* here);
+  // Called once the finished work's running state is cleared (the caller may hold its
+  // pool's lock): the instance of flush color `color` has left the workqueue, which may
+  // be destroyed as soon as this returns (its color_gone_ increment is the last touch).
+  void Finished(uint64_t color);
   void CountHog() { hogs_.fetch_add(1, std::memory_order_relaxed); }
   void CountWakeup() { wakeups_.fetch_add(1, std::memory_order_relaxed); }
   void CountRescued() { rescued_.fetch_add(1, std::memory_order_relaxed); }
@@ -259,6 +272,7 @@ class WorkqueueCore {
   WorkqueueStats Stats() const;
   std::string DumpLine() const;
   bool IsDraining() const { return draining_.load(std::memory_order_acquire); }
+  // Called by a worker with the raw duration (CycleClock ticks) of an execution.
   bool cpu_intensive() const { return (options.flags & kCpuIntensive) != 0; }
 
   RuntimeCore* const rt;           // I
@@ -280,16 +294,55 @@ class WorkqueueCore {
   int max_active_ = 0;                                // I
   std::vector<int> node_limit_;                       // I: per accounting node
 
-  mutable Mutex mu_;
-  CondVar cv_;  // completions, for flushers and drainers
-  std::vector<int> node_active_ ABSL_GUARDED_BY(mu_);
-  std::vector<WorkList> node_inactive_ ABSL_GUARDED_BY(mu_);
-  uint64_t color_base_ ABSL_GUARDED_BY(mu_) = 0;           // oldest color with works
-  std::deque<int64_t> color_counts_ ABSL_GUARDED_BY(mu_);  // [color - base]
-  int64_t nr_queued_ ABSL_GUARDED_BY(mu_) = 0;             // pending (not on a timer) + running
-  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
-  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
-  int nr_running_ ABSL_GUARDED_BY(mu_) = 0;  // executing now (for Freeze)
+  // Active-work accounting of one max_active node (a CPU for bound workqueues, a NUMA
+  // node or the whole machine for unbound ones). Works over the limit wait here: a
+  // producer appends under in_mu, a consumer pops under out_mu and, when its list is
+  // empty, moves the producers' list over, so queueing and completing rarely contend.
+  // `active` and `waiting` are seq_cst: a producer publishes a waiting work and then
+  // checks `active`; a completion releases its slot and then checks `waiting`; one of
+  // them always sees the other, so no work is stranded below the limit.
+  //
+  // `waiting` is parked - unparked: producers bump `parked` and consumers `unparked`,
+  // each on its own cache line, so a producer and the workers do not bounce one counter.
+  struct Node {
+    int64_t Waiting() const {
+      return parked.load(std::memory_order_seq_cst) - unparked.load(std::memory_order_seq_cst);
+    }
+    std::atomic<int> active{0};
+    alignas(64) std::atomic<int64_t> parked{0};
+    alignas(64) std::atomic<int64_t> unparked{0};
+    Mutex out_mu ABSL_ACQUIRED_BEFORE(in_mu);
+    WorkList out ABSL_GUARDED_BY(out_mu);
+    Mutex in_mu;
+    WorkList in ABSL_GUARDED_BY(in_mu);
+  };
+  bool TryReserve(Node& n, int limit);
+  void Release(Node& n);
+  Work* PopWaiting(Node& n);
+  // Activates waiting works of `n` while its limit allows.
+  void ActivateWaiting(int node);
+  // An instance of color `color` left the workqueue (ran or was cancelled).
+  void InstanceGone(uint64_t color);
+  void WakeWaiters();
+
+  std::vector<std::unique_ptr<Node>> nodes_;  // I: one per max_active node
+  std::atomic<bool> frozen_{false};
+  // Flush colors: each queued instance takes color_ and counts in its bucket; Flush()
+  // bumps color_ and waits for its bucket to empty (colors are only bumped by flushers,
+  // one at a time, so a flush waits for exactly one color).
+  // Per bucket, instances queued (bumped by producers) and gone (ran or cancelled, bumped
+  // by workers) are separate counters on separate cache lines; a bucket is empty when
+  // they are equal. pending = sum(queued) - sum(gone): the works pending (not on a
+  // timer) or running.
+  static constexpr int kColorBuckets = 4;
+  std::atomic<uint64_t> color_{0};
+  alignas(64) std::atomic<uint64_t> color_queued_[kColorBuckets] = {};
+  alignas(64) std::atomic<uint64_t> color_gone_[kColorBuckets] = {};
+  int64_t Queued() const;
+  std::atomic<int> waiters_{0};  // threads waiting on cv_
+
+  mutable Mutex mu_;  // serialises flushers; guards cv_ waits
+  CondVar cv_;        // completions, for flushers, drainers, freezers, CancelSync
   std::atomic<bool> draining_{false};
 
   mutable Mutex timer_mu_ ABSL_ACQUIRED_BEFORE(mu_);
@@ -304,7 +357,7 @@ class WorkqueueCore {
 
   std::atomic<uint64_t> queued_{0}, started_{0}, completed_{0}, hogs_{0}, wakeups_{0}, rescued_{0},
       exceptions_{0};
-  std::atomic<int64_t> busy_ns_{0};
+  std::atomic<int64_t> busy_ticks_{0};  // CycleClock ticks of executions
 };
 
 // The worker running on this thread, or null.

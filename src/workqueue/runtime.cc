@@ -67,6 +67,10 @@ Work* WorkList::PopFront() {
   return w;
 }
 
+void WorkList::SpliceBack(WorkList* other) {
+  while (Work* w = other->PopFront()) PushBack(w);
+}
+
 bool WorkList::Contains(const Work* w) const { return A::list(const_cast<Work*>(w)) == this; }
 
 // ---- WorkerPool ----
@@ -207,9 +211,9 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
     ++nr_running_;
   }
   ++started_;
+  ++pwq->started;
   mu_.Unlock();
 
-  wq->CountStarted();
   rt->KickWatchdog();
   const int64_t start = CycleClock::Now();
   bool threw = false;
@@ -224,9 +228,13 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
     std::fprintf(stderr, "kwq: work on workqueue %s threw a non-std exception\n",
                  wq->options.name.c_str());
   }
-  const absl::Duration busy = CycleClock::ToDuration(CycleClock::Now() - start);
+  const int64_t busy = CycleClock::Now() - start;
+  Work* next = wq->Completed(pwq, this);
 
   mu_.Lock();
+  ++pwq->completed;
+  pwq->busy_ticks += busy;
+  if (threw) ++pwq->exceptions;
   if (self->counted) {
     self->counted = false;
     --nr_running_;
@@ -237,20 +245,17 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   A::running_pool(w).store(nullptr, std::memory_order_release);
   self->current = nullptr;
   self->current_pwq = nullptr;
-  mu_.Unlock();
-  Work* next = wq->Completed(pwq, color, busy, threw, this);
-  mu_.Lock();
-  if (next == nullptr) return nullptr;
   // Run the activated work at once unless others wait in the worklist (FIFO first) or it
   // collides with a running instance.
-  if (!worklist_.empty() || !self->scheduled.empty() || stopping_ ||
-      A::running_pool(next).load(std::memory_order_acquire) == this ||
-      nr_running_ >= concurrency()) {
+  if (next != nullptr && (!worklist_.empty() || !self->scheduled.empty() || stopping_ ||
+                          A::running_pool(next).load(std::memory_order_acquire) == this ||
+                          nr_running_ >= concurrency())) {
     worklist_.PushBack(next);
     SetWhere(next, WorkWhere::kPool);
     if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
-    return nullptr;
+    next = nullptr;
   }
+  wq->Finished(color);  // last touch of `wq` (unless `next` keeps it busy)
   return next;
 }
 
@@ -389,6 +394,14 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
     for (Work* w = found; w != nullptr; w = Execute(rescuer, w)) ++ran;
   }
   return ran;
+}
+
+void WorkerPool::AddStats(const PoolWorkqueue* pwq, WorkqueueStats* s, int64_t* busy_ticks) const {
+  MutexLock lock(&mu_);
+  s->started += pwq->started;
+  s->completed += pwq->completed;
+  s->exceptions += pwq->exceptions;
+  *busy_ticks += pwq->busy_ticks;
 }
 
 std::string WorkerPool::DumpLine() const {

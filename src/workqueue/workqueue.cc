@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "internal/cycle_clock.h"
 #include "kwq/internal/check.h"
 #include "workqueue/internal.h"
 
@@ -100,12 +101,7 @@ absl::Status WorkqueueCore::Init() {
       for (int c : pod) pwq_by_cpu_[c] = pwqs_.back().get();
     }
   }
-  {
-    MutexLock lock(&mu_);
-    node_active_.assign(node_limit_.size(), 0);
-    node_inactive_.resize(node_limit_.size());
-    color_counts_ = {0};
-  }
+  for (size_t i = 0; i < node_limit_.size(); ++i) nodes_.push_back(std::make_unique<Node>());
   if ((options.flags & kMemReclaim) != 0) {
     try {
       rescuer_ = std::thread([this] { RescuerMain(); });
@@ -142,6 +138,7 @@ WorkqueueCore::~WorkqueueCore() {
 }
 
 PoolWorkqueue* WorkqueueCore::PwqFor(int cpu, int node) const {
+  if (pwqs_.size() == 1) return pwqs_[0].get();  // ordered, or one pod: no CPU lookup
   const Topology& topo = *rt->topology;
   if (cpu < 0 && node >= 0 && topo.HasNumaNode(node)) {
     const int here = CurrentCpu();
@@ -185,53 +182,112 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   if (WorkerPool* running = A::running_pool(w).load(std::memory_order_acquire)) {
     if (PoolWorkqueue* there = PwqOfPool(running)) pwq = there;
   }
-  bool active;
-  {
-    MutexLock lock(&mu_);
-    A::color(w) = color_base_ + color_counts_.size() - 1;
-    ++color_counts_.back();
-    ++nr_queued_;
-    A::pwq(w).store(pwq, std::memory_order_release);
-    active = !frozen_ && node_active_[pwq->node] < node_limit_[pwq->node];
-    if (active) {
-      ++node_active_[pwq->node];
-    } else {
-      node_inactive_[pwq->node].PushBack(w);
-      SetWhere(w, WorkWhere::kInactive);
-    }
+  const uint64_t color = color_.load(std::memory_order_acquire);
+  A::color(w) = color;
+  color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
+  A::pwq(w).store(pwq, std::memory_order_release);
+  Node& n = *nodes_[pwq->node];
+  if (!frozen_.load(std::memory_order_acquire) && TryReserve(n, node_limit_[pwq->node])) {
+    pwq->pool->Insert(w);
+    return;
   }
-  if (active) pwq->pool->Insert(w);
+  {
+    MutexLock lock(&n.in_mu);
+    n.in.PushBack(w);
+    SetWhere(w, WorkWhere::kInactive);
+  }
+  n.parked.fetch_add(1, std::memory_order_seq_cst);
+  ActivateWaiting(pwq->node);  // a slot may have freed since TryReserve failed
 }
 
-Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, uint64_t color, absl::Duration busy, bool threw,
-                               WorkerPool* here) {
-  completed_.fetch_add(1, std::memory_order_relaxed);
-  busy_ns_.fetch_add(absl::ToInt64Nanoseconds(busy), std::memory_order_relaxed);
-  if (threw) exceptions_.fetch_add(1, std::memory_order_relaxed);
-  Work* next = nullptr;
-  {
-    MutexLock lock(&mu_);
-    --node_active_[pwq->node];
-    --color_counts_[color - color_base_];
-    while (color_counts_.size() > 1 && color_counts_.front() == 0) {
-      color_counts_.pop_front();
-      ++color_base_;
+bool WorkqueueCore::TryReserve(Node& n, int limit) {
+  int active = n.active.load(std::memory_order_seq_cst);
+  while (active < limit) {
+    if (n.active.compare_exchange_weak(active, active + 1, std::memory_order_seq_cst)) {
+      return true;
     }
-    --nr_queued_;
-    WorkList& inactive = node_inactive_[pwq->node];
-    if (!frozen_ && !inactive.empty() && node_active_[pwq->node] < node_limit_[pwq->node]) {
-      next = inactive.PopFront();
-      SetWhere(next, WorkWhere::kNone);
-      ++node_active_[pwq->node];
-    }
-    if (waiters_ > 0) cv_.SignalAll();
   }
-  if (next == nullptr) return nullptr;
+  return false;
+}
+
+void WorkqueueCore::Release(Node& n) { n.active.fetch_sub(1, std::memory_order_seq_cst); }
+
+Work* WorkqueueCore::PopWaiting(Node& n) {
+  MutexLock out(&n.out_mu);
+  if (n.out.empty()) {
+    MutexLock in(&n.in_mu);
+    n.out.SpliceBack(&n.in);
+  }
+  Work* w = n.out.PopFront();
+  if (w != nullptr) {
+    SetWhere(w, WorkWhere::kNone);
+    n.unparked.fetch_add(1, std::memory_order_seq_cst);
+  }
+  return w;
+}
+
+void WorkqueueCore::ActivateWaiting(int node) {
+  Node& n = *nodes_[node];
+  // Reserve first: while the node is saturated that is one read of a line the workers do
+  // not write (they hand their slots over), and Waiting() is not read at all.
+  while (!frozen_.load(std::memory_order_acquire) && TryReserve(n, node_limit_[node])) {
+    Work* w = n.Waiting() > 0 ? PopWaiting(n) : nullptr;
+    if (w == nullptr) {  // nothing waits (or another thread took it)
+      Release(n);
+      // A work parked after our check sees the released slot itself (Dekker).
+      if (n.Waiting() > 0) continue;
+      return;
+    }
+    A::pwq(w).load(std::memory_order_relaxed)->pool->Insert(w);
+  }
+}
+
+void WorkqueueCore::InstanceGone(uint64_t color) {
+  // The color_gone_ increment is the last touch of this object: a drain waiting for
+  // nothing to be queued may destroy it right after. With a waiter, count and signal
+  // under mu_ (the waiter re-checks under mu_); without one, a later waiter polls.
+  if (waiters_.load(std::memory_order_seq_cst) > 0) {
+    MutexLock lock(&mu_);
+    color_gone_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
+    cv_.SignalAll();
+    return;
+  }
+  color_gone_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
+}
+
+int64_t WorkqueueCore::Queued() const {
+  int64_t n = 0;
+  for (int b = 0; b < kColorBuckets; ++b) {
+    // Gone first: an instance is counted queued before it can be counted gone.
+    const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
+    n += static_cast<int64_t>(color_queued_[b].load(std::memory_order_acquire) - gone);
+  }
+  return n;
+}
+
+void WorkqueueCore::WakeWaiters() {
+  if (waiters_.load(std::memory_order_seq_cst) == 0) return;
+  MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
+Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, WorkerPool* here) {
+  Node& n = *nodes_[pwq->node];
+  // Hand this work's active slot straight to the next waiting work of its node.
+  Work* next = nullptr;
+  if (!frozen_.load(std::memory_order_acquire) && n.Waiting() > 0) next = PopWaiting(n);
+  if (next == nullptr) {
+    Release(n);
+    ActivateWaiting(pwq->node);  // a producer may have parked a work meanwhile
+    return nullptr;
+  }
   WorkerPool* pool = A::pwq(next).load(std::memory_order_relaxed)->pool;
   if (pool == here) return next;
   pool->Insert(next);
   return nullptr;
 }
+
+void WorkqueueCore::Finished(uint64_t color) { InstanceGone(color); }
 
 bool WorkqueueCore::GrabPending(Work* w) {
   for (;;) {
@@ -258,20 +314,23 @@ bool WorkqueueCore::GrabPending(Work* w) {
       }
       case WorkWhere::kInactive: {
         WorkqueueCore* owner_wq = pwq->wq;
-        MutexLock lock(&owner_wq->mu_);
-        if (WhereOf(w) != WorkWhere::kInactive ||
-            A::pwq(w).load(std::memory_order_relaxed) != pwq) {
-          break;
+        Node& n = *owner_wq->nodes_[pwq->node];
+        {
+          MutexLock out(&n.out_mu);
+          MutexLock in(&n.in_mu);
+          if (WhereOf(w) != WorkWhere::kInactive ||
+              A::pwq(w).load(std::memory_order_relaxed) != pwq) {
+            break;
+          }
+          if (n.out.Contains(w)) {
+            n.out.Remove(w);
+          } else {
+            n.in.Remove(w);
+          }
+          SetWhere(w, WorkWhere::kNone);
+          n.unparked.fetch_add(1, std::memory_order_seq_cst);
         }
-        owner_wq->node_inactive_[pwq->node].Remove(w);
-        SetWhere(w, WorkWhere::kNone);
-        --owner_wq->color_counts_[A::color(w) - owner_wq->color_base_];
-        while (owner_wq->color_counts_.size() > 1 && owner_wq->color_counts_.front() == 0) {
-          owner_wq->color_counts_.pop_front();
-          ++owner_wq->color_base_;
-        }
-        --owner_wq->nr_queued_;
-        if (owner_wq->waiters_ > 0) owner_wq->cv_.SignalAll();
+        owner_wq->InstanceGone(A::color(w));
         return true;
       }
       case WorkWhere::kPool:
@@ -280,28 +339,11 @@ bool WorkqueueCore::GrabPending(Work* w) {
           std::this_thread::yield();
           break;
         }
-        // It was active: account for it as if it had completed, without running.
+        // It was active: it leaves without running, and its slot goes to a waiting work.
         WorkqueueCore* owner_wq = pwq->wq;
-        Work* next = nullptr;
-        {
-          MutexLock lock(&owner_wq->mu_);
-          --owner_wq->node_active_[pwq->node];
-          --owner_wq->color_counts_[A::color(w) - owner_wq->color_base_];
-          while (owner_wq->color_counts_.size() > 1 && owner_wq->color_counts_.front() == 0) {
-            owner_wq->color_counts_.pop_front();
-            ++owner_wq->color_base_;
-          }
-          --owner_wq->nr_queued_;
-          WorkList& inactive = owner_wq->node_inactive_[pwq->node];
-          if (!owner_wq->frozen_ && !inactive.empty() &&
-              owner_wq->node_active_[pwq->node] < owner_wq->node_limit_[pwq->node]) {
-            next = inactive.PopFront();
-            SetWhere(next, WorkWhere::kNone);
-            ++owner_wq->node_active_[pwq->node];
-          }
-          if (owner_wq->waiters_ > 0) owner_wq->cv_.SignalAll();
-        }
-        if (next != nullptr) A::pwq(next).load(std::memory_order_relaxed)->pool->Insert(next);
+        owner_wq->InstanceGone(A::color(w));
+        owner_wq->Release(*owner_wq->nodes_[pwq->node]);
+        owner_wq->ActivateWaiting(pwq->node);
         return true;
       }
       case WorkWhere::kNone:
@@ -320,9 +362,9 @@ bool WorkqueueCore::Cancel(Work* w) {
 void WorkqueueCore::WaitIdle(Work* w) {
   BlockingScope blocking;  // waiting from a work must not hold up its pool
   MutexLock lock(&mu_);
-  ++waiters_;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
   while (Running(w)) cv_.WaitFor(&mu_, kPollPeriod);
-  --waiters_;
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 bool WorkqueueCore::CancelSync(Work* w) {
@@ -339,35 +381,33 @@ bool WorkqueueCore::Flush(Work* w) {
   if (!Pending(w) && !Running(w)) return false;
   BlockingScope blocking;
   MutexLock lock(&mu_);
-  ++waiters_;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
   while (A::done_seq(w).load(std::memory_order_acquire) < target && (Pending(w) || Running(w))) {
     cv_.WaitFor(&mu_, kPollPeriod);
   }
-  --waiters_;
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
   return true;
 }
 
 void WorkqueueCore::FlushAll() {
   BlockingScope blocking;
-  MutexLock lock(&mu_);
-  const uint64_t mine = color_base_ + color_counts_.size() - 1;
-  color_counts_.push_back(0);  // works queued from now on get a newer color
-  while (color_counts_.size() > 1 && color_counts_.front() == 0) {
-    color_counts_.pop_front();
-    ++color_base_;
+  MutexLock lock(&mu_);  // one flusher bumps the color at a time
+  // Works queued from now on take the next color; wait for this one's bucket to empty.
+  const uint64_t mine = color_.fetch_add(1, std::memory_order_acq_rel);
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  const int b = static_cast<int>(mine % kColorBuckets);
+  const uint64_t queued = color_queued_[b].load(std::memory_order_acquire);
+  while (color_gone_[b].load(std::memory_order_acquire) < queued) {
+    cv_.WaitFor(&mu_, kPollPeriod);
   }
-  ++waiters_;
-  while (color_base_ <= mine) cv_.Wait(&mu_);
-  --waiters_;
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void WorkqueueCore::Drain() {
   draining_.store(true, std::memory_order_release);
-  for (;;) {
+  do {
     FlushAll();
-    MutexLock lock(&mu_);
-    if (nr_queued_ == 0) break;
-  }
+  } while (Queued() > 0);
   draining_.store(false, std::memory_order_release);
 }
 
@@ -387,35 +427,24 @@ bool WorkqueueCore::Enable(Work* w) {
 
 void WorkqueueCore::Freeze() {
   if ((options.flags & kFreezable) == 0) return;
-  MutexLock lock(&mu_);
-  frozen_ = true;
-  ++waiters_;
-  auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (int n : node_active_) {
-      if (n > 0) return true;
+  frozen_.store(true, std::memory_order_seq_cst);
+  auto busy = [this] {
+    for (const auto& n : nodes_) {
+      if (n->active.load(std::memory_order_seq_cst) > 0) return true;
     }
     return false;
   };
-  while (busy()) cv_.Wait(&mu_);
-  --waiters_;
+  BlockingScope blocking;
+  MutexLock lock(&mu_);
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  while (busy()) cv_.WaitFor(&mu_, kPollPeriod);
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void WorkqueueCore::Thaw() {
   if ((options.flags & kFreezable) == 0) return;
-  std::vector<Work*> activate;
-  {
-    MutexLock lock(&mu_);
-    frozen_ = false;
-    for (size_t n = 0; n < node_inactive_.size(); ++n) {
-      while (!node_inactive_[n].empty() && node_active_[n] < node_limit_[n]) {
-        Work* w = node_inactive_[n].PopFront();
-        SetWhere(w, WorkWhere::kNone);
-        ++node_active_[n];
-        activate.push_back(w);
-      }
-    }
-  }
-  for (Work* w : activate) A::pwq(w).load(std::memory_order_relaxed)->pool->Insert(w);
+  frozen_.store(false, std::memory_order_seq_cst);
+  for (size_t n = 0; n < nodes_.size(); ++n) ActivateWaiting(static_cast<int>(n));
 }
 
 bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, bool modify) {
@@ -497,23 +526,21 @@ void WorkqueueCore::RescuerMain() {
 WorkqueueStats WorkqueueCore::Stats() const {
   WorkqueueStats s;
   s.queued = queued_.load(std::memory_order_relaxed);
-  s.started = started_.load(std::memory_order_relaxed);
-  s.completed = completed_.load(std::memory_order_relaxed);
+  int64_t busy_ticks = 0;
+  for (const auto& pwq : pwqs_) pwq->pool->AddStats(pwq.get(), &s, &busy_ticks);
   s.in_flight = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed);
-  s.cpu_time = absl::Nanoseconds(busy_ns_.load(std::memory_order_relaxed));
+  s.cpu_time = CycleClock::ToDuration(busy_ticks);
   s.cpu_hogs = hogs_.load(std::memory_order_relaxed);
   s.concurrency_wakeups = wakeups_.load(std::memory_order_relaxed);
   s.rescued = rescued_.load(std::memory_order_relaxed);
-  s.exceptions = exceptions_.load(std::memory_order_relaxed);
   return s;
 }
 
 std::string WorkqueueCore::DumpLine() const {
   std::string pools;
   for (const auto& pwq : pwqs_) absl::StrAppend(&pools, pools.empty() ? "" : ",", pwq->pool->id);
-  MutexLock lock(&mu_);
-  size_t inactive = 0;
-  for (const WorkList& l : node_inactive_) inactive += l.size();
+  int64_t waiting = 0;
+  for (const auto& n : nodes_) waiting += n->Waiting();
   const uint32_t f = options.flags;
   return absl::StrCat(options.name, ": ",
                       (f & kOrdered)   ? "ordered"
@@ -523,8 +550,9 @@ std::string WorkqueueCore::DumpLine() const {
                       (f & kFreezable) ? " freezable" : "", (f & kMemReclaim) ? " mem-reclaim" : "",
                       " scope=", std::string(AffinityScopeName(options.affinity_scope)),
                       options.affinity_strict ? " strict" : "", " max_active=", max_active_,
-                      " queued=", nr_queued_, " inactive=", inactive, frozen_ ? " FROZEN" : "",
-                      " pools=[", pools, "]");
+                      " queued=", Queued(), " inactive=", waiting,
+                      frozen_.load(std::memory_order_relaxed) ? " FROZEN" : "", " pools=[", pools,
+                      "]");
 }
 
 }  // namespace internal
