@@ -77,7 +77,8 @@ def plot_scenarios():
     ax.bar([x + w for x in xs], kwq, w, label="kwq measured (median of 3)")
     ax.set_yscale("log")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{n}\n({PEERS[n][0]})" for n in names], fontsize=7)
+    ax.set_xticklabels([f"{n}\n({PEERS[n][0]})" for n in names], fontsize=7, rotation=25,
+                       ha="right")
     ax.set_ylabel("lower is better (log scale)")
     ax.set_title("Queue and context scenarios vs client-go / Go (2-core machine)")
     ax.legend(fontsize=8)
