@@ -1,5 +1,7 @@
 #include "kwq/workqueue.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <latch>
 #include <mutex>
@@ -446,6 +448,27 @@ TEST_F(WorkqueueTest, DumpNamesPoolsAndWorkqueues) {
   EXPECT_NE(dump.find("dump-me: unbound"), std::string::npos) << dump;
   EXPECT_NE(dump.find("Pools ("), std::string::npos);
   EXPECT_NE(dump.find("pods cache"), std::string::npos);
+}
+
+// Runs in a child process: without the right to raise priority (not root), high-priority
+// pools run at normal priority, say so, and still run work.
+void HighPriFallsBackWithoutPermission() {
+  if (getuid() == 0 && setuid(65534) != 0) _exit(3);  // drop root (and CAP_SYS_NICE)
+  auto rt = WorkqueueRuntime::Create({});
+  if (!rt.ok()) _exit(4);
+  auto wq = Workqueue::Create({.name = "hp", .flags = kHighPri, .runtime = rt->get()});
+  if (!wq.ok()) _exit(5);
+  std::atomic<bool> ran{false};
+  Work work([&] { ran = true; });
+  (*wq)->Queue(&work);
+  (*wq)->Flush(&work);
+  if (!ran.load()) _exit(6);
+  _exit((*rt)->highpri_raised() ? 7 : 0);
+}
+
+TEST_F(WorkqueueTest, HighPriorityFallsBackWhenPriorityCannotBeRaised) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(HighPriFallsBackWithoutPermission(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(WorkqueueTest, SystemWorkqueuesRunWork) {
