@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
+#include "testing/recording_metrics.h"
 
 namespace kwq {
 namespace {
@@ -625,78 +626,9 @@ TEST_F(PriorityQueueTest, InvalidOptionsAreRejected) {
 
 // ---- metrics ----
 
-struct Recorded {
-  std::mutex mu;
-  std::map<std::string, double> values;
-  void Bump(const std::string& k, double d) {
-    std::lock_guard<std::mutex> l(mu);
-    values[k] += d;
-  }
-  double Get(const std::string& k) {
-    std::lock_guard<std::mutex> l(mu);
-    return values[k];
-  }
-};
-
-class RecordingProvider : public MetricsProvider {
- public:
-  explicit RecordingProvider(Recorded* r) : r_(r) {}
-  struct Counter : CounterMetric {
-    Recorded* r;
-    std::string k;
-    void Inc() override { r->Bump(k, 1); }
-  };
-  struct Gauge : GaugeMetric {
-    Recorded* r;
-    std::string k;
-    void Inc() override { r->Bump(k, 1); }
-    void Dec() override { r->Bump(k, -1); }
-  };
-  struct Histogram : HistogramMetric {
-    Recorded* r;
-    std::string k;
-    void Observe(double v) override { r->Bump(k, v); }
-  };
-  template <typename M>
-  std::unique_ptr<M> Make(std::string k) {
-    auto m = std::make_unique<M>();
-    m->r = r_;
-    m->k = std::move(k);
-    return m;
-  }
-  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
-    return Make<Gauge>("depth");
-  }
-  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
-    return Make<Counter>("adds");
-  }
-  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
-    return Make<Histogram>("latency");
-  }
-  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-    return Make<Histogram>("work");
-  }
-  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-    return nullptr;
-  }
-  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-      std::string_view) override {
-    return nullptr;
-  }
-  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
-    return Make<Counter>("retries");
-  }
-  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
-    return Make<Gauge>("delayed");
-  }
-
- private:
-  Recorded* r_;
-};
-
 TEST_F(PriorityQueueTest, RecordsClientGoMetricSet) {
-  Recorded rec;
-  RecordingProvider provider(&rec);
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
   PQ::Options options = Opts();
   options.name = "pq";
   options.metrics = &provider;

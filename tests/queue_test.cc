@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
+#include "testing/recording_metrics.h"
 
 namespace kwq {
 namespace {
@@ -263,94 +264,11 @@ TEST(QueueTest, SlotsAreReusedAfterDone) {
 
 // ---- metrics ----
 
-struct Recorded {
-  std::mutex mu;
-  std::map<std::string, double> values;
-  std::map<std::string, int> observations;
-  void Bump(const std::string& k, double d) {
-    std::lock_guard<std::mutex> l(mu);
-    values[k] += d;
-  }
-  void Observe(const std::string& k, double v) {
-    std::lock_guard<std::mutex> l(mu);
-    ++observations[k];
-    values[k] += v;
-  }
-  double Get(const std::string& k) {
-    std::lock_guard<std::mutex> l(mu);
-    return values[k];
-  }
-};
-
-class RecordingProvider : public MetricsProvider {
- public:
-  explicit RecordingProvider(Recorded* r) : r_(r) {}
-  struct Counter : CounterMetric {
-    Recorded* r;
-    std::string k;
-    void Inc() override { r->Bump(k, 1); }
-  };
-  struct Gauge : GaugeMetric {
-    Recorded* r;
-    std::string k;
-    void Inc() override { r->Bump(k, 1); }
-    void Dec() override { r->Bump(k, -1); }
-  };
-  struct Settable : SettableGaugeMetric {
-    Recorded* r;
-    std::string k;
-    void Set(double v) override {
-      std::lock_guard<std::mutex> l(r->mu);
-      r->values[k] = v;
-    }
-  };
-  struct Histogram : HistogramMetric {
-    Recorded* r;
-    std::string k;
-    void Observe(double v) override { r->Observe(k, v); }
-  };
-  template <typename M>
-  std::unique_ptr<M> Make(std::string k) {
-    auto m = std::make_unique<M>();
-    m->r = r_;
-    m->k = std::move(k);
-    return m;
-  }
-  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
-    return Make<Gauge>("depth");
-  }
-  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
-    return Make<Counter>("adds");
-  }
-  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
-    return Make<Histogram>("latency");
-  }
-  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-    return Make<Histogram>("work");
-  }
-  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-    return Make<Settable>("unfinished");
-  }
-  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-      std::string_view) override {
-    return Make<Settable>("longest");
-  }
-  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
-    return Make<Counter>("retries");
-  }
-  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
-    return Make<Gauge>("delayed");
-  }
-
- private:
-  Recorded* r_;
-};
-
 TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
   FakeClock clock;
   auto timers = *TimerService::Create({.clock = &clock});
-  Recorded rec;
-  RecordingProvider provider(&rec);
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec);
   StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
   q.Add("a");
   q.Add("a");  // deduplicated: not counted

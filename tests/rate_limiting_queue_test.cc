@@ -3,6 +3,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "testing/recording_metrics.h"
 
 namespace kwq {
 namespace {
@@ -57,37 +58,13 @@ TEST_F(RateLimitingQueueTest, DefaultLimiterIsClientGos) {
 }
 
 TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {
-  struct Count : CounterMetric {
-    int* n;
-    void Inc() override { ++*n; }
-  };
-  struct Provider : MetricsProvider {
-    int retries = 0;
-    std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-        std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
-      auto c = std::make_unique<Count>();
-      c->n = &retries;
-      return c;
-    }
-    std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override { return nullptr; }
-  } provider;
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
   RateLimitingQueue<std::string> q(
       Exponential(), {.metrics = &provider, .clock = &clock_, .timers = timers_.get()});
   q.AddRateLimited("a");
   q.AddRateLimited("b");
-  EXPECT_EQ(provider.retries, 2);
+  EXPECT_EQ(rec.Get("retries"), 2);
 }
 
 }  // namespace

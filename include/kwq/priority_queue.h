@@ -97,6 +97,7 @@
 #include "kwq/internal/check.h"
 #include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/key_table.h"
+#include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/metrics.h"
@@ -140,62 +141,10 @@ class PriorityQueue {
     std::function<uint64_t(const T&)> group;
   };
 
-  // The right to process one item. Move-only. Done (explicit or by the destructor) ends
-  // it; an item added meanwhile is then queued again.
-  class Lease {
-   public:
-    Lease(Lease&& other) noexcept
-        : queue_(other.queue_), slot_(other.slot_), priority_(other.priority_), item_(other.item_) {
-      other.queue_ = nullptr;
-    }
-    Lease& operator=(Lease&& other) noexcept {
-      if (this != &other) {
-        Done();
-        queue_ = other.queue_;
-        slot_ = other.slot_;
-        priority_ = other.priority_;
-        item_ = other.item_;
-        other.queue_ = nullptr;
-      }
-      return *this;
-    }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() { Done(); }
-
-    // The item. Valid until Done. Calling it on an ended lease fails a debug assertion.
-    const T& item() const {
-      KWQ_DCHECK(queue_ != nullptr, "kwq::PriorityQueue::Lease used after Done or move");
-      return *item_;
-    }
-    const T& operator*() const { return item(); }
-    const T* operator->() const { return &item(); }
-
-    // The priority the item was handed out with (controller-runtime's GetWithPriority).
-    int priority() const { return priority_; }
-
-    // Marks the item done. Idempotent: later calls do nothing.
-    void Done() {
-      if (queue_ != nullptr) {
-        PriorityQueue* q = queue_;
-        queue_ = nullptr;
-        q->Finish(slot_);
-      }
-    }
-    // False once Done has been called or the lease was moved from.
-    bool active() const { return queue_ != nullptr; }
-
-   private:
-    friend class PriorityQueue;
-    Lease(PriorityQueue* queue, uint32_t slot, int priority, const T* item)
-        : queue_(queue), slot_(slot), priority_(priority), item_(item) {}
-    PriorityQueue* queue_;
-    uint32_t slot_;
-    int priority_;
-    // Read under the queue's lock by Get; the slab never moves an item and nothing
-    // changes or frees it while the lease is active, so it is read without the lock.
-    const T* item_;
-  };
+  // The right to process one item (kwq/internal/lease.h): move-only; item(), *, ->,
+  // priority(), Done() (idempotent, also run by the destructor), active().
+  using Lease = internal::Lease<PriorityQueue, T>;
+  friend Lease;  // calls Finish
 
   // Builds a queue. Errors (InvalidArgument): aging <= 0; `timers` not running on
   // `clock` (a FakeClock needs a TimerService built on it; with both unset the queue
@@ -883,7 +832,7 @@ class PriorityQueue {
     --queued_;
     ++in_flight_;
     if (metrics_) metrics_->OnGet(slot);
-    return Lease(this, slot, info_[slot].priority, &table_.item(slot));
+    return Lease(this, slot, &table_.item(slot), info_[slot].priority);
   }
 
   // A lease ended: queue the item again if it was added meanwhile.

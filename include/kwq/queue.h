@@ -47,6 +47,7 @@
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
 #include "kwq/internal/key_table.h"
+#include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/metrics.h"
@@ -72,55 +73,10 @@ class Queue {
  public:
   using Options = QueueOptions;
 
-  // The right to process one item. Move-only. Done (explicit or by the destructor) ends
-  // it; an item added meanwhile is then queued again.
-  class Lease {
-   public:
-    Lease(Lease&& other) noexcept : queue_(other.queue_), slot_(other.slot_), item_(other.item_) {
-      other.queue_ = nullptr;
-    }
-    Lease& operator=(Lease&& other) noexcept {
-      if (this != &other) {
-        Done();
-        queue_ = other.queue_;
-        slot_ = other.slot_;
-        item_ = other.item_;
-        other.queue_ = nullptr;
-      }
-      return *this;
-    }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() { Done(); }
-
-    // The item. Valid until Done. Calling it on an ended lease fails a debug assertion.
-    const T& item() const {
-      KWQ_DCHECK(queue_ != nullptr, "kwq::Queue::Lease used after Done or move");
-      return *item_;
-    }
-    const T& operator*() const { return item(); }
-    const T* operator->() const { return &item(); }
-
-    // Marks the item done. Idempotent: later calls do nothing.
-    void Done() {
-      if (queue_ != nullptr) {
-        Queue* q = queue_;
-        queue_ = nullptr;
-        q->Finish(slot_);
-      }
-    }
-    // False once Done has been called or the lease was moved from.
-    bool active() const { return queue_ != nullptr; }
-
-   private:
-    friend class Queue;
-    Lease(Queue* queue, uint32_t slot, const T* item) : queue_(queue), slot_(slot), item_(item) {}
-    Queue* queue_;
-    uint32_t slot_;
-    // Read under the queue's lock by Get; the slab never moves an item and nothing
-    // changes or frees it while the lease is active, so it is read without the lock.
-    const T* item_;
-  };
+  // The right to process one item (kwq/internal/lease.h): move-only; item(), *, ->,
+  // priority(), Done() (idempotent, also run by the destructor), active().
+  using Lease = internal::Lease<Queue, T>;
+  friend Lease;  // calls Finish
 
   Queue() : Queue(Options{}) {}
   explicit Queue(Options options) : options_(std::move(options)) {
