@@ -100,6 +100,7 @@
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/spin.h"
 #include "kwq/metrics.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
@@ -891,11 +892,7 @@ class PriorityQueue {
   // Before a Get sleeps, it polls (without the lock) for a short while, as Queue's.
   void SpinLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     mu_.Unlock();
-    for (int i = 0; i < kSpins && ready_hint_.load(std::memory_order_relaxed) == 0; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
+    internal::PollWhileZero(ready_hint_);
     mu_.Lock();
   }
 
@@ -1022,7 +1019,6 @@ class PriorityQueue {
 
   // ready_count_, readable without the lock (relaxed: only a hint for SpinLocked).
   std::atomic<size_t> ready_hint_{0};
-  static constexpr int kSpins = 2000;  // about 2-5 us of polling before sleeping
   size_t ready_count_ ABSL_GUARDED_BY(mu_) = 0;
   size_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // kQueued slots
   size_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // kDelayed slots

@@ -50,6 +50,7 @@
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/spin.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
 
@@ -248,16 +249,12 @@ class Queue {
     }
   };
 
-  // Before a Get sleeps, it polls (without the lock) for a short while: a producer
-  // usually adds the next item within a few hundred nanoseconds, and catching it here
-  // saves both the worker's sleep and the producer's futex wake-up.
+  // Before a Get sleeps, it polls (without the lock) for a while: a producer usually adds
+  // the next item soon, and catching it here saves both the worker's sleep and the
+  // producer's futex wake-up.
   void SpinLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     mu_.Unlock();
-    for (int i = 0; i < kSpins && ready_hint_.load(std::memory_order_relaxed) == 0; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
+    internal::PollWhileZero(ready_hint_);
     mu_.Lock();
   }
 
@@ -360,7 +357,6 @@ class Queue {
   std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);   // kIdleListed slots, oldest first
   // ready_.size(), readable without the lock (relaxed: only a hint for SpinLocked).
   std::atomic<size_t> ready_hint_{0};
-  static constexpr int kSpins = 2000;  // about 2-5 us of polling before sleeping
   size_t dirty_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;   // Gets blocked on ready_cv_
