@@ -26,23 +26,24 @@ namespace {
 int Cpus() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 std::string PerItem(absl::Duration d, int64_t n, int threads) {
-  return absl::StrFormat("ns_per_item=%.1f n=%d threads=%d", absl::ToDoubleNanoseconds(d) / n,
-                         n, threads);
+  return absl::StrFormat("ns_per_item=%.1f n=%d threads=%d", absl::ToDoubleNanoseconds(d) / n, n,
+                         threads);
 }
 
 // n distinct work items (each bumps a counter) on an unbound workqueue with one worker
 // per CPU; waits until all ran.
 std::string WqTiny(int64_t n) {
   const int cpus = Cpus();
-  auto wq = *Workqueue::Create({.name = "wq_tiny", .flags = kUnbound, .max_active = cpus,
+  auto wq = *Workqueue::Create({.name = "wq_tiny",
+                                .flags = kUnbound,
+                                .max_active = cpus,
                                 .affinity_scope = AffinityScope::kSystem});
   std::atomic<int64_t> count{0};
   std::vector<std::unique_ptr<Work>> works;
   works.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    works.push_back(std::make_unique<Work>([&count] {
-      count.fetch_add(1, std::memory_order_relaxed);
-    }));
+    works.push_back(
+        std::make_unique<Work>([&count] { count.fetch_add(1, std::memory_order_relaxed); }));
   }
   Stopwatch sw;
   for (auto& w : works) wq->Queue(w.get());
@@ -94,9 +95,7 @@ std::string WqLatency(int64_t n) {
   auto wq = *Workqueue::Create({.name = "wq_latency", .flags = kUnbound});
   Clock* clock = RealClock::Default();
   std::atomic<int64_t> started_ns{0};
-  Work work([&] {
-    started_ns.store(absl::ToUnixNanos(clock->Now()), std::memory_order_release);
-  });
+  Work work([&] { started_ns.store(absl::ToUnixNanos(clock->Now()), std::memory_order_release); });
   std::vector<double> lat_us;
   lat_us.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -110,8 +109,8 @@ std::string WqLatency(int64_t n) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   std::sort(lat_us.begin(), lat_us.end());
-  return absl::StrFormat("lat_p50_us=%.1f lat_p99_us=%.1f lat_max_us=%.1f n=%d",
-                         lat_us[n / 2], lat_us[n * 99 / 100], lat_us.back(), n);
+  return absl::StrFormat("lat_p50_us=%.1f lat_p99_us=%.1f lat_max_us=%.1f n=%d", lat_us[n / 2],
+                         lat_us[n * 99 / 100], lat_us.back(), n);
 }
 
 }  // namespace
