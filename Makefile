@@ -7,7 +7,7 @@ JOBS ?= 2
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS) --timeout 120
 
-.PHONY: run test setup release asan tsan clang fuzz bench scenarios plots clean format
+.PHONY: run test setup release asan tsan clang fuzz soak bench scenarios plots clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -59,6 +59,13 @@ bench: release
 
 scenarios: release
 	bash bench/run_scenarios.sh
+
+# The long soak (make test runs a 2 s one in every build, TSan included).
+SOAK_SECONDS ?= 60
+soak: setup
+	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=ON >/dev/null
+	@cmake --build build/release -j$(JOBS) --target kwq-soak
+	./build/release/tools/kwq-soak --seconds=$(SOAK_SECONDS)
 
 # Regenerates docs/img/*.png from docs/data/ (raw results of `make bench` and `make scenarios`).
 plots:

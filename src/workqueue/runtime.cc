@@ -121,6 +121,12 @@ void WorkerPool::WakeOrCreateLocked() {
     return;
   }
   if (nr_creating_ > 0 || stopping_) return;
+  // Workers between two works (or running one that still counts) come back for the
+  // worklist by themselves; only workers stuck in an uncounted work (blocked, a CPU hog,
+  // kCpuIntensive) do not. Create one only when too few can come back.
+  int stuck = 0;
+  for (const auto& w : workers_) stuck += w->current != nullptr && !w->counted;
+  if (static_cast<int>(workers_.size()) - stuck >= concurrency()) return;
   if (rt->ShouldFailSpawn()) {
     spawn_failed_ = true;
   } else {

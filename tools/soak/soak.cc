@@ -1,0 +1,174 @@
+// kwq-soak: multi-threaded soak of the queues and workqueues with an invariant checker.
+//
+//   kwq-soak --seconds=60 [--keys=512] [--producers=3] [--workers=4]
+//
+// Runs, for the given time, producers that Add / AddAfter / AddRateLimited random keys
+// to a RateLimitingQueue and a ShardedQueue, workers that process them, and a
+// workqueue whose works requeue each other, and checks, continuously and at the end:
+//   - no key is ever held by two workers at once (per queue);
+//   - nothing is lost: after the producers stop, every key's last add is followed by a
+//     run that started after it (level-triggered), and ShutDownWithDrain completes;
+//   - no thread leaks: the process's thread count returns to its start value (plus the
+//     process-wide timer and workqueue threads, which are created once).
+// Prints one line `soak key=value ...` and exits non-zero on any violation.
+
+#include <dirent.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "kwq/rate_limiting_queue.h"
+#include "kwq/sharded_queue.h"
+#include "kwq/workqueue.h"
+
+ABSL_FLAG(double, seconds, 10, "how long to run");
+ABSL_FLAG(int, keys, 512, "distinct keys");
+ABSL_FLAG(int, producers, 3, "producer threads");
+ABSL_FLAG(int, workers, 4, "worker threads per queue");
+
+namespace {
+
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Per-key bookkeeping shared by producers and workers of one queue.
+struct Ledger {
+  explicit Ledger(int keys) : busy(keys), added(keys), seen(keys) {}
+  std::vector<std::atomic<int>> busy;
+  std::vector<std::atomic<uint64_t>> added;  // generation of the newest add
+  std::vector<std::atomic<uint64_t>> seen;   // newest generation a run started after
+  std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> violations{0};
+
+  void Run(int k) {
+    if (busy[k].fetch_add(1) != 0) violations.fetch_add(1);
+    // Everything added before this run started is handled by it.
+    const uint64_t gen = added[k].load();
+    uint64_t s = seen[k].load();
+    while (gen > s && !seen[k].compare_exchange_weak(s, gen)) {
+    }
+    busy[k].fetch_sub(1);
+    runs.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Keys whose newest add no run has seen.
+  int Lost() const {
+    int lost = 0;
+    for (size_t k = 0; k < added.size(); ++k) lost += seen[k].load() < added[k].load();
+    return lost;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Duration run_for = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  const int keys = absl::GetFlag(FLAGS_keys);
+  const int producers = absl::GetFlag(FLAGS_producers);
+  const int workers = absl::GetFlag(FLAGS_workers);
+  kwq::TimerService::Default();  // process-wide threads, created once, before counting
+  kwq::WorkqueueRuntime::Default();
+  const int threads_before = ThreadCount();
+  uint64_t wq_runs = 0;
+  int threads_during = 0;
+  Ledger rl(keys), sh(keys);
+  {
+    kwq::RateLimitingQueue<int> rlq(*kwq::ExponentialFailureRateLimiter<int>::Create(
+        {.base = absl::Microseconds(1), .max = absl::Milliseconds(2)}));
+    auto shq = *kwq::ShardedQueue<int>::Create(workers);
+    auto wq = *kwq::Workqueue::Create({.name = "soak", .flags = kwq::kUnbound, .max_active = 4});
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> wq_count{0};
+    // Works that requeue a neighbour until told to stop (chained queueing).
+    std::vector<std::unique_ptr<kwq::Work>> works;
+    for (int i = 0; i < 16; ++i) {
+      works.push_back(std::make_unique<kwq::Work>([&, i] {
+        wq_count.fetch_add(1, std::memory_order_relaxed);
+        if (!stop.load()) wq->Queue(works[(i + 1) % 16].get());
+      }));
+    }
+    for (auto& w : works) wq->Queue(w.get());
+
+    std::vector<std::thread> threads;
+    for (int w = 0; w < workers; ++w) {
+      threads.emplace_back([&] {
+        while (auto lease = rlq.Get()) {
+          const int k = **lease;
+          rl.Run(k);
+          if (rlq.NumRequeues(k) < 2 && (k & 3) == 0) {
+            rl.added[k].fetch_add(1);
+            rlq.AddRateLimited(k);  // retry a few keys
+          } else {
+            rlq.Forget(k);
+          }
+        }
+      });
+      threads.emplace_back([&, w] {
+        while (auto lease = shq->Get(w)) sh.Run(**lease);
+      });
+    }
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] {
+        std::mt19937 rng(p);
+        while (!stop.load(std::memory_order_relaxed)) {
+          const int k = static_cast<int>(rng() % keys);
+          switch (rng() % 3) {
+            case 0:
+              rl.added[k].fetch_add(1);
+              rlq.Add(k);
+              break;
+            case 1:
+              rl.added[k].fetch_add(1);
+              rlq.AddAfter(k, absl::Microseconds(rng() % 500));
+              break;
+            default:
+              sh.added[k].fetch_add(1);
+              shq->Add(k);
+          }
+        }
+      });
+    }
+    absl::SleepFor(run_for);
+    threads_during = ThreadCount();
+    stop = true;
+    for (size_t i = workers * 2; i < threads.size(); ++i) threads[i].join();  // producers
+    // Let delayed and rate-limited retries come due, then drain everything.
+    absl::SleepFor(absl::Milliseconds(20));
+    while (rlq.Waiting() > 0) absl::SleepFor(absl::Milliseconds(1));
+    const bool rl_drained = rlq.ShutDownWithDrain();
+    const bool sh_drained = shq->ShutDownWithDrain();
+    for (int i = 0; i < workers * 2; ++i) threads[i].join();
+    wq->Flush();
+    for (auto& w : works) wq->CancelSync(w.get());
+    wq_runs = wq_count.load();
+    if (!rl_drained || !sh_drained) rl.violations.fetch_add(1);
+  }
+  // Pool workers of the default runtime are process-wide and idle-reaped later; count
+  // only threads this run created and did not give back.
+  const int threads_after = ThreadCount();
+  const int lost = rl.Lost() + sh.Lost();
+  const uint64_t violations = rl.violations.load() + sh.violations.load();
+  const bool leaked =
+      threads_after > threads_before + 2 * static_cast<int>(std::thread::hardware_concurrency());
+  std::printf(
+      "soak seconds=%.1f rl_runs=%llu sharded_runs=%llu wq_runs=%llu violations=%llu "
+      "lost=%d threads_before=%d threads_during=%d threads_after=%d\n",
+      absl::ToDoubleSeconds(run_for), (unsigned long long)rl.runs.load(),
+      (unsigned long long)sh.runs.load(), (unsigned long long)wq_runs,
+      (unsigned long long)violations, lost, threads_before, threads_during, threads_after);
+  return violations == 0 && lost == 0 && !leaked && wq_runs > 0 ? 0 : 1;
+}
