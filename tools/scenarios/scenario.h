@@ -26,6 +26,7 @@ std::vector<Scenario> ContextScenarios();
 std::vector<Scenario> QueueScenarios();
 std::vector<Scenario> DelayScenarios();
 std::vector<Scenario> WorkqueueScenarios();
+std::vector<Scenario> ChurnScenarios();
 
 // Helpers shared by the scenario files.
 std::vector<std::string> MakeKeys(int64_t n);  // "default/object-<i>", i < n
