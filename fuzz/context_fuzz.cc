@@ -9,19 +9,12 @@
 #include <optional>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/timer.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                             \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::fprintf(stderr, "context_fuzz: %s failed at line %d\n", #cond, __LINE__); \
-      std::abort();                                                                  \
-    }                                                                                \
-  } while (0)
 
 struct Node {
   int parent = -1;  // index in the model, -1 for the root

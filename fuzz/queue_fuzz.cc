@@ -10,17 +10,10 @@
 #include <set>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "kwq/queue.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                           \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      std::fprintf(stderr, "queue_fuzz: %s failed at line %d\n", #cond, __LINE__); \
-      std::abort();                                                                \
-    }                                                                              \
-  } while (0)
 
 struct Model {
   std::deque<int> ready;
