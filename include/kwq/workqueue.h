@@ -208,7 +208,8 @@ class Workqueue {
   bool CancelSync(DelayedWork* dwork);
 
   // flush_work: waits until the instance pending or running at the call has finished.
-  // True when it waited. A delayed work is queued at once first (flush_delayed_work).
+  // True when it waited. A delayed work is queued at once first (flush_delayed_work),
+  // and then true also when it finished before the wait began.
   bool Flush(Work* work);
   bool Flush(DelayedWork* dwork);
   // flush_workqueue: waits for every work queued before the call to finish. Works queued

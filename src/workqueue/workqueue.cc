@@ -495,8 +495,11 @@ void WorkqueueCore::TimerFired(DelayedWork* d) {
 
 bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
   Work* w = A::work(d);
-  if (WhereOf(w) == WorkWhere::kTimer && GrabPending(w)) Enqueue(A::target_cpu(d), -1, w);
-  return Flush(w);
+  // Taken off its timer and queued now: it counts as flushed even if a worker finishes
+  // it before Flush below looks (then Flush has nothing left to wait for).
+  const bool queued_now =
+      WhereOf(w) == WorkWhere::kTimer && GrabPending(w) && (Enqueue(A::target_cpu(d), -1, w), true);
+  return Flush(w) || queued_now;
 }
 
 void WorkqueueCore::Mayday() {
