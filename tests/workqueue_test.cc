@@ -209,7 +209,7 @@ TEST_F(WorkqueueTest, MaxActiveLimitsConcurrency) {
       int p = peak.load();
       while (now > p && !peak.compare_exchange_weak(p, now)) {
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
       busy.fetch_sub(1);
       ++done;
     }));
@@ -241,7 +241,7 @@ int PeakConcurrency(WorkqueueRuntime* rt, int max_active, int min_active) {
       int p = peak.load();
       while (now > p && !peak.compare_exchange_weak(p, now)) {
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
       busy.fetch_sub(1);
     }));
   }
