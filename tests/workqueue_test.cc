@@ -413,6 +413,8 @@ TEST_F(WorkqueueTest, ExceptionsAreCaughtAndCounted) {
   EXPECT_TRUE(good_ran.load());
   EXPECT_EQ(wq->stats().exceptions, 1u);
   EXPECT_EQ(wq->stats().completed, 2u);
+  EXPECT_EQ(wq->stats().queued, 2u);
+  EXPECT_EQ(wq->stats().in_flight, 0);
 }
 
 TEST_F(WorkqueueTest, IdleWorkersAreReaped) {
@@ -509,12 +511,14 @@ TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsAfterItsDelay) {
   EXPECT_TRUE(wq->QueueDelayed(&dwork, absl::Seconds(10)));
   EXPECT_FALSE(wq->QueueDelayed(&dwork, absl::Seconds(1)));  // already pending
   EXPECT_TRUE(dwork.pending());
+  EXPECT_EQ(wq->stats().queued, 1u);  // counted while it waits on its timer
   clock_.Advance(absl::Seconds(9));
   wq->Flush();
   EXPECT_EQ(runs.load(), 0);
   clock_.Advance(absl::Seconds(1));
   ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
   wq->Flush(&dwork);
+  EXPECT_EQ(wq->stats().queued, 1u);  // and once after it ran
 }
 
 TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesTheTimer) {

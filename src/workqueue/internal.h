@@ -355,9 +355,8 @@ class WorkqueueCore {
   bool mayday_ ABSL_GUARDED_BY(rescuer_mu_) = false;
   bool rescuer_stop_ ABSL_GUARDED_BY(rescuer_mu_) = false;
 
-  std::atomic<uint64_t> queued_{0}, started_{0}, completed_{0}, hogs_{0}, wakeups_{0}, rescued_{0},
-      exceptions_{0};
-  std::atomic<int64_t> busy_ticks_{0};  // CycleClock ticks of executions
+  // Rare events; the per-execution counters live in each PoolWorkqueue.
+  std::atomic<uint64_t> hogs_{0}, wakeups_{0}, rescued_{0};
 };
 
 // The worker running on this thread, or null.

@@ -170,13 +170,14 @@ bool WorkqueueCore::QueueOn(int cpu, int node, Work* w) {
     }
   }
   if (!TryClaimPending(w)) return false;
-  queued_.fetch_add(1, std::memory_order_relaxed);
   Enqueue(cpu, node, w);
   return true;
 }
 
 void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
-  A::queued_seq(w).fetch_add(1, std::memory_order_acq_rel);
+  // Only the holder of the pending bit writes queued_seq: a plain increment (no RMW).
+  A::queued_seq(w).store(A::queued_seq(w).load(std::memory_order_relaxed) + 1,
+                         std::memory_order_release);
   PoolWorkqueue* pwq = PwqFor(cpu, node);
   // Non-reentrancy: while an instance runs, a new one goes to the pool running it.
   if (WorkerPool* running = A::running_pool(w).load(std::memory_order_acquire)) {
@@ -462,7 +463,6 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   } else if (!TryClaimPending(w)) {
     return false;
   }
-  queued_.fetch_add(1, std::memory_order_relaxed);
   if (delay <= absl::ZeroDuration()) {
     Enqueue(cpu, -1, w);
     return modify ? was_pending : true;
@@ -528,7 +528,13 @@ void WorkqueueCore::RescuerMain() {
 
 WorkqueueStats WorkqueueCore::Stats() const {
   WorkqueueStats s;
-  s.queued = queued_.load(std::memory_order_relaxed);
+  // Instances that entered the workqueue, plus delayed works still on their timers.
+  for (int b = 0; b < kColorBuckets; ++b)
+    s.queued += color_queued_[b].load(std::memory_order_relaxed);
+  {
+    MutexLock lock(&timer_mu_);
+    s.queued += timed_.size();
+  }
   int64_t busy_ticks = 0;
   for (const auto& pwq : pwqs_) pwq->pool->AddStats(pwq.get(), &s, &busy_ticks);
   s.in_flight = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed);
