@@ -473,6 +473,18 @@ TEST_F(WorkqueueTest, HighPriorityFallsBackWhenPriorityCannotBeRaised) {
   EXPECT_EXIT(HighPriFallsBackWithoutPermission(), ::testing::ExitedWithCode(0), "");
 }
 
+TEST_F(WorkqueueTest, UnboundWorkqueuesWithEqualAttributesSharePools) {
+  auto a = Make({.name = "share-a", .flags = kUnbound});  // non-strict, cache scope
+  auto b = Make({.name = "share-b", .flags = kUnbound});
+  auto pools_of = [&](const std::string& name) {
+    const std::string dump = runtime_->Dump();
+    const size_t at = dump.find(name + ": ");
+    const size_t open = dump.find("pools=[", at);
+    return dump.substr(open, dump.find(']', open) - open);
+  };
+  EXPECT_EQ(pools_of("share-a"), pools_of("share-b"));
+}
+
 TEST_F(WorkqueueTest, SystemWorkqueuesRunWork) {
   for (Workqueue* wq : {&SystemWq(), &SystemHighPriWq(), &SystemLongWq(), &SystemUnboundWq()}) {
     std::atomic<bool> ran{false};
@@ -593,6 +605,23 @@ TEST_F(FakeTimeWorkqueueTest, StallIsReportedWhenNoWorkerCanStart) {
   clock_.Advance(absl::Milliseconds(10));  // the watchdog retries creating a worker
   ASSERT_TRUE(Eventually([&] { return ran.load(); }));
   wq->Flush();
+}
+
+TEST_F(FakeTimeWorkqueueTest, RescuerRunsAWorkQueuedAgainWhileItRanIt) {
+  auto wq = *Workqueue::Create(
+      {.name = "reclaim2", .flags = kUnbound | kMemReclaim, .runtime = runtime_.get()});
+  fail_spawn_ = true;
+  std::atomic<int> runs{0};
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  Work work([&] {
+    if (runs.fetch_add(1) == 0) q->Queue(self);  // queued again while the rescuer runs it
+  });
+  self = &work;
+  wq->Queue(&work);
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 2 && !work.pending(); }));
+  wq->Flush();
+  fail_spawn_ = false;
 }
 
 TEST_F(FakeTimeWorkqueueTest, RescuerRunsMemReclaimWorkWhenThreadsCannotBeCreated) {

@@ -7,9 +7,10 @@
 //   T: the workqueue's timer_mu (delayed works waiting on a timer).
 //   R: the runtime's mu.
 //   A: atomic; the comment says which order.
-// Lock order: R before P; Q and P are never held together (a work moves between the
-// workqueue's inactive list and a pool's worklist with one lock at a time, and its
-// `where_` field tells which lock guards it now); T before Q.
+// Lock order: T (timer_mu) before P; R before P; P before Q (a worker signals flushers
+// under its pool's lock); node locks (out_mu before in_mu) are leaves. A work moves
+// between a node's parking lists and a pool's worklist with one lock at a time, and its
+// `where_` field tells which lock guards it now.
 
 #ifndef KWQ_SRC_WORKQUEUE_INTERNAL_H_
 #define KWQ_SRC_WORKQUEUE_INTERNAL_H_
@@ -107,12 +108,15 @@ class WorkerPool {
 
   // Appends a work (its pwq_ set) and wakes or creates a worker if needed.
   void Insert(Work* w);
-  // Removes `w` if it is queued here (worklist or a worker's scheduled list). True if so.
-  bool TryRemove(Work* w);
+  // Removes `w` if it is queued here (worklist or a worker's scheduled list) and returns
+  // the pool workqueue it was queued with (read under this pool's lock); null if not here.
+  PoolWorkqueue* TryRemove(Work* w);
   // Stops the workers (they exit once the worklist is empty) and joins them.
   void Stop();
   // Watchdog: marks CPU hogs, reports stalls. Returns true while the pool is busy.
   bool Check(absl::Time now);
+  // Pending work or a worker running one.
+  bool Busy() const;
   std::string DumpLine() const;
   // Adds `pwq`'s execution counters (guarded by this pool's lock) to `s`.
   void AddStats(const PoolWorkqueue* pwq, WorkqueueStats* s, int64_t* busy_ticks) const;
@@ -128,6 +132,7 @@ class WorkerPool {
   const int cpu;                // I: the CPU of a bound pool, -1 for unbound
   const bool highpri;           // I
   const std::vector<int> cpus;  // I: CPUs workers are bound to (empty: any)
+  std::vector<int> pod;         // I: unbound pools: the pod they serve (their lookup key)
   const bool strict;            // I
 
  private:

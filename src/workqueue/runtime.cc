@@ -161,24 +161,27 @@ void WorkerPool::Insert(Work* w) {
   rt->KickWatchdog();  // pending work is watched for stalls too
 }
 
-bool WorkerPool::TryRemove(Work* w) {
+PoolWorkqueue* WorkerPool::TryRemove(Work* w) {
   MutexLock lock(&mu_);
+  PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
+  // Only a work queued to this pool has its links guarded by this lock.
+  if (pwq == nullptr || pwq->pool != this) return nullptr;
   const auto where = static_cast<WorkWhere>(A::where(w).load(std::memory_order_acquire));
   if (where == WorkWhere::kPool && worklist_.Contains(w)) {
     worklist_.Remove(w);
     SetWhere(w, WorkWhere::kNone);
-    return true;
+    return pwq;
   }
   if (where == WorkWhere::kScheduled) {
     for (auto& worker : workers_) {
       if (worker->scheduled.Contains(w)) {
         worker->scheduled.Remove(w);
         SetWhere(w, WorkWhere::kNone);
-        return true;
+        return pwq;
       }
     }
   }
-  return false;
+  return nullptr;
 }
 
 Work* WorkerPool::NextLocked(Worker* self) {
@@ -216,6 +219,9 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
     self->counted = true;
     ++nr_running_;
   }
+  // More work and room to run it (unbound pools run one worker per CPU): wake or make
+  // another worker, as the kernel's kick_pool does.
+  if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
   ++started_;
   ++pwq->started;
   mu_.Unlock();
@@ -337,44 +343,49 @@ void WorkerPool::ExitBlocking(Worker* w) {
 bool WorkerPool::Check(absl::Time now) {
   JoinDead();
   const uint64_t epoch = rt->watch_epoch_.load(std::memory_order_relaxed);
-  MutexLock lock(&mu_);
-  const bool fresh = watch_epoch_ != epoch;  // the watchdog was paused: look anew
-  watch_epoch_ = epoch;
-  bool busy = !worklist_.empty();
-  for (auto& w : workers_) {
-    if (w->current == nullptr) continue;
-    busy = true;
-    if (fresh || w->watch_epoch != epoch || w->watch_execs != w->execs) {
-      w->watch_epoch = epoch;  // a new execution: first seen now
-      w->watch_execs = w->execs;
-      w->watch_since = now;
-      continue;
-    }
-    if (w->counted && !w->hog && now - w->watch_since >= rt->options.cpu_intensive_threshold) {
-      // A CPU hog: stop counting it, so the pool's other works can run.
-      w->hog = true;
-      w->counted = false;
-      --nr_running_;
-      w->current_pwq->wq->CountHog();
-      if (NeedMoreWorkerLocked()) {
-        w->current_pwq->wq->CountWakeup();
-        WakeOrCreateLocked();
+  std::string stall;  // reported after the lock is released (the reporter may Dump())
+  bool busy;
+  {
+    MutexLock lock(&mu_);
+    const bool fresh = watch_epoch_ != epoch;  // the watchdog was paused: look anew
+    watch_epoch_ = epoch;
+    busy = !worklist_.empty();
+    for (auto& w : workers_) {
+      if (w->current == nullptr) continue;
+      busy = true;
+      if (fresh || w->watch_epoch != epoch || w->watch_execs != w->execs) {
+        w->watch_epoch = epoch;  // a new execution: first seen now
+        w->watch_execs = w->execs;
+        w->watch_since = now;
+        continue;
+      }
+      if (w->counted && !w->hog && now - w->watch_since >= rt->options.cpu_intensive_threshold) {
+        // A CPU hog: stop counting it, so the pool's other works can run.
+        w->hog = true;
+        w->counted = false;
+        --nr_running_;
+        w->current_pwq->wq->CountHog();
+        if (NeedMoreWorkerLocked()) {
+          w->current_pwq->wq->CountWakeup();
+          WakeOrCreateLocked();
+        }
       }
     }
+    if (fresh || worklist_.empty() || started_ != watch_started_) {
+      watch_started_ = started_;
+      watch_since_ = now;
+      stall_reported_ = false;
+    } else if (now - watch_since_ >= rt->options.stall_threshold && !stall_reported_) {
+      stall_reported_ = true;
+      stall = (absl::StrCat(
+          "kwq: pool ", id, " (", cpu >= 0 ? absl::StrCat("cpu ", cpu) : std::string("unbound"),
+          highpri ? ", highpri" : "", ") made no progress for ",
+          absl::FormatDuration(now - watch_since_), ": ", worklist_.size(), " pending, ",
+          workers_.size(), " workers", spawn_failed_ ? ", worker creation failing" : ""));
+    }
+    if (!worklist_.empty() && NeedMoreWorkerLocked() && spawn_failed_) WakeOrCreateLocked();
   }
-  if (fresh || worklist_.empty() || started_ != watch_started_) {
-    watch_started_ = started_;
-    watch_since_ = now;
-    stall_reported_ = false;
-  } else if (now - watch_since_ >= rt->options.stall_threshold && !stall_reported_) {
-    stall_reported_ = true;
-    rt->ReportStall(absl::StrCat(
-        "kwq: pool ", id, " (", cpu >= 0 ? absl::StrCat("cpu ", cpu) : std::string("unbound"),
-        highpri ? ", highpri" : "", ") made no progress for ",
-        absl::FormatDuration(now - watch_since_), ": ", worklist_.size(), " pending, ",
-        workers_.size(), " workers", spawn_failed_ ? ", worker creation failing" : ""));
-  }
-  if (!worklist_.empty() && NeedMoreWorkerLocked() && spawn_failed_) WakeOrCreateLocked();
+  if (!stall.empty()) rt->ReportStall(stall);
   return busy;
 }
 
@@ -398,8 +409,22 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
       continue;
     }
     for (Work* w = found; w != nullptr; w = Execute(rescuer, w)) ++ran;
+    // Instances queued while the rescuer ran them were handed to it: run them too (its
+    // Worker object dies with this call).
+    while (Work* again = rescuer->scheduled.PopFront()) {
+      for (Work* w = again; w != nullptr; w = Execute(rescuer, w)) ++ran;
+    }
   }
   return ran;
+}
+
+bool WorkerPool::Busy() const {
+  MutexLock lock(&mu_);
+  if (!worklist_.empty()) return true;
+  for (const auto& w : workers_) {
+    if (w->current != nullptr) return true;
+  }
+  return false;
 }
 
 void WorkerPool::AddStats(const PoolWorkqueue* pwq, WorkqueueStats* s, int64_t* busy_ticks) const {
@@ -479,7 +504,7 @@ WorkerPool* RuntimeCore::CpuPool(int cpu, bool highpri) {
 WorkerPool* RuntimeCore::UnboundPool(const std::vector<int>& cpus, bool highpri, bool strict) {
   MutexLock lock(&mu_);
   for (auto& p : unbound_pools_) {
-    if (p->highpri == highpri && p->strict == strict && p->cpus == cpus) return p.get();
+    if (p->highpri == highpri && p->strict == strict && p->pod == cpus) return p.get();
   }
   // Not strict: workers may run on any allowed CPU (the scheduler places them).
   std::vector<int> bind = cpus;
@@ -489,6 +514,7 @@ WorkerPool* RuntimeCore::UnboundPool(const std::vector<int>& cpus, bool highpri,
   }
   unbound_pools_.push_back(
       std::make_unique<WorkerPool>(this, next_pool_id_++, -1, highpri, std::move(bind), strict));
+  unbound_pools_.back()->pod = cpus;  // the lookup key, whatever the workers bind to
   return unbound_pools_.back().get();
 }
 
@@ -532,12 +558,15 @@ void RuntimeCore::Watchdog() {
   const absl::Duration period =
       std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);
   MutexLock lock(&watchdog_mu_);
-  if (busy) {
-    watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
-  } else {
+  if (!busy) {
+    // Disarm, then look again: work that arrived after the pass above either is seen
+    // now, or its KickWatchdog comes after the disarm and arms the watchdog itself.
     watchdog_timer_ = 0;
-    watchdog_armed_.store(false, std::memory_order_release);
+    watchdog_armed_.store(false, std::memory_order_seq_cst);
+    for (WorkerPool* p : pools) busy |= p->Busy();
+    if (!busy || watchdog_armed_.exchange(true, std::memory_order_seq_cst)) return;
   }
+  watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
 }
 
 void RuntimeCore::ReportStall(const std::string& report) {

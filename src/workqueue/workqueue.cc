@@ -188,7 +188,10 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
   A::pwq(w).store(pwq, std::memory_order_release);
   Node& n = *nodes_[pwq->node];
-  if (!frozen_.load(std::memory_order_acquire) && TryReserve(n, node_limit_[pwq->node])) {
+  // Take a free slot only when no work waits: a parked work must not be overtaken (FIFO,
+  // which kOrdered relies on).
+  if (!frozen_.load(std::memory_order_acquire) && n.Waiting() == 0 &&
+      TryReserve(n, node_limit_[pwq->node])) {
     pwq->pool->Insert(w);
     return;
   }
@@ -300,7 +303,10 @@ bool WorkqueueCore::GrabPending(Work* w) {
         TimerId timer = 0;
         {
           MutexLock lock(&owner_wq->timer_mu_);
-          if (WhereOf(w) != WorkWhere::kTimer) break;
+          // pwq_ may be stale (the work moved on): re-check under the owner's lock.
+          if (WhereOf(w) != WorkWhere::kTimer || A::pwq(w).load(std::memory_order_acquire) != pwq) {
+            break;
+          }
           auto* d = static_cast<DelayedWork*>(A::list(w));
           timer = A::timer(d);
           if (rt->timers->Cancel(timer)) {
@@ -336,15 +342,19 @@ bool WorkqueueCore::GrabPending(Work* w) {
       }
       case WorkWhere::kPool:
       case WorkWhere::kScheduled: {
-        if (!pwq->pool->TryRemove(w)) {
+        // TryRemove reports the pwq the work was queued with, read under the pool's lock
+        // (the one read above may be stale).
+        PoolWorkqueue* removed = pwq->pool->TryRemove(w);
+        if (removed == nullptr) {
           std::this_thread::yield();
           break;
         }
         // It was active: it leaves without running, and its slot goes to a waiting work.
-        WorkqueueCore* owner_wq = pwq->wq;
+        // InstanceGone comes last: a drainer may destroy the workqueue right after it.
+        WorkqueueCore* owner_wq = removed->wq;
+        owner_wq->Release(*owner_wq->nodes_[removed->node]);
+        owner_wq->ActivateWaiting(removed->node);
         owner_wq->InstanceGone(A::color(w));
-        owner_wq->Release(*owner_wq->nodes_[pwq->node]);
-        owner_wq->ActivateWaiting(pwq->node);
         return true;
       }
       case WorkWhere::kNone:
@@ -396,9 +406,13 @@ void WorkqueueCore::FlushAll() {
   // Works queued from now on take the next color; wait for this one's bucket to empty.
   const uint64_t mine = color_.fetch_add(1, std::memory_order_acq_rel);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
+  // Wait until the bucket is empty, re-reading both counts each time: a producer that
+  // read the old color before the bump may still add to it, and a snapshot of `queued`
+  // could then be matched by that newer work finishing before an older one.
   const int b = static_cast<int>(mine % kColorBuckets);
-  const uint64_t queued = color_queued_[b].load(std::memory_order_acquire);
-  while (color_gone_[b].load(std::memory_order_acquire) < queued) {
+  for (;;) {
+    const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
+    if (gone >= color_queued_[b].load(std::memory_order_acquire)) break;
     cv_.WaitFor(&mu_, kPollPeriod);
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
@@ -420,9 +434,10 @@ bool WorkqueueCore::Disable(Work* w) {
 }
 
 bool WorkqueueCore::Enable(Work* w) {
-  const uint32_t before = A::state(w).load(std::memory_order_acquire);
-  if (before < kDisableUnit) return false;  // not disabled: nothing to undo
-  const uint32_t s = A::state(w).fetch_sub(kDisableUnit, std::memory_order_acq_rel);
+  uint32_t s = A::state(w).load(std::memory_order_acquire);
+  do {
+    if (s < kDisableUnit) return false;  // not disabled: nothing to undo
+  } while (!A::state(w).compare_exchange_weak(s, s - kDisableUnit, std::memory_order_acq_rel));
   return s - kDisableUnit < kDisableUnit;
 }
 
@@ -481,16 +496,14 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
 
 void WorkqueueCore::TimerFired(DelayedWork* d) {
   Work* w = A::work(d);
-  int cpu;
-  {
-    MutexLock lock(&timer_mu_);
-    if (WhereOf(w) != WorkWhere::kTimer || A::list(w) != d) return;
-    SetWhere(w, WorkWhere::kNone);
-    A::list(w) = nullptr;
-    timed_.erase(d);
-    cpu = A::target_cpu(d);
-  }
-  Enqueue(cpu, -1, w);
+  // Queued while timer_mu_ is held: the destructor, which looks at timed_ under it, sees
+  // the work either still on its timer or already counted as queued (then it drains it).
+  MutexLock lock(&timer_mu_);
+  if (WhereOf(w) != WorkWhere::kTimer || A::list(w) != d) return;
+  SetWhere(w, WorkWhere::kNone);
+  A::list(w) = nullptr;
+  timed_.erase(d);
+  Enqueue(A::target_cpu(d), -1, w);
 }
 
 bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
