@@ -171,6 +171,24 @@ TEST_F(WorkqueueTest, StrictUnboundWorkRunsInsideItsPod) {
   }
 }
 
+TEST_F(WorkqueueTest, NonStrictWorkerIsRepatriatedIntoItsPod) {
+  const auto& cpus = runtime_->topology().cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  const int home = cpus.front().cpu, away = cpus.back().cpu;
+  auto wq = Make({.flags = kUnbound, .affinity_scope = AffinityScope::kCpu});  // non-strict
+  int ran_on = -1;
+  Work wander([&] { ASSERT_TRUE(BindCurrentThread({away}).ok()); });  // leaves the pod
+  Work check([&] { ran_on = CurrentCpu(); });
+  wq->QueueOn(home, &wander);
+  wq->Flush(&wander);
+  // A new worker may itself have started outside the pod (and been moved): count from here.
+  const uint64_t before = wq->stats().repatriations;
+  wq->QueueOn(home, &check);
+  wq->Flush(&check);
+  EXPECT_EQ(ran_on, home);  // moved back into the pod before the work started
+  EXPECT_EQ(wq->stats().repatriations, before + 1);
+}
+
 TEST_F(WorkqueueTest, OrderedRunsOneAtATimeInQueueingOrder) {
   auto wq = Make({.flags = kOrdered});
   std::mutex mu;

@@ -169,7 +169,10 @@ struct WorkqueueStats {
   uint64_t cpu_hogs = 0;             // executions the watchdog marked CPU-intensive
   uint64_t concurrency_wakeups = 0;  // extra workers woken for blocked/hogging ones
   uint64_t rescued = 0;              // works executed by the rescuer
-  uint64_t exceptions = 0;           // work functions that threw (caught, counted)
+  // Executions of a non-strict unbound workqueue that found their worker outside the
+  // pod and moved it back in first (wq_monitor's repatriations).
+  uint64_t repatriations = 0;
+  uint64_t exceptions = 0;  // work functions that threw (caught, counted)
 };
 
 class Workqueue {

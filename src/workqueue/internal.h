@@ -117,6 +117,8 @@ class WorkerPool {
   bool Check(absl::Time now);
   // Pending work or a worker running one.
   bool Busy() const;
+  // Moves the calling worker back into the pod if it wandered off (non-strict pools).
+  void Repatriate(WorkqueueCore* wq);
   std::string DumpLine() const;
   // Adds `pwq`'s execution counters (guarded by this pool's lock) to `s`.
   void AddStats(const PoolWorkqueue* pwq, WorkqueueStats* s, int64_t* busy_ticks) const;
@@ -133,7 +135,10 @@ class WorkerPool {
   const bool highpri;           // I
   const std::vector<int> cpus;  // I: CPUs workers are bound to (empty: any)
   std::vector<int> pod;         // I: unbound pools: the pod they serve (their lookup key)
-  const bool strict;            // I
+  // I: a non-strict pool whose pod is not every CPU: its workers may wander outside the
+  // pod and are moved back at the start of an execution (repatriation).
+  bool repatriates = false;
+  const bool strict;  // I
 
  private:
   friend class WorkqueueCore;
@@ -272,6 +277,7 @@ class WorkqueueCore {
   void CountHog() { hogs_.fetch_add(1, std::memory_order_relaxed); }
   void CountWakeup() { wakeups_.fetch_add(1, std::memory_order_relaxed); }
   void CountRescued() { rescued_.fetch_add(1, std::memory_order_relaxed); }
+  void CountRepatriation() { repatriations_.fetch_add(1, std::memory_order_relaxed); }
   // Wakes the rescuer (kMemReclaim) because `pool` cannot create workers.
   void Mayday();
   WorkqueueStats Stats() const;
@@ -361,7 +367,7 @@ class WorkqueueCore {
   bool rescuer_stop_ ABSL_GUARDED_BY(rescuer_mu_) = false;
 
   // Rare events; the per-execution counters live in each PoolWorkqueue.
-  std::atomic<uint64_t> hogs_{0}, wakeups_{0}, rescued_{0};
+  std::atomic<uint64_t> hogs_{0}, wakeups_{0}, rescued_{0}, repatriations_{0};
 };
 
 // The worker running on this thread, or null.

@@ -227,6 +227,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   mu_.Unlock();
 
   rt->KickWatchdog();
+  if (repatriates && !self->rescuer) Repatriate(wq);
   const int64_t start = CycleClock::Now();
   bool threw = false;
   try {
@@ -269,6 +270,19 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   }
   wq->Finished(color);  // last touch of `wq` (unless `next` keeps it busy)
   return next;
+}
+
+void WorkerPool::Repatriate(WorkqueueCore* wq) {
+  // Non-strict: the worker may run anywhere, but starts each work inside its pod, as the
+  // kernel's non-strict affinity scopes do. Pinning to the pod migrates it; widening the
+  // mask again keeps it non-strict. Two system calls, only when it had wandered off.
+  const int here = CurrentCpu();
+  if (here < 0 || std::find(pod.begin(), pod.end(), here) != pod.end()) return;
+  if (BindCurrentThread(pod).ok() && BindCurrentThread(cpus).ok()) {
+    wq->CountRepatriation();
+  } else {
+    rt->CountBindFailure();
+  }
 }
 
 void WorkerPool::WorkerMain(Worker* self) {
@@ -515,6 +529,8 @@ WorkerPool* RuntimeCore::UnboundPool(const std::vector<int>& cpus, bool highpri,
   unbound_pools_.push_back(
       std::make_unique<WorkerPool>(this, next_pool_id_++, -1, highpri, std::move(bind), strict));
   unbound_pools_.back()->pod = cpus;  // the lookup key, whatever the workers bind to
+  unbound_pools_.back()->repatriates =
+      !strict && options.bind_workers && cpus.size() < topology->cpus().size();
   return unbound_pools_.back().get();
 }
 

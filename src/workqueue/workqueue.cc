@@ -555,6 +555,7 @@ WorkqueueStats WorkqueueCore::Stats() const {
   s.cpu_hogs = hogs_.load(std::memory_order_relaxed);
   s.concurrency_wakeups = wakeups_.load(std::memory_order_relaxed);
   s.rescued = rescued_.load(std::memory_order_relaxed);
+  s.repatriations = repatriations_.load(std::memory_order_relaxed);
   return s;
 }
 
