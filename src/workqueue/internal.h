@@ -95,8 +95,6 @@ class Worker {
   bool counted = false;  // counts in pool->nr_running
   bool hog = false;      // marked CPU-intensive by the watchdog
   int blocking = 0;      // nesting of BlockingScope
-  bool idle = false;
-  bool exiting = false;
   bool rescuer = false;  // I: a kMemReclaim rescuer borrowed by the pool
 };
 
@@ -282,8 +280,6 @@ class WorkqueueCore {
   void Mayday();
   WorkqueueStats Stats() const;
   std::string DumpLine() const;
-  bool IsDraining() const { return draining_.load(std::memory_order_acquire); }
-  // Called by a worker with the raw duration (CycleClock ticks) of an execution.
   bool cpu_intensive() const { return (options.flags & kCpuIntensive) != 0; }
 
   RuntimeCore* const rt;           // I
@@ -334,7 +330,6 @@ class WorkqueueCore {
   void ActivateWaiting(int node);
   // An instance of color `color` left the workqueue (ran or was cancelled).
   void InstanceGone(uint64_t color);
-  void WakeWaiters();
 
   std::vector<std::unique_ptr<Node>> nodes_;  // I: one per max_active node
   std::atomic<bool> frozen_{false};

@@ -301,11 +301,9 @@ void WorkerPool::WorkerMain(Worker* self) {
       continue;
     }
     if (stopping_) break;
-    self->idle = true;
     ++nr_idle_;
     const bool timed_out = cv_.WaitFor(&mu_, rt->options.idle_timeout);
     --nr_idle_;
-    self->idle = false;
     // Too many idle workers: the kernel keeps two per pool.
     if (timed_out && nr_idle_ >= 2 && worklist_.empty() && self->scheduled.empty() && !stopping_) {
       auto it = std::find_if(workers_.begin(), workers_.end(),

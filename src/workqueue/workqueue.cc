@@ -269,12 +269,6 @@ int64_t WorkqueueCore::Queued() const {
   return n;
 }
 
-void WorkqueueCore::WakeWaiters() {
-  if (waiters_.load(std::memory_order_seq_cst) == 0) return;
-  MutexLock lock(&mu_);
-  cv_.SignalAll();
-}
-
 Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, WorkerPool* here) {
   Node& n = *nodes_[pwq->node];
   // Hand this work's active slot straight to the next waiting work of its node.
