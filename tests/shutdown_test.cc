@@ -2,6 +2,8 @@
 // orders the API allows. Each test must finish (no hang), leak nothing (LSan) and race
 // nothing (TSan).
 
+#include <dirent.h>
+
 #include <atomic>
 #include <latch>
 #include <memory>
@@ -40,7 +42,18 @@ TEST(ShutdownTest, WorkqueueDestroyedWhileWorksRunAndTimersAreArmed) {
   EXPECT_FALSE(delayed.pending());
 }
 
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
 TEST(ShutdownTest, RuntimeDestroyedAfterItsWorkqueuesJoinsEveryWorker) {
+  TimerService::Default();  // its thread lives for the process: start it before counting
+  const int before = ThreadCount();
   for (int round = 0; round < 5; ++round) {
     auto runtime = *WorkqueueRuntime::Create({});
     auto bound = *Workqueue::Create({.name = "b", .runtime = runtime.get()});
@@ -49,9 +62,13 @@ TEST(ShutdownTest, RuntimeDestroyedAfterItsWorkqueuesJoinsEveryWorker) {
     Work b([] {});
     bound->Queue(&a);
     unbound->Queue(&b);
+    bound->Flush();
+    unbound->Flush();
+    EXPECT_GT(ThreadCount(), before);  // the runtime started workers
     bound.reset();
     unbound.reset();
-  }  // the runtime joins its workers each round; TSan/LSan see no leftover thread
+  }  // the runtime joins its workers each round
+  EXPECT_EQ(ThreadCount(), before);
 }
 
 TEST(ShutdownTest, TimerServiceDestroyedWithTimersArmedAndOneRunning) {

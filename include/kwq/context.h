@@ -52,6 +52,8 @@ struct AfterFuncRecord;
 // The cancellation word of contexts that can never be cancelled (always 0).
 extern const std::atomic<uint32_t> kNeverCancelledWord;
 inline constexpr uint32_t kCancelledBit = 1;
+// IsCancelled() is one load of this word: it must never fall back to a lock.
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
 }  // namespace internal
 
 // Identifies one value slot of a context. Identity is the key object's address, so a key
