@@ -50,6 +50,7 @@
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/slot_fifo.h"
 #include "kwq/internal/spin.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
@@ -353,8 +354,8 @@ class Queue {
   internal::CondVar ready_cv_;    // an item became ready, or shutdown
   internal::CondVar drained_cv_;  // the table emptied while draining, or abort
   Table table_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint32_t> ready_ ABSL_GUARDED_BY(mu_);  // slots in hand-out order
-  std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);   // kIdleListed slots, oldest first
+  internal::SlotFifo ready_ ABSL_GUARDED_BY(mu_);   // slots in hand-out order
+  std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);  // kIdleListed slots, oldest first
   // ready_.size(), readable without the lock (relaxed: only a hint for SpinLocked).
   std::atomic<size_t> ready_hint_{0};
   size_t dirty_ ABSL_GUARDED_BY(mu_) = 0;

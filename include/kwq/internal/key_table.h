@@ -7,15 +7,16 @@
 // processing) without three copies of every key. Not thread-safe: the owning queue's
 // lock guards it. Internal: used by Queue, PriorityQueue and ShardedQueue.
 //
-// Memory per stored key: sizeof(T) in the slab, one byte of state, the key's 32-bit hash,
-// and a 4-byte slot number plus one control byte in the index (absl::flat_hash_set), at
-// its load factor. The stored hash means a key is hashed once per insert: growing the
-// index and erasing a key never read the key again (for std::string keys that read is a
-// cache miss on the string's heap buffer; it was 36% of fifo_1t's time before).
+// Memory per stored key: sizeof(T) in the slab, one byte of state, the key's 32-bit hash
+// (all three in fixed-size chunks), and a 4-byte slot number plus one control byte in the
+// index (absl::flat_hash_set), at its load factor. The stored hash means a key is hashed once per
+// insert: growing the index and erasing a key never read the key again (for std::string keys that
+// read is a cache miss on the string's heap buffer; it was 36% of fifo_1t's time before).
 
 #ifndef KWQ_INTERNAL_KEY_TABLE_H_
 #define KWQ_INTERNAL_KEY_TABLE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,11 +33,13 @@ template <typename T, typename Hash, typename Eq>
 class KeyTable {
  public:
   static constexpr uint32_t kNone = UINT32_MAX;
+  // Slot numbers stay below 2^31 (SlotFifo uses the top bit).
+  static constexpr uint32_t kMaxSlots = 0x80000000u;
 
   KeyTable() : index_(0, SlotHash{this}, SlotEq{this}) {}
   ~KeyTable() {
-    for (uint32_t slot = 0; slot < state_.size(); ++slot) {
-      if (state_[slot] & kLive) Ptr(slot)->~T();
+    for (uint32_t slot = 0; slot < limit_; ++slot) {
+      if (state(slot) & kLive) Ptr(slot)->~T();
     }
   }
   KeyTable(const KeyTable&) = delete;
@@ -54,31 +57,32 @@ class KeyTable {
   // The hash the table uses for `key`.
   static uint32_t HashOf(const T& key) { return static_cast<uint32_t>(Hash{}(key)); }
 
-  // Stores `key` (which must not be present) with state bits `state`; returns its slot.
+  // Stores `key` (which must not be present) with state bits `bits`; returns its slot.
   template <typename K>
-  uint32_t Insert(K&& key, uint8_t state) {
+  uint32_t Insert(K&& key, uint8_t bits) {
     const uint32_t hash = HashOf(key);
-    return Insert(std::forward<K>(key), hash, state);
+    return Insert(std::forward<K>(key), hash, bits);
   }
 
   // Insert with the key's hash already computed (HashOf).
   template <typename K>
-  uint32_t Insert(K&& key, uint32_t hash, uint8_t state) {
+  uint32_t Insert(K&& key, uint32_t hash, uint8_t bits) {
     uint32_t slot;
     if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
     } else {
-      slot = static_cast<uint32_t>(state_.size());
-      KWQ_CHECK(slot != kNone, "kwq queue: more than 2^32 - 1 distinct keys");
-      if ((slot & (kChunk - 1)) == 0)
-        chunks_.push_back(std::make_unique_for_overwrite<Storage[]>(kChunk));
-      state_.push_back(0);
-      hashes_.push_back(0);
+      slot = limit_;
+      KWQ_CHECK(slot < kMaxSlots, "kwq queue: more than 2^31 distinct keys stored at once");
+      if ((slot & (kChunk - 1)) == 0) {
+        chunks_.push_back(std::make_unique_for_overwrite<Chunk>());
+        std::fill_n(chunks_.back()->state, kChunk, uint8_t{0});
+      }
+      ++limit_;
     }
     new (Ptr(slot)) T(std::forward<K>(key));
-    state_[slot] = static_cast<uint8_t>(state | kLive);
-    hashes_[slot] = hash;
+    state(slot) = static_cast<uint8_t>(bits | kLive);
+    hash_of(slot) = hash;
     index_.insert(SlotRef{slot});
     return slot;
   }
@@ -87,18 +91,18 @@ class KeyTable {
   void Erase(uint32_t slot) {
     index_.erase(SlotRef{slot});
     Ptr(slot)->~T();
-    state_[slot] = 0;
+    state(slot) = 0;
     free_.push_back(slot);
   }
 
   T& item(uint32_t slot) { return *Ptr(slot); }
   const T& item(uint32_t slot) const { return *Ptr(slot); }
   // State bits of a live slot; bit 7 (kLive) is reserved.
-  uint8_t& state(uint32_t slot) { return state_[slot]; }
-  uint8_t state(uint32_t slot) const { return state_[slot]; }
+  uint8_t& state(uint32_t slot) { return ChunkOf(slot).state[slot & (kChunk - 1)]; }
+  uint8_t state(uint32_t slot) const { return ChunkOf(slot).state[slot & (kChunk - 1)]; }
   size_t size() const { return index_.size(); }
   // One past the highest slot number ever used (for per-slot side arrays).
-  uint32_t slot_limit() const { return static_cast<uint32_t>(state_.size()); }
+  uint32_t slot_limit() const { return limit_; }
 
   static constexpr uint8_t kLive = 0x80;
 
@@ -106,6 +110,15 @@ class KeyTable {
   static constexpr uint32_t kChunk = 4096;  // slots per slab chunk (a power of two)
   struct alignas(T) Storage {
     std::byte bytes[sizeof(T)];
+  };
+  // kChunk slots: the keys, their hashes and their state bytes. Growing by whole chunks
+  // never copies (a vector per field would copy and leave freed buffers behind on growth).
+  // Only the state bytes are cleared when a chunk is made (zero: not live), so the pages
+  // of unused slots are not touched.
+  struct Chunk {
+    Storage items[kChunk];
+    uint32_t hashes[kChunk];
+    uint8_t state[kChunk];
   };
   struct SlotRef {
     uint32_t slot;
@@ -119,7 +132,7 @@ class KeyTable {
   struct SlotHash {
     using is_transparent = void;
     const KeyTable* table;
-    size_t operator()(SlotRef s) const { return table->hashes_[s.slot]; }
+    size_t operator()(SlotRef s) const { return table->hash_of(s.slot); }
     size_t operator()(const Probe& p) const { return p.hash; }
   };
   struct SlotEq {
@@ -127,18 +140,19 @@ class KeyTable {
     const KeyTable* table;
     bool operator()(SlotRef a, SlotRef b) const { return a.slot == b.slot; }
     bool operator()(SlotRef a, const Probe& p) const {
-      return table->hashes_[a.slot] == p.hash && Eq{}(table->item(a.slot), *p.key);
+      return table->hash_of(a.slot) == p.hash && Eq{}(table->item(a.slot), *p.key);
     }
     bool operator()(const Probe& p, SlotRef a) const { return (*this)(a, p); }
   };
 
+  Chunk& ChunkOf(uint32_t slot) const { return *chunks_[slot / kChunk]; }
   T* Ptr(uint32_t slot) const {
-    return std::launder(reinterpret_cast<T*>(chunks_[slot / kChunk][slot & (kChunk - 1)].bytes));
+    return std::launder(reinterpret_cast<T*>(ChunkOf(slot).items[slot & (kChunk - 1)].bytes));
   }
+  uint32_t& hash_of(uint32_t slot) const { return ChunkOf(slot).hashes[slot & (kChunk - 1)]; }
 
-  std::vector<std::unique_ptr<Storage[]>> chunks_;
-  std::vector<uint8_t> state_;
-  std::vector<uint32_t> hashes_;  // per slot: HashOf(item)
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  uint32_t limit_ = 0;  // slots ever used
   std::vector<uint32_t> free_;
   absl::flat_hash_set<SlotRef, SlotHash, SlotEq> index_;
 };
