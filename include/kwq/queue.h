@@ -24,8 +24,15 @@
 //   - Each key is stored once: the three sets of client-go (queue, dirty, processing) are
 //     state bits beside one copy of the key (see kwq/internal/key_table.h).
 //
-// Thread safety: every member may be called from any thread. One mutex guards the queue;
-// Get blocks on a condition variable. A Lease must not outlive its queue.
+// Thread safety: every member may be called from any thread. A Lease must not outlive its
+// queue. Producers and workers do not share a lock on the common path (docs/design.md has
+// the protocol and the measurements): Add takes the table lock (key index, pushing end of
+// the ready order); Get takes the outbox lock and receives ready items from the table
+// lock's holder through a lock-free single-producer single-consumer ring
+// (kwq/internal/slot_ring.h), falling back to a list under the table lock when the ring is
+// full. Each key's state bits are atomic, so Done takes no lock unless the item must run
+// again, a drain is waiting or metrics are on. An idle Get polls for a while before it
+// sleeps on a condition variable; only one Get polls at length at a time.
 
 #ifndef KWQ_QUEUE_H_
 #define KWQ_QUEUE_H_
@@ -51,6 +58,7 @@
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/internal/slot_fifo.h"
+#include "kwq/internal/slot_ring.h"
 #include "kwq/internal/spin.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
@@ -84,37 +92,40 @@ class Queue {
   explicit Queue(Options options) : options_(std::move(options)) {
     if (options_.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
-          options_.metrics, options_.name, options_.clock, options_.timers, &mu_);
+          options_.metrics, options_.name, options_.clock, options_.timers, &metrics_mu_);
     }
   }
   // Shuts the queue down. Leases must have ended (a debug assertion checks it).
   ~Queue() {
     ShutDown();
     metrics_.reset();
-    internal::MutexLock lock(&mu_);
-    KWQ_DCHECK(in_flight_ == 0, "kwq::Queue destroyed while a Lease is active");
+    KWQ_DCHECK(InFlight() == 0, "kwq::Queue destroyed while a Lease is active");
   }
   Queue(const Queue&) = delete;
   Queue& operator=(const Queue&) = delete;
 
   // Queues `item` unless it is already waiting. Returns true when this call queued it
   // (or marked an item in flight to run again after its Done); false when it was
-  // already waiting or the queue is shutting down. Never blocks on workers.
+  // already waiting or the queue is shutting down. Never blocks on workers. Writes made
+  // before an Add (whatever it returns) are visible to the processing that follows it.
   template <typename K>
   bool Add(K&& item) {
     const uint32_t hash = Table::HashOf(item);  // outside the lock
-    bool wake;
+    bool wake = false;
     {
       internal::MutexLock lock(&mu_);
-      if (!AddLocked(std::forward<K>(item), hash)) return false;
-      wake = NeedWakeLocked();
+      const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash);
+      if (slot == Table::kNone) return false;
+      bool pushed = false;
+      if (!MarkDirtyLocked(slot, &pushed)) return false;
+      if (pushed) wake = NeedWakeLocked();
     }
     if (wake) ready_cv_.Signal();
     return true;
   }
 
-  // Adds every item of `items` under one lock acquisition. Returns how many were queued.
-  // Items of an rvalue range are moved in.
+  // Adds every item of `items` under one acquisition of each lock. Returns how many were
+  // queued. Items of an rvalue range are moved in.
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = !std::is_lvalue_reference_v<Range>;
@@ -124,11 +135,14 @@ class Queue {
       internal::MutexLock lock(&mu_);
       for (auto& item : items) {
         const uint32_t hash = Table::HashOf(item);
+        uint32_t slot;
         if constexpr (kMove) {
-          added += AddLocked(std::move(item), hash);
+          slot = FindOrInsertLocked(std::move(item), hash);
         } else {
-          added += AddLocked(item, hash);
+          slot = FindOrInsertLocked(item, hash);
         }
+        bool pushed = false;
+        if (slot != Table::kNone && MarkDirtyLocked(slot, &pushed)) ++added;
       }
       wake = added > 0 && waiters_ > signaled_;
       if (wake) signaled_ = waiters_;
@@ -140,37 +154,41 @@ class Queue {
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
   // queue is shut down and empty.
   std::optional<Lease> Get() {
-    internal::MutexLock lock(&mu_);
-    if (ready_.empty() && !shutting_down_) SpinLocked();
-    while (ready_.empty()) {
-      if (shutting_down_) return std::nullopt;
-      WaitLocked();
+    for (bool spun = false;; spun = true) {
+      if (std::optional<Lease> lease = TryGet()) return lease;
+      if (!spun) {
+        Spin();
+        continue;
+      }
+      if (!WaitForReady(nullptr)) return std::nullopt;
     }
-    return PopLocked();
   }
 
   // Returns a ready item's lease, or nullopt at once when none is ready.
   std::optional<Lease> TryGet() {
-    internal::MutexLock lock(&mu_);
-    if (ready_.empty()) return std::nullopt;
-    return PopLocked();
+    std::optional<Lease> lease;
+    {
+      internal::MutexLock lock(&out_mu_);
+      uint32_t slot;
+      if (!NextSlotLocked(&slot)) return std::nullopt;
+      lease.emplace(HandOutLocked(slot));
+    }
+    EvictFromWorker();
+    return lease;
   }
 
   // Like Get, and also returns nullopt when `ctx` is done (check ctx.IsCancelled() to
   // tell). Registers a wake-up on `ctx` only when it has to block.
   std::optional<Lease> Get(const Context& ctx) {
+    if (std::optional<Lease> lease = TryGet()) return lease;
     {
       internal::MutexLock lock(&mu_);
-      if (!ready_.empty()) return PopLocked();
       if (shutting_down_ || ctx.IsCancelled()) return std::nullopt;
     }
     Waker waker{this};
     AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
     std::optional<Lease> lease;
-    {
-      internal::MutexLock lock(&mu_);
-      while (ready_.empty() && !shutting_down_ && !ctx.IsCancelled()) WaitLocked();
-      if (!ready_.empty()) lease.emplace(PopLocked());
+    while (!(lease = TryGet()) && WaitForReady(&ctx)) {
     }
     // The waker touches this queue: make sure it is not running when we return.
     if (!handle.Stop()) {
@@ -181,18 +199,21 @@ class Queue {
 
   // Items ready to be handed out.
   size_t Len() const {
+    internal::MutexLock out_lock(&out_mu_);
     internal::MutexLock lock(&mu_);
-    return ready_.size();
+    return outbox_.size() + ring_.SizeHint() + overflow_.size();
   }
   // Items waiting to run: ready ones plus in-flight ones added again (client-go's depth).
   size_t Depth() const {
+    internal::MutexLock out_lock(&out_mu_);
     internal::MutexLock lock(&mu_);
-    return dirty_;
+    return static_cast<size_t>(added_.load(std::memory_order_relaxed) -
+                               taken_.load(std::memory_order_relaxed));
   }
   // Leases not yet ended.
   size_t InFlight() const {
-    internal::MutexLock lock(&mu_);
-    return in_flight_;
+    internal::MutexLock lock(&out_mu_);
+    return static_cast<size_t>(taken_.load(std::memory_order_relaxed) - Finished());
   }
 
   // Stops accepting adds and wakes every blocked Get. Items already queued are still
@@ -215,10 +236,14 @@ class Queue {
     shutting_down_ = true;
     if (draining_ == 0) drain_aborted_ = false;
     ++draining_;
+    // From here on every Done counts itself under mu_, so it can signal drained_cv_
+    // before the drainer (who may destroy the queue) returns.
+    finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
     ready_cv_.SignalAll();
-    while (dirty_ + in_flight_ > 0 && !drain_aborted_) drained_cv_.Wait(&mu_);
+    while (!DrainedLocked() && !drain_aborted_) drained_cv_.Wait(&mu_);
     --draining_;
-    return dirty_ + in_flight_ == 0;
+    if (draining_ == 0) finished_.fetch_and(~kDrainFlag, std::memory_order_relaxed);
+    return DrainedLocked();
   }
 
   bool ShuttingDown() const {
@@ -231,13 +256,25 @@ class Queue {
   internal::QueueMetricsRecorder* metrics_recorder() { return metrics_.get(); }
 
  private:
+  using Table = internal::KeyTable<T, Hash, Eq>;
+
+  // Per-slot state bits (atomic, see State()). Only Add sets kDirty, under mu_; Get turns
+  // kDirty into kProcessing and Done clears kProcessing.
   static constexpr uint8_t kDirty = 1;       // waiting to run (queued, or re-added)
   static constexpr uint8_t kProcessing = 2;  // a lease is active
-  static constexpr uint8_t kIdleListed = 4;  // the slot is in idle_ (it may be busy again)
-  // Keys done and not re-added stay in the table, idle, until more than this many are
-  // idle: a hot key that cycles through Add/Get/Done is then not copied, hashed into the
-  // index and freed on every cycle. Older idle keys are erased first.
-  static constexpr size_t kMaxIdle = 4096;
+  // finished_: leases ended, in the low bits; kDrainFlag while a drain waits.
+  static constexpr uint64_t kDrainFlag = uint64_t{1} << 63;
+  // Keys done and not re-added stay in the table, idle, until more than about this many
+  // are idle: a hot key that cycles through Add/Get/Done is then not copied, hashed into
+  // the index and freed on every cycle. A clock hand over the slots erases idle ones.
+  static constexpr int64_t kMaxIdle = 4096;
+  // Idle keys a worker lets pile up beyond kMaxIdle before it erases them in one go.
+  static constexpr int64_t kEvictBatch = 64;
+  // Slots the producer's backstop looks at per insert (past twice kMaxIdle idle keys).
+  static constexpr int kEvictScan = 8;
+  // Polls of a Get that finds another one polling, before it sleeps (a short poll still
+  // catches the next item of a busy producer, which saves it a wake-up call).
+  static constexpr int kSecondSpinnerPolls = 32;
 
   // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
   struct Waker {
@@ -250,13 +287,50 @@ class Queue {
     }
   };
 
-  // Before a Get sleeps, it polls (without the lock) for a while: a producer usually adds
-  // the next item soon, and catching it here saves both the worker's sleep and the
-  // producer's futex wake-up.
-  void SpinLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    mu_.Unlock();
-    internal::PollWhileZero(ready_hint_);
-    mu_.Lock();
+  // A slot's state bits. Safe without mu_ for a slot that is queued or in flight: the
+  // table never moves a slot's byte, and such a slot is not erased.
+  std::atomic_ref<uint8_t> State(uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return std::atomic_ref<uint8_t>(table_.state(slot));
+  }
+  // A queued or in-flight slot's key (same reasoning as State).
+  const T* ItemOf(uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS { return &table_.item(slot); }
+
+  uint64_t Finished() const { return finished_.load(std::memory_order_acquire) & ~kDrainFlag; }
+  // Ready items in the ring, overflow list and outbox, read without their locks (a hint
+  // for polling).
+  size_t ReadyHint() const {
+    return ring_.SizeHint() + overflow_hint_.load(std::memory_order_relaxed) +
+           out_hint_.load(std::memory_order_relaxed);
+  }
+
+  // Polls for a ready item before the Get sleeps. One Get at a time polls at length
+  // (about half a millisecond): one polling worker catches a producer's next item as well
+  // as two, and a second one would mostly take CPU time from the producer. Any other Get
+  // polls briefly (kSecondSpinnerPolls) and sleeps; it is woken when items pile up (see
+  // NeedWakeLocked). Measured on 2 cores in docs/design.md.
+  void Spin() {
+    int idle = 0;
+    if (!spinners_.compare_exchange_strong(idle, 1, std::memory_order_relaxed)) {
+      internal::PollUntil([this] { return ReadyHint() != 0; }, kSecondSpinnerPolls);
+      return;
+    }
+    internal::PollUntil([this] { return ReadyHint() != 0; });
+    // Before this thread checks under mu_ whether to sleep (see NeedWakeLocked).
+    spinners_.store(0, std::memory_order_relaxed);
+  }
+
+  // Blocks until an item may be ready. Returns false when the queue is shut down (or
+  // `ctx` is done) and nothing is ready.
+  bool WaitForReady(const Context* ctx) {
+    internal::MutexLock lock(&mu_);
+    // The ring's size here may count slots a worker just took (never the reverse), and
+    // out_hint_ turns non-zero only under mu_ (NextSlotLocked), so nothing ready is missed.
+    while (overflow_.empty() && ring_.SizeHint() == 0 &&
+           out_hint_.load(std::memory_order_acquire) == 0) {
+      if (shutting_down_ || (ctx != nullptr && ctx->IsCancelled())) return false;
+      WaitLocked();
+    }
+    return true;
   }
 
   // Blocks one Get on ready_cv_. Each Signal wakes exactly one blocked waiter, which
@@ -270,102 +344,212 @@ class Queue {
 
   // Whether a newly ready item needs a Signal: only when more Gets are blocked than have
   // been signalled and not yet woken. A producer adding items faster than workers wake
-  // then makes one futex call per sleeping worker, not one per item.
+  // then makes one futex call per sleeping worker, not one per item. While a Get spins,
+  // it will take the item: a sleeper is woken only once items pile up. (A spinner that
+  // gives up clears spinners_ before it takes mu_ to decide whether to sleep, so a
+  // producer that sees it spinning here knows it will find this item.)
   bool NeedWakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (waiters_ <= signaled_) return false;
+    if (spinners_.load(std::memory_order_relaxed) > 0 && ring_.SizeHint() + overflow_.size() <= 1) {
+      return false;
+    }
     ++signaled_;
     return true;
   }
 
+  // The slot of `item`, inserted (idle) if new; or kNone when the queue is shutting down.
   template <typename K>
-  bool AddLocked(K&& item, uint32_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (shutting_down_) return false;
+  uint32_t FindOrInsertLocked(K&& item, uint32_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutting_down_) return Table::kNone;
     uint32_t slot = table_.Find(item, hash);
     if (slot == Table::kNone) {
-      slot = table_.Insert(std::forward<K>(item), hash, kDirty);
-      ready_.push_back(slot);
-      ready_hint_.store(ready_.size(), std::memory_order_relaxed);
-    } else {
-      uint8_t& state = table_.state(slot);
-      if (state & kDirty) return false;  // already waiting
-      state |= kDirty;
-      if (!(state & kProcessing)) {  // idle: queue it now (in flight: Finish queues it)
-        ready_.push_back(slot);
-        ready_hint_.store(ready_.size(), std::memory_order_relaxed);
-      }
+      // Backstop for when workers do not keep up with eviction. Before the insert: the new
+      // slot is idle until MarkDirtyLocked.
+      if (IdleEstimate() > 2 * kMaxIdle) EvictLocked(kEvictScan, 2 * kMaxIdle);
+      slot = table_.Insert(std::forward<K>(item), hash, 0);
+      stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
     }
-    ++dirty_;
-    if (metrics_) metrics_->OnAdd(slot);
+    return slot;
+  }
+
+  // Marks `slot` waiting and, unless a lease is active (its Done will), queues it. Returns
+  // false when it was already waiting (the add merges into it) or the queue is shutting
+  // down. The exchange is a release read-modify-write even when the key was waiting, so
+  // the caller's earlier writes are visible to the Get that hands the item out.
+  bool MarkDirtyLocked(uint32_t slot, bool* pushed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutting_down_) return false;
+    const uint8_t old = State(slot).fetch_or(kDirty, std::memory_order_acq_rel);
+    if (old & kDirty) return false;
+    added_.store(added_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (!(old & kProcessing)) {
+      PushLocked(slot);
+      *pushed = true;
+    }
+    if (metrics_) {
+      internal::MutexLock lock(&metrics_mu_);
+      metrics_->OnAdd(slot);
+    }
     return true;
   }
 
-  Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint32_t slot = ready_.front();
-    ready_.pop_front();
-    ready_hint_.store(ready_.size(), std::memory_order_relaxed);
-    table_.state(slot) = static_cast<uint8_t>((table_.state(slot) & ~kDirty) | kProcessing);
-    --dirty_;
-    ++in_flight_;
-    if (metrics_) metrics_->OnGet(slot);
-    return Lease(this, slot, &table_.item(slot));
+  // Makes `slot` ready: into the ring, or into the overflow list when the ring is full or
+  // the overflow list already holds older items (so the hand-out order stays FIFO).
+  void PushLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (overflow_.empty() && ring_.TryPush(slot)) return;
+    overflow_.push_back(slot);
+    overflow_hint_.store(overflow_.size(), std::memory_order_relaxed);
   }
 
-  // Lists a slot that just went idle and erases the oldest idle keys beyond kMaxIdle.
-  void KeepIdleLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint8_t& state = table_.state(slot);
-    if (!(state & kIdleListed)) {
-      state |= kIdleListed;
-      idle_.push_back(slot);
+  // The oldest ready slot, in hand-out order: the outbox (former overflow, older than
+  // anything pushed since), then the ring (older than the overflow list: the producer
+  // stops using the ring while the overflow list is not empty), then the overflow list,
+  // which is moved over whole. Moving more than one item wakes one more sleeping Get.
+  bool NextSlotLocked(uint32_t* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
+    if (!outbox_.empty()) {
+      *slot = outbox_.front();
+      outbox_.pop_front();
+      out_hint_.store(outbox_.size(), std::memory_order_relaxed);
+      return true;
     }
-    while (idle_.size() > kMaxIdle) {
-      const uint32_t old = idle_.front();
-      idle_.pop_front();
-      uint8_t& old_state = table_.state(old);
-      old_state &= ~kIdleListed;
-      if (!(old_state & (kDirty | kProcessing))) table_.Erase(old);
-    }
-  }
-
-  void Finish(uint32_t slot) {
-    bool wake_getter = false;
+    if (ring_.TryPop(slot)) return true;
+    if (overflow_hint_.load(std::memory_order_relaxed) == 0) return false;  // checked below
+    bool wake = false;
     {
       internal::MutexLock lock(&mu_);
-      uint8_t& state = table_.state(slot);
-      state &= ~kProcessing;
-      --in_flight_;
-      if (metrics_) metrics_->OnDone(slot);
-      if (state & kDirty) {
-        ready_.push_back(slot);
-        ready_hint_.store(ready_.size(), std::memory_order_relaxed);
-        wake_getter = NeedWakeLocked();
-      } else {
-        KeepIdleLocked(slot);
-        // Under the lock: a drainer that returns may destroy the queue at once.
-        if (draining_ > 0 && dirty_ + in_flight_ == 0) drained_cv_.SignalAll();
-      }
+      // No producer now: a slot pushed to the ring since the check above is older than the
+      // overflow list only if the list was empty then, so take the ring first.
+      if (ring_.TryPop(slot)) return true;
+      if (overflow_.empty()) return false;
+      std::swap(outbox_, overflow_);
+      overflow_hint_.store(0, std::memory_order_relaxed);
+      *slot = outbox_.front();
+      outbox_.pop_front();
+      out_hint_.store(outbox_.size(), std::memory_order_relaxed);
+      if (!outbox_.empty()) wake = NeedWakeLocked();
     }
-    if (wake_getter) ready_cv_.Signal();
+    if (wake) ready_cv_.Signal();
+    return true;
   }
 
-  using Table = internal::KeyTable<T, Hash, Eq>;
+  // Hands out `slot` (just taken from the ready order).
+  Lease HandOutLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
+    State(slot).fetch_xor(kDirty | kProcessing, std::memory_order_acq_rel);  // dirty -> processing
+    taken_.store(taken_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (metrics_) {
+      internal::MutexLock lock(&metrics_mu_);
+      metrics_->OnGet(slot);
+    }
+    return Lease(this, slot, ItemOf(slot));
+  }
+
+  // Nothing waiting or in flight: every dirty mark was handed out and its lease ended.
+  // Under mu_ with shutting_down_ set, added_ no longer changes.
+  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<uint64_t>(added_.load(std::memory_order_relaxed)) == Finished();
+  }
+
+  // Idle keys in the table, about: stored minus waiting minus in flight (an item both
+  // waiting and in flight is subtracted twice, so this errs low).
+  int64_t IdleEstimate() const {
+    return stored_.load(std::memory_order_relaxed) - added_.load(std::memory_order_relaxed) +
+           static_cast<int64_t>(Finished());
+  }
+
+  // Advances the clock hand over at most `scan` slots, erasing idle keys while more than
+  // `keep` are idle. An idle slot seen here stays idle until mu_ is released: only Add
+  // makes it busy.
+  void EvictLocked(int scan, int64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int n = 0; n < scan && IdleEstimate() > keep; ++n) {
+      if (hand_ >= table_.slot_limit()) hand_ = 0;
+      const uint32_t slot = hand_++;
+      const uint8_t state = State(slot).load(std::memory_order_acquire);
+      if ((state & Table::kLive) && !(state & (kDirty | kProcessing))) {
+        table_.Erase(slot);
+        stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // After a hand-out: once a batch of idle keys beyond kMaxIdle has piled up, the worker
+  // erases them, if the table lock is free (workers usually have time to spare; the
+  // producer only evicts as a backstop, see FindOrInsertLocked).
+  void EvictFromWorker() {
+    if (IdleEstimate() > kMaxIdle + kEvictBatch && mu_.TryLock()) {
+      EvictLocked(4 * kEvictBatch, kMaxIdle);
+      mu_.Unlock();
+    }
+  }
+
+  // Ends a lease. Without metrics and without a drain waiting, this takes no lock unless
+  // the item was added again meanwhile (then it is queued under mu_).
+  void Finish(uint32_t slot) {
+    if (metrics_) {
+      internal::MutexLock lock(&metrics_mu_);
+      metrics_->OnDone(slot);
+    }
+    // After this exchange the slot may be erased (when idle): it is not touched again.
+    const uint8_t old =
+        State(slot).fetch_and(static_cast<uint8_t>(~kProcessing), std::memory_order_acq_rel);
+    if (old & kDirty) {
+      bool wake;
+      {
+        internal::MutexLock lock(&mu_);
+        PushLocked(slot);
+        wake = NeedWakeLocked();
+      }
+      // Safe before the lease is counted as ended: the item waits, so no drain finishes.
+      if (wake) ready_cv_.Signal();
+    }
+    uint64_t finished = finished_.load(std::memory_order_relaxed);
+    while (!(finished & kDrainFlag)) {
+      if (finished_.compare_exchange_weak(finished, finished + 1, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+        return;
+      }
+    }
+    // A drain waits: count under the lock, so the drainer (which may destroy the queue as
+    // soon as it returns) cannot return before this thread is done with it.
+    internal::MutexLock lock(&mu_);
+    finished_.fetch_add(1, std::memory_order_release);
+    if (draining_ > 0 && DrainedLocked()) drained_cv_.SignalAll();
+  }
 
   const Options options_;
+
+  // Producer side, under the table lock: the key index and the pushing end of the ready
+  // order (Add, and a Done whose item was added again). Sleeping Gets, shutdown and drain
+  // live here too.
   mutable internal::Mutex mu_;
-  internal::CondVar ready_cv_;    // an item became ready, or shutdown
-  internal::CondVar drained_cv_;  // the table emptied while draining, or abort
   Table table_ ABSL_GUARDED_BY(mu_);
-  internal::SlotFifo ready_ ABSL_GUARDED_BY(mu_);   // slots in hand-out order
-  std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);  // kIdleListed slots, oldest first
-  // ready_.size(), readable without the lock (relaxed: only a hint for SpinLocked).
-  std::atomic<size_t> ready_hint_{0};
-  size_t dirty_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t hand_ ABSL_GUARDED_BY(mu_) = 0;  // next slot the idle-key hand looks at
+  std::atomic<int64_t> stored_{0};          // table_.size(), written under mu_
+  // Ready slots pass from the holder of mu_ to the holder of out_mu_ through the ring;
+  // those that do not fit wait in overflow_ (see PushLocked and NextSlotLocked).
+  internal::SlotRing ring_;
+  internal::SlotFifo overflow_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> overflow_hint_{0};  // overflow_.size(), written under mu_
+  // Dirty marks ever made (written under mu_).
+  std::atomic<int64_t> added_{0};
+  internal::CondVar ready_cv_;             // an item became ready, or shutdown
+  internal::CondVar drained_cv_;           // nothing waiting or in flight while draining, or abort
+  std::atomic<int> spinners_{0};           // Gets polling in Spin (0 or 1)
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;   // Gets blocked on ready_cv_
   int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool drain_aborted_ ABSL_GUARDED_BY(mu_) = false;
-  // Set at construction; its methods are called with mu_ held.
+
+  // The outbox (a former overflow list): Gets pop here first.
+  alignas(64) mutable internal::Mutex out_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  internal::SlotFifo outbox_ ABSL_GUARDED_BY(out_mu_);
+  std::atomic<size_t> out_hint_{0};  // outbox_.size(), written under out_mu_
+  std::atomic<int64_t> taken_{0};    // hand-outs ever made, written under out_mu_
+
+  // Leases ended (and kDrainFlag): counted by Done without a lock.
+  alignas(64) std::atomic<uint64_t> finished_{0};
+
+  // Guards the recorder's per-slot data; taken last. Its methods are called under it.
+  internal::Mutex metrics_mu_;
   std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
 };
 

@@ -5,7 +5,9 @@
 // numbers finds it by value; per-slot state bits (dirty, processing, ...) sit in a byte
 // array beside it. This is how kwq keeps client-go's three sets (queue, dirty,
 // processing) without three copies of every key. Not thread-safe: the owning queue's
-// lock guards it. Internal: used by Queue, PriorityQueue and ShardedQueue.
+// lock guards it, except that item() and state() of a slot may be read from a thread
+// that was handed the slot number (see item()). Internal: used by Queue, PriorityQueue
+// and DelayingQueue.
 //
 // Memory per stored key: sizeof(T) in the slab, one byte of state, the key's 32-bit hash
 // (all three in fixed-size chunks), and a 4-byte slot number plus one control byte in the
@@ -17,6 +19,7 @@
 #define KWQ_INTERNAL_KEY_TABLE_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -75,8 +78,7 @@ class KeyTable {
       slot = limit_;
       KWQ_CHECK(slot < kMaxSlots, "kwq queue: more than 2^31 distinct keys stored at once");
       if ((slot & (kChunk - 1)) == 0) {
-        chunks_.push_back(std::make_unique_for_overwrite<Chunk>());
-        std::fill_n(chunks_.back()->state, kChunk, uint8_t{0});
+        AddChunk();
       }
       ++limit_;
     }
@@ -95,6 +97,9 @@ class KeyTable {
     free_.push_back(slot);
   }
 
+  // The key in a live slot. Besides the owner (under its lock), a thread that was handed
+  // the slot number under a lock the owner took after inserting the key may call item()
+  // and state() without the owner's lock: neither moves when the table grows.
   T& item(uint32_t slot) { return *Ptr(slot); }
   const T& item(uint32_t slot) const { return *Ptr(slot); }
   // State bits of a live slot; bit 7 (kLive) is reserved.
@@ -145,13 +150,37 @@ class KeyTable {
     bool operator()(const Probe& p, SlotRef a) const { return (*this)(a, p); }
   };
 
-  Chunk& ChunkOf(uint32_t slot) const { return *chunks_[slot / kChunk]; }
+  // The directory only grows: a full one is copied into one twice its size, and the old one
+  // is kept until the table dies. So a thread that holds a slot number handed to it under
+  // a lock (see item()) may read the directory while the owner adds chunks.
+  Chunk& ChunkOf(uint32_t slot) const {
+    return *dir_.load(std::memory_order_acquire)[slot / kChunk];
+  }
+
+  void AddChunk() {
+    const size_t n = chunks_.size();
+    chunks_.push_back(std::make_unique_for_overwrite<Chunk>());
+    std::fill_n(chunks_.back()->state, kChunk, uint8_t{0});
+    if (n == dir_capacity_) {
+      dir_capacity_ = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
+      auto dir = std::make_unique<Chunk*[]>(dir_capacity_);
+      for (size_t i = 0; i < n; ++i) dir[i] = chunks_[i].get();
+      dir[n] = chunks_[n].get();
+      dir_.store(dir.get(), std::memory_order_release);
+      dirs_.push_back(std::move(dir));
+    } else {
+      dirs_.back()[n] = chunks_[n].get();
+    }
+  }
   T* Ptr(uint32_t slot) const {
     return std::launder(reinterpret_cast<T*>(ChunkOf(slot).items[slot & (kChunk - 1)].bytes));
   }
   uint32_t& hash_of(uint32_t slot) const { return ChunkOf(slot).hashes[slot & (kChunk - 1)]; }
 
   std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::vector<std::unique_ptr<Chunk*[]>> dirs_;  // every directory made; the last is current
+  std::atomic<Chunk* const*> dir_{nullptr};
+  size_t dir_capacity_ = 0;
   uint32_t limit_ = 0;  // slots ever used
   std::vector<uint32_t> free_;
   absl::flat_hash_set<SlotRef, SlotHash, SlotEq> index_;

@@ -20,13 +20,19 @@ namespace kwq::internal {
 inline constexpr int kGetPolls = 8000;
 inline constexpr int kGetYieldEvery = 8;
 
-inline void PollWhileZero(const std::atomic<size_t>& hint) {
-  for (int i = 1; i <= kGetPolls && hint.load(std::memory_order_relaxed) == 0; ++i) {
+// Polls until `ready()` returns true or `polls` polls have been made.
+template <typename Ready>
+void PollUntil(Ready ready, int polls = kGetPolls) {
+  for (int i = 1; i <= polls && !ready(); ++i) {
     if (i % kGetYieldEvery == 0) std::this_thread::yield();  // the producer may need the CPU
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
   }
+}
+
+inline void PollWhileZero(const std::atomic<size_t>& hint) {
+  PollUntil([&hint] { return hint.load(std::memory_order_relaxed) != 0; });
 }
 
 }  // namespace kwq::internal
