@@ -167,13 +167,15 @@ class Queue {
   // Returns a ready item's lease, or nullopt at once when none is ready.
   std::optional<Lease> TryGet() {
     std::optional<Lease> lease;
+    int64_t taken;
     {
       internal::MutexLock lock(&out_mu_);
       uint32_t slot;
       if (!NextSlotLocked(&slot)) return std::nullopt;
       lease.emplace(HandOutLocked(slot));
+      taken = taken_.load(std::memory_order_relaxed);
     }
-    EvictFromWorker();
+    if (taken % kEvictBatch == 0) EvictFromWorker();
     return lease;
   }
 
@@ -270,7 +272,8 @@ class Queue {
   static constexpr int64_t kMaxIdle = 4096;
   // Idle keys a worker lets pile up beyond kMaxIdle before it erases them in one go.
   static constexpr int64_t kEvictBatch = 64;
-  // Slots the producer's backstop looks at per insert (past twice kMaxIdle idle keys).
+  // Slots the producer's backstop looks at per insert, on average (past twice kMaxIdle
+  // idle keys).
   static constexpr int kEvictScan = 8;
   // Polls of a Get that finds another one polling, before it sleeps (a short poll still
   // catches the next item of a busy producer, which saves it a wake-up call).
@@ -363,9 +366,12 @@ class Queue {
     if (shutting_down_) return Table::kNone;
     uint32_t slot = table_.Find(item, hash);
     if (slot == Table::kNone) {
-      // Backstop for when workers do not keep up with eviction. Before the insert: the new
-      // slot is idle until MarkDirtyLocked.
-      if (IdleEstimate() > 2 * kMaxIdle) EvictLocked(kEvictScan, 2 * kMaxIdle);
+      // Backstop for when workers do not keep up with eviction, every kEvictBatch inserts
+      // (IdleEstimate reads the workers' finished_ counter: a cache miss on a line they
+      // keep writing). Before the insert: the new slot is idle until MarkDirtyLocked.
+      if (++inserts_ % kEvictBatch == 0 && IdleEstimate() > 2 * kMaxIdle) {
+        EvictLocked(kEvictBatch * kEvictScan, 2 * kMaxIdle);
+      }
       slot = table_.Insert(std::forward<K>(item), hash, 0);
       stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
     }
@@ -470,9 +476,10 @@ class Queue {
     }
   }
 
-  // After a hand-out: once a batch of idle keys beyond kMaxIdle has piled up, the worker
-  // erases them, if the table lock is free (workers usually have time to spare; the
-  // producer only evicts as a backstop, see FindOrInsertLocked).
+  // Every kEvictBatch hand-outs: once a batch of idle keys beyond kMaxIdle has piled up,
+  // the worker erases them, if the table lock is free (workers usually have time to
+  // spare; the producer only evicts as a backstop, see FindOrInsertLocked). Trying on
+  // every hand-out would bounce the producer's lock word between CPUs.
   void EvictFromWorker() {
     if (IdleEstimate() > kMaxIdle + kEvictBatch && mu_.TryLock()) {
       EvictLocked(4 * kEvictBatch, kMaxIdle);
@@ -521,8 +528,9 @@ class Queue {
   // live here too.
   mutable internal::Mutex mu_;
   Table table_ ABSL_GUARDED_BY(mu_);
-  uint32_t hand_ ABSL_GUARDED_BY(mu_) = 0;  // next slot the idle-key hand looks at
-  std::atomic<int64_t> stored_{0};          // table_.size(), written under mu_
+  uint32_t hand_ ABSL_GUARDED_BY(mu_) = 0;     // next slot the idle-key hand looks at
+  uint64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;  // keys inserted, ever
+  std::atomic<int64_t> stored_{0};             // table_.size(), written under mu_
   // Ready slots pass from the holder of mu_ to the holder of out_mu_ through the ring;
   // those that do not fit wait in overflow_ (see PushLocked and NextSlotLocked).
   internal::SlotRing ring_;
