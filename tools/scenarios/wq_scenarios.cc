@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kwq/workqueue.h"
 #include "scenario.h"
@@ -47,10 +48,13 @@ std::string WqTiny(int64_t n) {
   }
   Stopwatch sw;
   for (auto& w : works) wq->Queue(w.get());
+  const absl::Duration queued = sw.Elapsed();
   while (count.load(std::memory_order_acquire) < n) std::this_thread::yield();
   const absl::Duration d = sw.Elapsed();
   wq->Flush();
-  return PerItem(d, n, cpus);
+  // queue_ns_per_item: the producer's loop alone (how long Queue takes, workers running).
+  return absl::StrCat(PerItem(d, n, cpus), " queue_ns_per_item=",
+                      absl::StrFormat("%.1f", absl::ToDoubleNanoseconds(queued) / n));
 }
 
 std::string WqTinyAsio(int64_t n) {
