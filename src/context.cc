@@ -63,7 +63,7 @@ void RunAfterFunc(AfterFuncRecord& record) {
 void Unlink(ContextNode* node) {
   ContextNode* reg = node->registrar();
   if (reg == nullptr) return;
-  MutexLock lock(&reg->mu);
+  SpinLockHolder lock(&reg->mu);
   if (!node->linked) return;
   if (node->prev_sibling != nullptr) {
     node->prev_sibling->next_sibling = node->next_sibling;
@@ -137,7 +137,7 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
     TimerId timer = 0;
     bool waiters = false;
     {
-      MutexLock lock(&node->mu);
+      SpinLockHolder lock(&node->mu);
       if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
         node->err = err;
         node->cause = cause;
@@ -170,15 +170,16 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
   }
 }
 
-ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline) {
+ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs) {
   Ref(parent);
   auto* node = new ContextNode(parent, CancelSource::kOwn, parent->timers, deadline);
+  node->refs.store(refs, std::memory_order_relaxed);  // before the node is published
   ContextNode* reg = node->registrar();
   if (reg == nullptr) return node;  // the parent can never be cancelled
   const absl::Status* err;
   absl::Status cause;
   {
-    MutexLock lock(&reg->mu);
+    SpinLockHolder lock(&reg->mu);
     if ((reg->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
       node->next_sibling = reg->first_child;
       if (reg->first_child != nullptr) reg->first_child->prev_sibling = node;
@@ -260,14 +261,14 @@ ContextNode* Context::node() const {
 absl::Status Context::Err() const {
   ContextNode* c = node()->canceller;
   if (!IsCancelled()) return absl::OkStatus();
-  internal::MutexLock lock(&c->mu);
+  internal::SpinLockHolder lock(&c->mu);
   return *c->err;
 }
 
 absl::Status Context::Cause() const {
   ContextNode* c = node()->canceller;
   if (!IsCancelled()) return absl::OkStatus();
-  internal::MutexLock lock(&c->mu);
+  internal::SpinLockHolder lock(&c->mu);
   return c->cause.ok() ? *c->err : c->cause;
 }
 
@@ -346,7 +347,7 @@ bool AfterFuncHandle::Stop() const {
   ContextNode* owner = internal::NodeOf(owner_)->canceller;
   if (owner != nullptr) {
     std::shared_ptr<internal::AfterFuncRecord> doomed;  // freed after the lock
-    internal::MutexLock lock(&owner->mu);
+    internal::SpinLockHolder lock(&owner->mu);
     if (record_->linked) {
       doomed = std::move(*record_->it);
       owner->after_funcs.erase(record_->it);
@@ -362,7 +363,7 @@ AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
   if (c != nullptr) {
     bool done;
     {
-      internal::MutexLock lock(&c->mu);
+      internal::SpinLockHolder lock(&c->mu);
       done = (c->state.load(std::memory_order_relaxed) & internal::kCancelledBit) != 0;
       if (!done) {
         c->after_funcs.push_back(record);
@@ -389,8 +390,10 @@ Context BackgroundWithTimers(TimerService* timers) {
 
 CancelableContext WithCancel(const Context& parent) {
   ContextNode* p = internal::NodeOf(parent);
-  Context ctx = internal::AdoptNode(internal::NewCancellableChild(p, p->deadline));
-  CancelFunc cancel = internal::MakeCancelFunc(ctx);
+  // Two references: one for the context, one for the cancel function.
+  ContextNode* node = internal::NewCancellableChild(p, p->deadline, /*refs=*/2);
+  Context ctx = internal::AdoptNode(node);
+  CancelFunc cancel = internal::MakeCancelFunc(internal::AdoptNode(node));
   return {std::move(ctx), std::move(cancel)};
 }
 

@@ -17,8 +17,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "internal/spin_lock.h"
 #include "kwq/context.h"
-#include "kwq/internal/mutex.h"
 #include "kwq/timer.h"
 
 namespace kwq::internal {
@@ -77,7 +77,7 @@ struct ContextNode {
   // Cancellable nodes only.
   // A: kCancelledBit set once with release (under mu); kWaitersBit set by waiters.
   std::atomic<uint32_t> state{0};
-  Mutex mu;
+  SpinLock mu;
   // Err(): one of the two process-wide statuses below (no count to bump per node).
   const absl::Status* err ABSL_GUARDED_BY(mu) = nullptr;
   // Cause() when it differs from *err; OK means "the same as *err".
@@ -110,10 +110,10 @@ const absl::Status& DeadlineError();
 // *err. The caller holds a reference to `start`.
 void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause);
 
-// Creates a cancellable child of `parent` (one reference, owned by the caller) with the
-// effective deadline `deadline` and registers it, cancelling it at once when the parent
-// is already done. Arms no timer.
-ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline);
+// Creates a cancellable child of `parent` (`refs` references, owned by the caller) with
+// the effective deadline `deadline` and registers it, cancelling it at once when the
+// parent is already done. Arms no timer.
+ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs = 1);
 
 }  // namespace kwq::internal
 
