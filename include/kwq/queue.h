@@ -114,10 +114,11 @@ class Queue {
     bool wake = false;
     {
       internal::MutexLock lock(&mu_);
-      const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash);
+      bool fresh = false;
+      const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
       if (slot == Table::kNone) return false;
       bool pushed = false;
-      if (!MarkDirtyLocked(slot, &pushed)) return false;
+      if (!MarkDirtyLocked(slot, fresh, &pushed)) return false;
       if (pushed) wake = NeedWakeLocked();
     }
     if (wake) ready_cv_.Signal();
@@ -136,13 +137,14 @@ class Queue {
       for (auto& item : items) {
         const uint32_t hash = Table::HashOf(item);
         uint32_t slot;
+        bool fresh = false;
         if constexpr (kMove) {
-          slot = FindOrInsertLocked(std::move(item), hash);
+          slot = FindOrInsertLocked(std::move(item), hash, &fresh);
         } else {
-          slot = FindOrInsertLocked(item, hash);
+          slot = FindOrInsertLocked(item, hash, &fresh);
         }
         bool pushed = false;
-        if (slot != Table::kNone && MarkDirtyLocked(slot, &pushed)) ++added;
+        if (slot != Table::kNone && MarkDirtyLocked(slot, fresh, &pushed)) ++added;
       }
       wake = added > 0 && waiters_ > signaled_;
       if (wake) signaled_ = waiters_;
@@ -360,10 +362,15 @@ class Queue {
     return true;
   }
 
-  // The slot of `item`, inserted (idle) if new; or kNone when the queue is shutting down.
+  // The slot of `item`, inserted (idle; `*fresh` set) if new; or kNone when the queue is
+  // shutting down.
   template <typename K>
-  uint32_t FindOrInsertLocked(K&& item, uint32_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  uint32_t FindOrInsertLocked(K&& item, uint32_t hash, bool* fresh)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) return Table::kNone;
+    // Both index lines at once: the lookup reads the control bytes, and an insert (a new
+    // key) then writes the slot line, whose miss would otherwise stall the unlock.
+    table_.Prefetch(item, hash);
     uint32_t slot = table_.Find(item, hash);
     if (slot == Table::kNone) {
       // Backstop for when workers do not keep up with eviction, every kEvictBatch inserts
@@ -374,6 +381,7 @@ class Queue {
       }
       slot = table_.Insert(std::forward<K>(item), hash, 0);
       stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
+      *fresh = true;
     }
     return slot;
   }
@@ -382,10 +390,19 @@ class Queue {
   // false when it was already waiting (the add merges into it) or the queue is shutting
   // down. The exchange is a release read-modify-write even when the key was waiting, so
   // the caller's earlier writes are visible to the Get that hands the item out.
-  bool MarkDirtyLocked(uint32_t slot, bool* pushed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A `fresh` slot (inserted by this call) is not yet visible to any other thread, so it
+  // is marked with a plain store: a locked instruction would wait for the insert's cache
+  // misses to drain from the store buffer.
+  bool MarkDirtyLocked(uint32_t slot, bool fresh, bool* pushed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) return false;
-    const uint8_t old = State(slot).fetch_or(kDirty, std::memory_order_acq_rel);
-    if (old & kDirty) return false;
+    uint8_t old;
+    if (fresh) {
+      old = State(slot).load(std::memory_order_relaxed);
+      State(slot).store(old | kDirty, std::memory_order_relaxed);
+    } else {
+      old = State(slot).fetch_or(kDirty, std::memory_order_acq_rel);
+      if (old & kDirty) return false;
+    }
     added_.store(added_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (!(old & kProcessing)) {
       PushLocked(slot);
@@ -465,14 +482,26 @@ class Queue {
   // `keep` are idle. An idle slot seen here stays idle until mu_ is released: only Add
   // makes it busy.
   void EvictLocked(int scan, int64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (int n = 0; n < scan && IdleEstimate() > keep; ++n) {
-      if (hand_ >= table_.slot_limit()) hand_ = 0;
-      const uint32_t slot = hand_++;
-      const uint8_t state = State(slot).load(std::memory_order_acquire);
-      if ((state & Table::kLive) && !(state & (kDirty | kProcessing))) {
-        table_.Erase(slot);
-        stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
+    // Erased in groups: the index entries of a group are prefetched first, so their cache
+    // misses overlap instead of one erase waiting for the next (with a million keys the
+    // index is far larger than the caches, and erasing was a third of fifo_1t's time).
+    constexpr int kGroup = 16;
+    uint32_t group[kGroup];
+    int64_t excess = IdleEstimate() - keep;
+    while (scan > 0 && excess > 0) {
+      int n = 0;
+      for (; scan > 0 && n < kGroup && n < excess; --scan) {
+        if (hand_ >= table_.slot_limit()) hand_ = 0;
+        const uint32_t slot = hand_++;
+        const uint8_t state = State(slot).load(std::memory_order_acquire);
+        if ((state & Table::kLive) && !(state & (kDirty | kProcessing))) {
+          table_.Prefetch(slot);
+          group[n++] = slot;
+        }
       }
+      for (int i = 0; i < n; ++i) table_.Erase(group[i]);
+      stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
+      excess = IdleEstimate() - keep;
     }
   }
 

@@ -89,6 +89,13 @@ class KeyTable {
     return slot;
   }
 
+  // Prefetches the index lines a Find of `key` (hash `hash`) reads, and an Insert writes.
+  void Prefetch(const T& key, uint32_t hash) const { index_.prefetch(Probe{&key, hash}); }
+
+  // Prefetches what Erase(slot) will read in the index (for a group of erases whose cache
+  // misses should overlap).
+  void Prefetch(uint32_t slot) const { index_.prefetch(SlotRef{slot}); }
+
   // Removes the key in `slot` and frees the slot.
   void Erase(uint32_t slot) {
     index_.erase(SlotRef{slot});
