@@ -291,6 +291,49 @@ TEST_F(WorkqueueTest, CancelRemovesPendingWork) {
   EXPECT_EQ(runs.load(), 0);
 }
 
+// Works over max_active park in two lists (producers append to one, workers pop from the
+// other and take the first one over whole when theirs is empty). Cancel finds a parked work
+// at the head, middle or tail of either list, and the rest still run in queueing order.
+TEST_F(WorkqueueTest, CancelParkedWorksInBothParkingLists) {
+  auto wq = Make({.flags = kOrdered});
+  Gate gate0, gate1;
+  std::atomic<bool> w1_started{false};
+  std::mutex mu;
+  std::vector<int> order;
+  auto record = [&](int i) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(i);
+  };
+  Work w0([&] { gate0.Wait(); });
+  Work w1([&] {
+    record(1);
+    w1_started = true;
+    gate1.Wait();
+  });
+  std::vector<std::unique_ptr<Work>> w;  // w[2..8]
+  for (int i = 0; i < 9; ++i) w.push_back(std::make_unique<Work>([&record, i] { record(i); }));
+  wq->Queue(&w0);
+  wq->Queue(&w1);
+  for (int i = 2; i <= 4; ++i) wq->Queue(w[i].get());  // parked behind w0 and w1
+  gate0.Open();  // w0 ends: the workers take the parked list over and start w1
+  ASSERT_TRUE(Eventually([&] { return w1_started.load(); }));
+  for (int i = 5; i <= 7; ++i) wq->Queue(w[i].get());  // the producers' list again
+  EXPECT_TRUE(wq->Cancel(w[3].get()));                 // middle of the taken-over list
+  EXPECT_TRUE(wq->Cancel(w[4].get()));                 // its tail
+  EXPECT_TRUE(wq->Cancel(w[6].get()));                 // middle of the producers' list
+  EXPECT_TRUE(wq->Cancel(w[7].get()));                 // its tail
+  EXPECT_FALSE(wq->Cancel(w[7].get()));
+  wq->Queue(w[8].get());  // appended behind the new tail, not behind the removed one
+  gate1.Open();
+  wq->Flush();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 5, 8}));
+  // Both lists still work after the removals.
+  wq->Queue(w[3].get());
+  wq->Queue(w[6].get());
+  wq->Flush();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 5, 8, 3, 6}));
+}
+
 TEST_F(WorkqueueTest, CancelSyncStopsSelfRequeueingWork) {
   auto wq = Make({.flags = kUnbound});
   std::atomic<int> runs{0};

@@ -42,13 +42,31 @@ class WorkList {
   void Remove(Work* w);
   Work* PopFront();
   bool Contains(const Work* w) const;
-  // Moves every work of `other` to the back of this list (O(size of other)).
-  void SpliceBack(WorkList* other);
 
  private:
   Work* head_ = nullptr;
   Work* tail_ = nullptr;
   size_t size_ = 0;
+};
+
+// The two parking lists of a max_active node (see WorkqueueCore::Node): producers append
+// to `in` under the node's in_mu; consumers pop from `out` under its out_mu and, when `out`
+// is empty, move all of `in` over (both locks held). The move is O(1): a parked work's
+// list_ points at this object, not at one of the two lists, so no work is touched (a
+// million parked works used to be walked one by one while producers waited for in_mu).
+// Remove tells the lists apart by their ends. The caller holds the locks named.
+class ParkedWorks {
+ public:
+  bool OutEmpty() const { return out_head_ == nullptr; }  // out_mu
+  void PushIn(Work* w);                                   // in_mu
+  void MoveInToOut();                                     // out_mu and in_mu; out empty
+  Work* PopOut();                                         // out_mu; null when out is empty
+  void Remove(Work* w);                                   // out_mu and in_mu; w parked here
+
+ private:
+  Work* out_head_ = nullptr;
+  Work* in_head_ = nullptr;
+  Work* in_tail_ = nullptr;
 };
 
 // Friend of Work, DelayedWork, Workqueue and WorkqueueRuntime: the one door to their
@@ -319,9 +337,9 @@ class WorkqueueCore {
     alignas(64) std::atomic<int64_t> parked{0};
     alignas(64) std::atomic<int64_t> unparked{0};
     Mutex out_mu ABSL_ACQUIRED_BEFORE(in_mu);
-    WorkList out ABSL_GUARDED_BY(out_mu);
     Mutex in_mu;
-    WorkList in ABSL_GUARDED_BY(in_mu);
+    // Each end guarded as ParkedWorks says (the analysis cannot name two locks per field).
+    ParkedWorks parked_works;
   };
   bool TryReserve(Node& n, int limit);
   void Release(Node& n);

@@ -67,11 +67,53 @@ Work* WorkList::PopFront() {
   return w;
 }
 
-void WorkList::SpliceBack(WorkList* other) {
-  while (Work* w = other->PopFront()) PushBack(w);
+bool WorkList::Contains(const Work* w) const { return A::list(const_cast<Work*>(w)) == this; }
+
+// ---- ParkedWorks ----
+
+void ParkedWorks::PushIn(Work* w) {
+  A::prev(w) = in_tail_;
+  A::next(w) = nullptr;
+  A::list(w) = this;
+  if (in_tail_ != nullptr) {
+    A::next(in_tail_) = w;
+  } else {
+    in_head_ = w;
+  }
+  in_tail_ = w;
 }
 
-bool WorkList::Contains(const Work* w) const { return A::list(const_cast<Work*>(w)) == this; }
+void ParkedWorks::MoveInToOut() {
+  out_head_ = in_head_;
+  in_head_ = in_tail_ = nullptr;
+}
+
+Work* ParkedWorks::PopOut() {
+  Work* w = out_head_;
+  if (w != nullptr) Remove(w);
+  return w;
+}
+
+void ParkedWorks::Remove(Work* w) {
+  Work* prev = A::prev(w);
+  Work* next = A::next(w);
+  // A work without a predecessor heads exactly one of the lists, one without a successor
+  // ends exactly one (nothing is appended to `out`, so its end is not kept).
+  if (prev != nullptr) {
+    A::next(prev) = next;
+  } else if (out_head_ == w) {
+    out_head_ = next;
+  } else {
+    in_head_ = next;
+  }
+  if (next != nullptr) {
+    A::prev(next) = prev;
+  } else if (in_tail_ == w) {
+    in_tail_ = prev;
+  }
+  A::prev(w) = A::next(w) = nullptr;
+  A::list(w) = nullptr;
+}
 
 // ---- WorkerPool ----
 

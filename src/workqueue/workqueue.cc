@@ -197,7 +197,7 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   }
   {
     MutexLock lock(&n.in_mu);
-    n.in.PushBack(w);
+    n.parked_works.PushIn(w);
     SetWhere(w, WorkWhere::kInactive);
   }
   n.parked.fetch_add(1, std::memory_order_seq_cst);
@@ -218,11 +218,11 @@ void WorkqueueCore::Release(Node& n) { n.active.fetch_sub(1, std::memory_order_s
 
 Work* WorkqueueCore::PopWaiting(Node& n) {
   MutexLock out(&n.out_mu);
-  if (n.out.empty()) {
+  if (n.parked_works.OutEmpty()) {
     MutexLock in(&n.in_mu);
-    n.out.SpliceBack(&n.in);
+    n.parked_works.MoveInToOut();
   }
-  Work* w = n.out.PopFront();
+  Work* w = n.parked_works.PopOut();
   if (w != nullptr) {
     SetWhere(w, WorkWhere::kNone);
     n.unparked.fetch_add(1, std::memory_order_seq_cst);
@@ -323,11 +323,7 @@ bool WorkqueueCore::GrabPending(Work* w) {
               A::pwq(w).load(std::memory_order_relaxed) != pwq) {
             break;
           }
-          if (n.out.Contains(w)) {
-            n.out.Remove(w);
-          } else {
-            n.in.Remove(w);
-          }
+          n.parked_works.Remove(w);
           SetWhere(w, WorkWhere::kNone);
           n.unparked.fetch_add(1, std::memory_order_seq_cst);
         }
