@@ -89,8 +89,13 @@ void ParkedWorks::MoveInToOut() {
 }
 
 Work* ParkedWorks::PopOut() {
+  // Touches `out` only: the producers own `in` (and in_tail_) under in_mu, not held here.
   Work* w = out_head_;
-  if (w != nullptr) Remove(w);
+  if (w == nullptr) return nullptr;
+  out_head_ = A::next(w);
+  if (out_head_ != nullptr) A::prev(out_head_) = nullptr;
+  A::prev(w) = A::next(w) = nullptr;
+  A::list(w) = nullptr;
   return w;
 }
 
