@@ -64,8 +64,10 @@ class ParkedWorks {
   void Remove(Work* w);                                   // out_mu and in_mu; w parked here
 
  private:
-  Work* out_head_ = nullptr;
-  Work* in_head_ = nullptr;
+  // The two ends on separate cache lines: workers pop at out_head_ while producers
+  // append at in_tail_.
+  alignas(64) Work* out_head_ = nullptr;
+  alignas(64) Work* in_head_ = nullptr;
   Work* in_tail_ = nullptr;
 };
 
@@ -336,8 +338,10 @@ class WorkqueueCore {
     std::atomic<int> active{0};
     alignas(64) std::atomic<int64_t> parked{0};
     alignas(64) std::atomic<int64_t> unparked{0};
-    Mutex out_mu ABSL_ACQUIRED_BEFORE(in_mu);
-    Mutex in_mu;
+    // Workers take out_mu, producers in_mu: separate cache lines (one shared line cost the
+    // producer about 30 ns per Queue in wq_tiny).
+    alignas(64) Mutex out_mu ABSL_ACQUIRED_BEFORE(in_mu);
+    alignas(64) Mutex in_mu;
     // Each end guarded as ParkedWorks says (the analysis cannot name two locks per field).
     ParkedWorks parked_works;
   };
