@@ -110,8 +110,8 @@ class KeyTable {
   T& item(uint32_t slot) { return *Ptr(slot); }
   const T& item(uint32_t slot) const { return *Ptr(slot); }
   // State bits of a live slot; bit 7 (kLive) is reserved.
-  uint8_t& state(uint32_t slot) { return ChunkOf(slot).state[slot & (kChunk - 1)]; }
-  uint8_t state(uint32_t slot) const { return ChunkOf(slot).state[slot & (kChunk - 1)]; }
+  uint8_t& state(uint32_t slot) { return ChunkOf(slot).state[StateIndex(slot)]; }
+  uint8_t state(uint32_t slot) const { return ChunkOf(slot).state[StateIndex(slot)]; }
   size_t size() const { return index_.size(); }
   // One past the highest slot number ever used (for per-slot side arrays).
   uint32_t slot_limit() const { return limit_; }
@@ -160,6 +160,16 @@ class KeyTable {
   // The directory only grows: a full one is copied into one twice its size, and the old one
   // is kept until the table dies. So a thread that holds a slot number handed to it under
   // a lock (see item()) may read the directory while the owner adds chunks.
+  // Where a slot's state byte sits in its chunk: consecutive slots go to different cache
+  // lines (64 apart), so a producer marking key k and a worker finishing key k-1 do not
+  // pass one line back and forth (slots of keys added one after another are consecutive).
+  // A bijection of [0, kChunk): 64 lines of 64 bytes.
+  static uint32_t StateIndex(uint32_t slot) {
+    static_assert(kChunk == 64 * 64, "StateIndex spreads a chunk over 64 lines of 64 bytes");
+    const uint32_t i = slot & (kChunk - 1);
+    return ((i & 63) << 6) | (i >> 6);
+  }
+
   Chunk& ChunkOf(uint32_t slot) const {
     return *dir_.load(std::memory_order_acquire)[slot / kChunk];
   }

@@ -37,7 +37,7 @@ class SlotRing {
       head_cache_ = head_.load(std::memory_order_acquire);
       if (tail - head_cache_ == kCapacity) return false;
     }
-    cells_[tail & (kCapacity - 1)] = slot;
+    cells_[Cell(tail)] = slot;
     tail_.store(tail + 1, std::memory_order_release);
     return true;
   }
@@ -49,7 +49,7 @@ class SlotRing {
       tail_cache_ = tail_.load(std::memory_order_acquire);
       if (head == tail_cache_) return false;
     }
-    *slot = cells_[head & (kCapacity - 1)];
+    *slot = cells_[Cell(head)];
     head_.store(head + 1, std::memory_order_release);
     return true;
   }
@@ -64,7 +64,16 @@ class SlotRing {
   }
 
  private:
-  uint32_t cells_[kCapacity];
+  // Where position `i` lives: consecutive positions go to different cache lines (64
+  // apart), so while the ring is nearly empty the producer writing one cell and the
+  // consumer reading the one before do not share a line. A bijection of [0, kCapacity):
+  // 64 lines of 16 cells.
+  static uint32_t Cell(uint32_t i) {
+    static_assert(kCapacity == 64 * 16, "Cell spreads the ring over 64 lines of 16 cells");
+    return ((i & 63) << 4) | ((i >> 6) & 15);
+  }
+
+  alignas(64) uint32_t cells_[kCapacity];
   // Consumer side: head_ (read by the producer when it thinks the ring is full) and its
   // cached copy of tail_.
   alignas(64) std::atomic<uint32_t> head_{0};
