@@ -72,9 +72,10 @@ def plot_scenarios():
     go = [PEERS[n][1] for n in names]
     goal = [PEERS[n][2] for n in names]
     kwq = [med[n] for n in names]
+    nruns = len(scenario_runs()[names[0]])
     ax.bar([x - w for x in xs], go, w, label="Go (SCENARIOS.md)")
     ax.bar(list(xs), goal, w, label="kwq goal")
-    ax.bar([x + w for x in xs], kwq, w, label="kwq measured (median of 3)")
+    ax.bar([x + w for x in xs], kwq, w, label=f"kwq measured (median of {nruns})")
     ax.set_yscale("log")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"{n}\n({PEERS[n][0]})" for n in names], fontsize=7, rotation=25,
