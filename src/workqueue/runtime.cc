@@ -24,6 +24,19 @@ using A = WorkAccess;
 void SetWhere(Work* w, WorkWhere where) {
   A::where(w).store(static_cast<uint8_t>(where), std::memory_order_release);
 }
+
+// Appends `w` to the intrusive list that runs from *head to *tail, tagging it as `owner`'s.
+void AppendWork(Work* w, Work** head, Work** tail, void* owner) {
+  A::prev(w) = *tail;
+  A::next(w) = nullptr;
+  A::list(w) = owner;
+  if (*tail != nullptr) {
+    A::next(*tail) = w;
+  } else {
+    *head = w;
+  }
+  *tail = w;
+}
 }  // namespace
 
 Worker* CurrentWorker() { return tls_worker; }
@@ -31,15 +44,7 @@ Worker* CurrentWorker() { return tls_worker; }
 // ---- WorkList ----
 
 void WorkList::PushBack(Work* w) {
-  A::prev(w) = tail_;
-  A::next(w) = nullptr;
-  A::list(w) = this;
-  if (tail_ != nullptr) {
-    A::next(tail_) = w;
-  } else {
-    head_ = w;
-  }
-  tail_ = w;
+  AppendWork(w, &head_, &tail_, this);
   ++size_;
 }
 
@@ -71,17 +76,7 @@ bool WorkList::Contains(const Work* w) const { return A::list(const_cast<Work*>(
 
 // ---- ParkedWorks ----
 
-void ParkedWorks::PushIn(Work* w) {
-  A::prev(w) = in_tail_;
-  A::next(w) = nullptr;
-  A::list(w) = this;
-  if (in_tail_ != nullptr) {
-    A::next(in_tail_) = w;
-  } else {
-    in_head_ = w;
-  }
-  in_tail_ = w;
-}
+void ParkedWorks::PushIn(Work* w) { AppendWork(w, &in_head_, &in_tail_, this); }
 
 void ParkedWorks::MoveInToOut() {
   out_head_ = in_head_;
