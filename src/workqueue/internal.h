@@ -341,6 +341,9 @@ class WorkqueueCore {
     // Workers take out_mu, producers in_mu: separate cache lines (one shared line cost the
     // producer about 30 ns per Queue in wq_tiny).
     alignas(64) Mutex out_mu ABSL_ACQUIRED_BEFORE(in_mu);
+    // Whether the taken-over list holds works (written under out_mu, read as a hint by a
+    // completing worker without it).
+    std::atomic<bool> out_nonempty{false};
     alignas(64) Mutex in_mu;
     // Each end guarded as ParkedWorks says (the analysis cannot name two locks per field).
     ParkedWorks parked_works;

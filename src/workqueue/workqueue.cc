@@ -223,6 +223,7 @@ Work* WorkqueueCore::PopWaiting(Node& n) {
     n.parked_works.MoveInToOut();
   }
   Work* w = n.parked_works.PopOut();
+  n.out_nonempty.store(!n.parked_works.OutEmpty(), std::memory_order_relaxed);
   if (w != nullptr) {
     SetWhere(w, WorkWhere::kNone);
     n.unparked.fetch_add(1, std::memory_order_seq_cst);
@@ -273,7 +274,12 @@ Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, WorkerPool* here) {
   Node& n = *nodes_[pwq->node];
   // Hand this work's active slot straight to the next waiting work of its node.
   Work* next = nullptr;
-  if (!frozen_.load(std::memory_order_acquire) && n.Waiting() > 0) next = PopWaiting(n);
+  // Works left in the taken-over list mean some wait: then the producers' counter (a
+  // line they write on every park) is not read at all.
+  if (!frozen_.load(std::memory_order_acquire) &&
+      (n.out_nonempty.load(std::memory_order_relaxed) || n.Waiting() > 0)) {
+    next = PopWaiting(n);
+  }
   if (next == nullptr) {
     Release(n);
     ActivateWaiting(pwq->node);  // a producer may have parked a work meanwhile
@@ -324,6 +330,7 @@ bool WorkqueueCore::GrabPending(Work* w) {
             break;
           }
           n.parked_works.Remove(w);
+          n.out_nonempty.store(!n.parked_works.OutEmpty(), std::memory_order_relaxed);
           SetWhere(w, WorkWhere::kNone);
           n.unparked.fetch_add(1, std::memory_order_seq_cst);
         }
