@@ -87,8 +87,19 @@ def plot_scenarios():
     fig.savefig(os.path.join(IMG, "scenarios.png"), dpi=110)
 
 
-def plot_wq():
-    runs = scenario_runs()
+def plot_wq_tiny():
+    """The newest block of data/wq_tiny_interleaved.txt (kwq and its peers, interleaved)."""
+    path = os.path.join(DATA, "wq_tiny_interleaved.txt")
+    header = ""
+    runs = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                header, runs = line, {}
+            elif line.strip():
+                fields = line.split()
+                kv = dict(x.split("=", 1) for x in fields[1:])
+                runs.setdefault(fields[0], []).append(kv)
     names = [n for n in ("wq_tiny", "wq_tiny_asio", "wq_tiny_tbb") if n in runs
              and "ns_per_item" in runs[n][0]]
     if not names:
@@ -98,10 +109,12 @@ def plot_wq():
     ax.bar(["kwq", "boost::asio", "oneTBB"][: len(names)], vals,
            color=["tab:green", "tab:blue", "tab:orange"][: len(names)])
     ax.set_ylabel("ns per work item (lower is better)")
-    ax.set_title("wq_tiny: 1,000,000 tiny works, one worker per CPU")
+    commit = re.search(r"commit (\w+)", header)
+    ax.set_title("wq_tiny: 1,000,000 tiny works, one worker per CPU\n"
+                 f"medians of {len(runs[names[0]])} interleaved rounds"
+                 + (f", commit {commit.group(1)}" if commit else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(os.path.join(IMG, "wq_tiny.png"), dpi=110)
-
 
 def plot_timers():
     with open(os.path.join(DATA, "timer_bench.json")) as f:
@@ -126,6 +139,6 @@ def plot_timers():
 if __name__ == "__main__":
     os.makedirs(IMG, exist_ok=True)
     plot_scenarios()
-    plot_wq()
+    plot_wq_tiny()
     plot_timers()
     print("wrote", ", ".join(sorted(os.listdir(IMG))))
