@@ -65,7 +65,9 @@
 // Thread safety: every member may be called from any thread. One mutex guards the queue
 // and is never held while calling the rate limiter or `group`; Get blocks on a condition
 // variable. Lock order: this queue's lock, then the clock's and the timer service's. A
-// Lease must not outlive its queue.
+// Lease must not outlive its queue, and no call may be in progress when it is destroyed:
+// after ShutDownWithDrain returns true the queue may be destroyed once every other
+// ShutDownWithDrain call and every Get has returned.
 
 #ifndef KWQ_PRIORITY_QUEUE_H_
 #define KWQ_PRIORITY_QUEUE_H_
@@ -360,13 +362,14 @@ class PriorityQueue {
   void ShutDown() {
     PendingTimer timer;
     {
+      // Signalled under mu_: a drainer that then returns may destroy the queue at once.
       internal::MutexLock lock(&mu_);
       timer = StopLocked();
-      if (draining_ > 0) drain_aborted_ = true;
+      ++aborts_;
+      ready_cv_.SignalAll();
+      drained_cv_.SignalAll();
     }
     timer.CancelSync();
-    ready_cv_.SignalAll();
-    drained_cv_.SignalAll();
   }
 
   // ShutDown (without aborting other drains), then blocks until every queued and
@@ -375,16 +378,17 @@ class PriorityQueue {
   // items. Delayed items are dropped, not waited for.
   bool ShutDownWithDrain() {
     PendingTimer timer;
+    uint64_t aborts;
     {
       internal::MutexLock lock(&mu_);
       timer = StopLocked();
-      if (draining_ == 0) drain_aborted_ = false;
+      aborts = aborts_;  // a ShutDown() from now on ends this wait
       ++draining_;
     }
     timer.CancelSync();
     ready_cv_.SignalAll();
     internal::MutexLock lock(&mu_);
-    while (queued_ + in_flight_ > 0 && !drain_aborted_) drained_cv_.Wait(&mu_);
+    while (queued_ + in_flight_ > 0 && aborts_ == aborts) drained_cv_.Wait(&mu_);
     --draining_;
     return queued_ + in_flight_ == 0;
   }
@@ -1038,7 +1042,7 @@ class PriorityQueue {
   int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  bool drain_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t aborts_ ABSL_GUARDED_BY(mu_) = 0;  // ShutDown() calls: each ends the drains waiting
   // The one timer, armed for armed_for_; 0 when none is pending.
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;

@@ -25,14 +25,16 @@
 //     state bits beside one copy of the key (see kwq/internal/key_table.h).
 //
 // Thread safety: every member may be called from any thread. A Lease must not outlive its
-// queue. Producers and workers do not share a lock on the common path (docs/design.md has
-// the protocol and the measurements): Add takes the table lock (key index, pushing end of
-// the ready order); Get takes the outbox lock and receives ready items from the table
-// lock's holder through a lock-free single-producer single-consumer ring
-// (kwq/internal/slot_ring.h), falling back to a list under the table lock when the ring is
-// full. Each key's state bits are atomic, so Done takes no lock unless the item must run
-// again, a drain is waiting or metrics are on. An idle Get polls for a while before it
-// sleeps on a condition variable; only one Get polls at length at a time.
+// queue, and no call may be in progress when it is destroyed: after ShutDownWithDrain
+// returns true the queue may be destroyed once every other ShutDownWithDrain call and
+// every Get has returned (workers blocked in Get are woken and return nullopt). Producers and
+// workers do not share a lock on the common path (docs/design.md has the protocol and the
+// measurements): Add takes the table lock (key index, pushing end of the ready order); Get takes
+// the outbox lock and receives ready items from the table lock's holder through a lock-free
+// single-producer single-consumer ring (kwq/internal/slot_ring.h), falling back to a list under the
+// table lock when the ring is full. Each key's state bits are atomic, so Done takes no lock unless
+// the item must run again, a drain is waiting or metrics are on. An idle Get polls for a while
+// before it sleeps on a condition variable; only one Get polls at length at a time.
 
 #ifndef KWQ_QUEUE_H_
 #define KWQ_QUEUE_H_
@@ -186,8 +188,10 @@ class Queue {
   std::optional<Lease> Get(const Context& ctx) {
     if (std::optional<Lease> lease = TryGet()) return lease;
     {
+      // TryGet can miss an item that is being pushed right now; under mu_ the check is
+      // exact, so a shut-down (or cancelled) Get still takes what is ready.
       internal::MutexLock lock(&mu_);
-      if (shutting_down_ || ctx.IsCancelled()) return std::nullopt;
+      if ((shutting_down_ || ctx.IsCancelled()) && NothingReadyLocked()) return std::nullopt;
     }
     Waker waker{this};
     AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
@@ -223,11 +227,10 @@ class Queue {
   // Stops accepting adds and wakes every blocked Get. Items already queued are still
   // handed out. Ends a ShutDownWithDrain wait in progress. Idempotent.
   void ShutDown() {
-    {
-      internal::MutexLock lock(&mu_);
-      shutting_down_ = true;
-      if (draining_ > 0) drain_aborted_ = true;
-    }
+    // Signalled under mu_: a drainer that then returns may destroy the queue at once.
+    internal::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    ++aborts_;
     ready_cv_.SignalAll();
     drained_cv_.SignalAll();
   }
@@ -238,13 +241,13 @@ class Queue {
   bool ShutDownWithDrain() {
     internal::MutexLock lock(&mu_);
     shutting_down_ = true;
-    if (draining_ == 0) drain_aborted_ = false;
+    const uint64_t aborts = aborts_;  // a ShutDown() from now on ends this wait
     ++draining_;
     // From here on every Done counts itself under mu_, so it can signal drained_cv_
     // before the drainer (who may destroy the queue) returns.
     finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
     ready_cv_.SignalAll();
-    while (!DrainedLocked() && !drain_aborted_) drained_cv_.Wait(&mu_);
+    while (!DrainedLocked() && aborts_ == aborts) drained_cv_.Wait(&mu_);
     --draining_;
     if (draining_ == 0) finished_.fetch_and(~kDrainFlag, std::memory_order_relaxed);
     return DrainedLocked();
@@ -320,18 +323,26 @@ class Queue {
       return;
     }
     internal::PollUntil([this] { return ReadyHint() != 0; });
-    // Before this thread checks under mu_ whether to sleep (see NeedWakeLocked).
+    // Before this thread takes an item or checks under mu_ whether to sleep (see
+    // NeedWakeLocked for why that order matters).
     spinners_.store(0, std::memory_order_relaxed);
+  }
+
+  // Ready items as seen by the holder of mu_ (the producers' side): exact for the overflow
+  // list; the ring's count may include slots a worker just took (never the reverse); and
+  // out_hint_ turns non-zero only under mu_ (NextSlotLocked), so nothing ready is missed.
+  size_t ReadyCountLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return overflow_.size() + ring_.SizeHint() + out_hint_.load(std::memory_order_acquire);
+  }
+  bool NothingReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ReadyCountLocked() == 0;
   }
 
   // Blocks until an item may be ready. Returns false when the queue is shut down (or
   // `ctx` is done) and nothing is ready.
   bool WaitForReady(const Context* ctx) {
     internal::MutexLock lock(&mu_);
-    // The ring's size here may count slots a worker just took (never the reverse), and
-    // out_hint_ turns non-zero only under mu_ (NextSlotLocked), so nothing ready is missed.
-    while (overflow_.empty() && ring_.SizeHint() == 0 &&
-           out_hint_.load(std::memory_order_acquire) == 0) {
+    while (NothingReadyLocked()) {
       if (shutting_down_ || (ctx != nullptr && ctx->IsCancelled())) return false;
       WaitLocked();
     }
@@ -355,9 +366,11 @@ class Queue {
   // producer that sees it spinning here knows it will find this item.)
   bool NeedWakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (waiters_ <= signaled_) return false;
-    if (spinners_.load(std::memory_order_relaxed) > 0 && ring_.SizeHint() + overflow_.size() <= 1) {
-      return false;
-    }
+    // Count first, then look for a polling Get. A Get that stops polling clears spinners_
+    // before it takes an item, and taking one is a release store (the ring's head, or
+    // out_hint_) that the count's acquire loads read: if the count no longer includes an
+    // item the poller took, spinners_ reads 0 here and the sleeper is woken.
+    if (ReadyCountLocked() <= 1 && spinners_.load(std::memory_order_relaxed) > 0) return false;
     ++signaled_;
     return true;
   }
@@ -431,7 +444,7 @@ class Queue {
     if (!outbox_.empty()) {
       *slot = outbox_.front();
       outbox_.pop_front();
-      out_hint_.store(outbox_.size(), std::memory_order_relaxed);
+      out_hint_.store(outbox_.size(), std::memory_order_release);
       return true;
     }
     if (ring_.TryPop(slot)) return true;
@@ -447,7 +460,7 @@ class Queue {
       overflow_hint_.store(0, std::memory_order_relaxed);
       *slot = outbox_.front();
       outbox_.pop_front();
-      out_hint_.store(outbox_.size(), std::memory_order_relaxed);
+      out_hint_.store(outbox_.size(), std::memory_order_release);
       if (!outbox_.empty()) wake = NeedWakeLocked();
     }
     if (wake) ready_cv_.Signal();
@@ -572,7 +585,7 @@ class Queue {
   int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  bool drain_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t aborts_ ABSL_GUARDED_BY(mu_) = 0;  // ShutDown() calls: each ends the drains waiting
 
   // Read by polling workers; written only when the ring overflows.
   alignas(64) std::atomic<size_t> overflow_hint_{0};  // overflow_.size(), written under mu_
