@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "kwq/delaying_queue.h"
 #include "kwq/queue.h"
@@ -18,7 +19,7 @@ namespace {
 std::vector<std::string> Keys(int n) {
   std::vector<std::string> keys;
   keys.reserve(n);
-  for (int i = 0; i < n; ++i) keys.push_back("default/object-" + std::to_string(i));
+  for (int i = 0; i < n; ++i) keys.push_back(absl::StrCat("default/object-", i));
   return keys;
 }
 

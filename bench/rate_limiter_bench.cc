@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "kwq/clock.h"
 #include "kwq/rate_limiter.h"
@@ -59,7 +60,7 @@ BENCHMARK(BM_ExponentialWhenForget_100kItems);
 
 void BM_ExponentialWhenForget_100kStringItems(benchmark::State& state) {
   std::vector<std::string> items;
-  for (int i = 0; i < 100'000; ++i) items.push_back("default/object-" + std::to_string(i));
+  for (int i = 0; i < 100'000; ++i) items.push_back(absl::StrCat("default/object-", i));
   ExponentialWhenForgetDistinct(state, items);
 }
 BENCHMARK(BM_ExponentialWhenForget_100kStringItems);

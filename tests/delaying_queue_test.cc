@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace kwq {
@@ -97,7 +98,7 @@ TEST_F(DelayingQueueTest, HugeDelayDoesNotOverflow) {
 }
 
 TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
-  for (int i = 0; i < 1000; ++i) q_.AddAfter("k" + std::to_string(i), absl::Milliseconds(i + 1));
+  for (int i = 0; i < 1000; ++i) q_.AddAfter(absl::StrCat("k", i), absl::Milliseconds(i + 1));
   EXPECT_EQ(timers_->Pending(), 1u);  // one timer for the whole queue
   clock_.Advance(absl::Milliseconds(500));
   EXPECT_EQ(Ready().size(), 500u);

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
@@ -101,10 +103,7 @@ TEST_F(PriorityQueueTest, ReAddRaisesPriorityAndKeepsReadyTime) {
 }
 
 TEST_F(PriorityQueueTest, ManyRaisesOutOfAStarvedLevelKeepReadyOrder) {
-  auto key = [](int i) {
-    std::string k = std::to_string(i);
-    return "k" + std::string(4 - k.size(), '0') + k;
-  };
+  auto key = [](int i) { return absl::StrFormat("k%04d", i); };
   for (int i = 0; i < 1000; ++i) q_->Add(key(i), {.priority = 0});
   // Raise nine items in ten, newest first: each goes before the ones raised already
   // (it became ready earlier), and each leaves level 0 from the middle.
@@ -162,7 +161,7 @@ TEST_F(PriorityQueueTest, NonPositiveDelayAddsNow) {
 
 TEST_F(PriorityQueueTest, DueItemsGoByPriorityThenReadyTime) {
   for (int i = 0; i < 100; ++i) {
-    q_->Add("k" + std::to_string(i), {.after = absl::Milliseconds(100 - i)});
+    q_->Add(absl::StrCat("k", i), {.after = absl::Milliseconds(100 - i)});
   }
   q_->Add("late-high", {.priority = 9, .after = absl::Seconds(2)});
   EXPECT_EQ(timers_->Pending(), 1u);  // one timer for the whole queue
@@ -174,7 +173,7 @@ TEST_F(PriorityQueueTest, DueItemsGoByPriorityThenReadyTime) {
   const Strings got = Drain(*q_);
   ASSERT_EQ(got.size(), 101u);
   EXPECT_EQ(got[0], "late-high");  // ready last, highest priority
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i + 1], "k" + std::to_string(99 - i));
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i + 1], absl::StrCat("k", 99 - i));
 }
 
 TEST_F(PriorityQueueTest, ReAddOfDelayedItemTakesEarliestTimeAndLargestPriority) {
@@ -378,8 +377,8 @@ TEST_F(PriorityQueueTest, AgedLowPriorityItemGoesBeforeNewerHighPriorityOnes) {
   // Every second two new high-priority items arrive and one item is served: the high
   // items alone would keep the worker busy forever.
   for (int step = 0; step < 30 && low_served_at < 0; ++step) {
-    q->Add("high" + std::to_string(step) + "a", {.priority = 10});
-    q->Add("high" + std::to_string(step) + "b", {.priority = 10});
+    q->Add(absl::StrCat("high", step, "a"), {.priority = 10});
+    q->Add(absl::StrCat("high", step, "b"), {.priority = 10});
     auto lease = q->TryGet();
     ASSERT_TRUE(lease.has_value());
     if (**lease == "low") low_served_at = step;
@@ -391,8 +390,8 @@ TEST_F(PriorityQueueTest, AgedLowPriorityItemGoesBeforeNewerHighPriorityOnes) {
 TEST_F(PriorityQueueTest, WithoutAgingHighPriorityStreamStarvesLowItem) {
   q_->Add("low", {.priority = 0});
   for (int step = 0; step < 30; ++step) {
-    q_->Add("high" + std::to_string(step) + "a", {.priority = 10});
-    q_->Add("high" + std::to_string(step) + "b", {.priority = 10});
+    q_->Add(absl::StrCat("high", step, "a"), {.priority = 10});
+    q_->Add(absl::StrCat("high", step, "b"), {.priority = 10});
     EXPECT_NE(**q_->TryGet(), "low");
     clock_.Advance(absl::Seconds(1));
   }
@@ -462,14 +461,14 @@ TEST_F(PriorityQueueTest, ManyGroupsAcrossManyLevels) {
   for (int round = 0; round < 5; ++round) {
     for (int item = 0; item < 2; ++item) {
       for (int g = 0; g < 300; ++g) {
-        q->Add("g" + std::to_string(g) + "/" + std::to_string(item), {.priority = round % 3});
+        q->Add(absl::StrCat("g", g, "/", item), {.priority = round % 3});
       }
     }
     const Strings got = Drain(*q);
     ASSERT_EQ(got.size(), 600u);
     for (int g = 0; g < 300; ++g) {  // one item of every group, then the second ones
-      EXPECT_EQ(got[g], "g" + std::to_string(g) + "/0");
-      EXPECT_EQ(got[300 + g], "g" + std::to_string(g) + "/1");
+      EXPECT_EQ(got[g], absl::StrCat("g", g, "/0"));
+      EXPECT_EQ(got[300 + g], absl::StrCat("g", g, "/1"));
     }
   }
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -188,7 +189,7 @@ TEST(ExponentialFailureTest, JitterStaysWithinBoundsAndVaries) {
   absl::Duration sum;
   constexpr int kSamples = 2000;
   for (int i = 0; i < kSamples; ++i) {
-    const absl::Duration d = limiter->When("item-" + std::to_string(i));
+    const absl::Duration d = limiter->When(absl::StrCat("item-", i));
     ASSERT_GE(d, absl::Milliseconds(100) * (1 - j));
     ASSERT_LE(d, absl::Milliseconds(100) * (1 + j));
     seen.insert(d);

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace kwq {
@@ -21,7 +22,7 @@ TEST(ShardedQueueTest, KeyAlwaysMapsToOneShardAndShardsAreUsed) {
   auto q = *ShardedQueue<std::string>::Create(4);
   std::vector<int> per_shard(4);
   for (int i = 0; i < 4000; ++i) {
-    const std::string key = "default/object-" + std::to_string(i);
+    const std::string key = absl::StrCat("default/object-", i);
     const int s = q->ShardOf(key);
     ASSERT_EQ(s, q->ShardOf(key));
     ++per_shard[s];

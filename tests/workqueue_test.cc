@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace kwq {
@@ -492,7 +493,7 @@ TEST_F(WorkqueueTest, IdleWorkersAreReaped) {
   }
   auto workers = [&] {
     const std::string dump = runtime_->Dump();
-    const size_t at = dump.find("cpu " + std::to_string(cpu) + " cpus");
+    const size_t at = dump.find(absl::StrCat("cpu ", cpu, " cpus"));
     const size_t w = dump.find("workers=", at);
     return std::stoi(dump.substr(w + 8));
   };

@@ -73,7 +73,7 @@ class SlotRing {
     return ((i & 63) << 4) | ((i >> 6) & 15);
   }
 
-  alignas(64) uint32_t cells_[kCapacity];
+  alignas(64) uint32_t cells_[kCapacity] = {};
   // Consumer side: head_ (read by the producer when it thinks the ring is full) and its
   // cached copy of tail_.
   alignas(64) std::atomic<uint32_t> head_{0};
