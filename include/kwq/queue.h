@@ -127,7 +127,7 @@ class Queue {
     return true;
   }
 
-  // Adds every item of `items` under one acquisition of each lock. Returns how many were
+  // Adds every item of `items` under one acquisition of the table lock. Returns how many were
   // queued. Items of an rvalue range are moved in.
   template <typename Range>
   size_t AddAll(Range&& items) {
