@@ -1,11 +1,22 @@
 // Context microbenchmarks: the per-operation costs behind the ctx_* scenarios.
 // Results and the command that produced them: docs/benchmarks.md.
 
+#include <atomic>
+
 #include "benchmark/benchmark.h"
 #include "kwq/context.h"
 
 namespace kwq {
 namespace {
+
+// The unit the design notes count in: one uncontended locked read-modify-write (a
+// reference count, a lock word), back to back on one thread.
+void BM_LockedFetchAdd(benchmark::State& state) {
+  std::atomic<int> word{0};
+  for (auto _ : state) word.fetch_add(1, std::memory_order_relaxed);
+  benchmark::DoNotOptimize(word.load());
+}
+BENCHMARK(BM_LockedFetchAdd);
 
 void BM_IsCancelled(benchmark::State& state) {
   auto [ctx, cancel] = WithCancel(Background());

@@ -39,15 +39,15 @@ void ReportPerItem(benchmark::State& state, double add_s, double drain_s) {
   state.SetItemsProcessed(static_cast<int64_t>(items));
 }
 
-// Add 1,000,000 items with random priorities, then two workers Get + Done until the
-// queue is empty (ShutDownWithDrain returns). Manual time: add + drain.
-void BM_PriorityQueue_AddAllThenDrain2Workers(benchmark::State& state) {
-  const std::vector<int> priorities = RandomPriorities(kItems, 1);
+// Adds kItems items with `add(q, i)`, then two workers Get + Done until the queue is
+// empty (ShutDownWithDrain returns). Manual time: add + drain.
+template <typename MakeQueue, typename AddItem>
+void AddAllThenDrain2Workers(benchmark::State& state, MakeQueue make_queue, AddItem add) {
   double add_s = 0, drain_s = 0;
   for (auto _ : state) {
-    auto q = *PriorityQueue<int64_t>::Create();
+    auto q = make_queue();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < kItems; ++i) q->Add(i, {.priority = priorities[i]});
+    for (int64_t i = 0; i < kItems; ++i) add(*q, i);
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<std::thread> workers;
     for (int w = 0; w < 2; ++w) {
@@ -64,6 +64,14 @@ void BM_PriorityQueue_AddAllThenDrain2Workers(benchmark::State& state) {
   }
   ReportPerItem(state, add_s, drain_s);
 }
+
+// 1,000,000 items with random priorities.
+void BM_PriorityQueue_AddAllThenDrain2Workers(benchmark::State& state) {
+  const std::vector<int> priorities = RandomPriorities(kItems, 1);
+  AddAllThenDrain2Workers(
+      state, [] { return *PriorityQueue<int64_t>::Create(); },
+      [&](PriorityQueue<int64_t>& q, int64_t i) { q.Add(i, {.priority = priorities[i]}); });
+}
 BENCHMARK(BM_PriorityQueue_AddAllThenDrain2Workers)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
@@ -71,26 +79,9 @@ BENCHMARK(BM_PriorityQueue_AddAllThenDrain2Workers)
 
 // The same with the FIFO Queue (no priorities), for comparison.
 void BM_Queue_AddAllThenDrain2Workers(benchmark::State& state) {
-  double add_s = 0, drain_s = 0;
-  for (auto _ : state) {
-    Queue<int64_t> q;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < kItems; ++i) q.Add(i);
-    const auto t1 = std::chrono::steady_clock::now();
-    std::vector<std::thread> workers;
-    for (int w = 0; w < 2; ++w) {
-      workers.emplace_back([&] {
-        while (auto lease = q.Get()) benchmark::DoNotOptimize(lease->item());
-      });
-    }
-    q.ShutDownWithDrain();
-    const auto t2 = std::chrono::steady_clock::now();
-    for (auto& w : workers) w.join();
-    add_s += Seconds(t1 - t0);
-    drain_s += Seconds(t2 - t1);
-    state.SetIterationTime(Seconds(t2 - t0));
-  }
-  ReportPerItem(state, add_s, drain_s);
+  AddAllThenDrain2Workers(
+      state, [] { return std::make_unique<Queue<int64_t>>(); },
+      [](Queue<int64_t>& q, int64_t i) { q.Add(i); });
 }
 BENCHMARK(BM_Queue_AddAllThenDrain2Workers)
     ->UseManualTime()

@@ -2,8 +2,6 @@
 // orders the API allows. Each test must finish (no hang), leak nothing (LSan) and race
 // nothing (TSan).
 
-#include <dirent.h>
-
 #include <atomic>
 #include <latch>
 #include <memory>
@@ -18,6 +16,7 @@
 #include "kwq/sharded_queue.h"
 #include "kwq/timer.h"
 #include "kwq/workqueue.h"
+#include "testing/thread_count.h"
 
 namespace kwq {
 namespace {
@@ -42,14 +41,7 @@ TEST(ShutdownTest, WorkqueueDestroyedWhileWorksRunAndTimersAreArmed) {
   EXPECT_FALSE(delayed.pending());
 }
 
-int ThreadCount() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
+using kwq::testing::ThreadCount;
 
 TEST(ShutdownTest, RuntimeDestroyedAfterItsWorkqueuesJoinsEveryWorker) {
   TimerService::Default();  // its thread lives for the process: start it before counting

@@ -12,8 +12,6 @@
 //     process-wide timer and workqueue threads, which are created once).
 // Prints one line `soak key=value ...` and exits non-zero on any violation.
 
-#include <dirent.h>
-
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -28,6 +26,7 @@
 #include "kwq/rate_limiting_queue.h"
 #include "kwq/sharded_queue.h"
 #include "kwq/workqueue.h"
+#include "testing/thread_count.h"
 
 ABSL_FLAG(double, seconds, 10, "how long to run");
 ABSL_FLAG(int, keys, 512, "distinct keys");
@@ -36,14 +35,7 @@ ABSL_FLAG(int, workers, 4, "worker threads per queue");
 
 namespace {
 
-int ThreadCount() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
+using kwq::testing::ThreadCount;
 
 // Per-key bookkeeping shared by producers and workers of one queue.
 struct Ledger {
