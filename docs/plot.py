@@ -136,9 +136,49 @@ def plot_timers():
     fig.savefig(os.path.join(IMG, "timer_lateness.png"), dpi=110)
 
 
+def plot_scaling():
+    """data/scaling_16cpu.txt: medians per scenario and CPU count (bench/scaling.sh)."""
+    path = os.path.join(DATA, "scaling_16cpu.txt")
+    if not os.path.exists(path):
+        return
+    per = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            fields = line.split()
+            cpus = int(fields[0].split("=")[1])
+            kv = dict(x.split("=", 1) for x in fields[2:])
+            if "ns_per_item" in kv:
+                per.setdefault(fields[1], {}).setdefault(cpus, []).append(
+                    float(kv["ns_per_item"]))
+    groups = [("thread pools, one producer", ["wq_tiny", "wq_tiny_tbb", "wq_tiny_asio"]),
+              ("workqueues, one producer per CPU", ["wq_percpu", "wq_unbound_mp"]),
+              ("Queue / ShardedQueue", ["pc_nw", "mpmc_queue", "mpmc_sharded"])]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (title, names) in zip(axes, groups):
+        for n in names:
+            if n not in per:
+                continue
+            xs = sorted(per[n])
+            ax.plot(xs, [statistics.median(per[n][x]) for x in xs], marker="o", label=n)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([2, 4, 8, 16])
+        ax.set_xticklabels(["2", "4", "8", "16"])
+        ax.set_xlabel("CPUs (taskset)")
+        ax.set_ylabel("ns per item, wall (lower is better)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("Scaling on the 16-CPU device machine (medians of 3 interleaved rounds)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(IMG, "scaling.png"), dpi=110)
+
+
 if __name__ == "__main__":
     os.makedirs(IMG, exist_ok=True)
     plot_scenarios()
     plot_wq_tiny()
     plot_timers()
+    plot_scaling()
     print("wrote", ", ".join(sorted(os.listdir(IMG))))

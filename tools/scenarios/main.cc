@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   for (auto& s : kwq::scenarios::DelayScenarios()) all.push_back(std::move(s));
   for (auto& s : kwq::scenarios::WorkqueueScenarios()) all.push_back(std::move(s));
   for (auto& s : kwq::scenarios::ChurnScenarios()) all.push_back(std::move(s));
+  for (auto& s : kwq::scenarios::ScaleScenarios()) all.push_back(std::move(s));
   if (absl::GetFlag(FLAGS_list)) {
     for (const auto& s : all) std::printf("%s n=%lld\n", s.name.c_str(), (long long)s.default_n);
     return 0;

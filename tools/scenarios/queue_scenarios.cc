@@ -3,8 +3,10 @@
 // "default/object-<i>", made before timing starts and moved into the queue (the
 // equivalent of Go handing over a string header without copying its bytes).
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -31,6 +33,13 @@ int64_t ResidentBytes() {
     std::fclose(f);
   }
   return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+int AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
 }
 
 namespace {

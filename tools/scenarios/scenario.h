@@ -27,10 +27,14 @@ std::vector<Scenario> QueueScenarios();
 std::vector<Scenario> DelayScenarios();
 std::vector<Scenario> WorkqueueScenarios();
 std::vector<Scenario> ChurnScenarios();
+std::vector<Scenario> ScaleScenarios();
 
 // Helpers shared by the scenario files.
 std::vector<std::string> MakeKeys(int64_t n);  // "default/object-<i>", i < n
 int64_t ResidentBytes();                       // this process's RSS
+// CPUs this process may run on (its affinity mask, so `taskset -c 0-3` gives 4): the
+// thread count of the scenarios that use one thread per CPU.
+int AllowedCpus();
 
 // Monotonic stopwatch.
 class Stopwatch {

@@ -1,6 +1,11 @@
 // The kernel-style workqueue scenarios of SCENARIOS.md: wq_tiny and wq_latency on kwq,
 // and wq_tiny through boost::asio::thread_pool and oneTBB task_arena when those optional
 // packages were found at configure time (otherwise those scenarios print skipped=1).
+// Also wq_percpu / wq_unbound_mp (one producer per CPU; not in SCENARIOS.md): how the
+// pools scale with the CPU count (bench/scaling.sh).
+
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,8 +29,6 @@
 namespace kwq::scenarios {
 namespace {
 
-int Cpus() { return std::max(1u, std::thread::hardware_concurrency()); }
-
 std::string PerItem(absl::Duration d, int64_t n, int threads) {
   return absl::StrFormat("ns_per_item=%.1f n=%d threads=%d", absl::ToDoubleNanoseconds(d) / n, n,
                          threads);
@@ -34,7 +37,7 @@ std::string PerItem(absl::Duration d, int64_t n, int threads) {
 // n distinct work items (each bumps a counter) on an unbound workqueue with one worker
 // per CPU; waits until all ran.
 std::string WqTiny(int64_t n) {
-  const int cpus = Cpus();
+  const int cpus = AllowedCpus();
   auto wq = *Workqueue::Create({.name = "wq_tiny",
                                 .flags = kUnbound,
                                 .max_active = cpus,
@@ -59,7 +62,7 @@ std::string WqTiny(int64_t n) {
 
 std::string WqTinyAsio(int64_t n) {
 #ifdef KWQ_HAVE_ASIO
-  const int cpus = Cpus();
+  const int cpus = AllowedCpus();
   boost::asio::thread_pool pool(cpus);
   std::atomic<int64_t> count{0};
   Stopwatch sw;
@@ -78,7 +81,7 @@ std::string WqTinyAsio(int64_t n) {
 
 std::string WqTinyTbb(int64_t n) {
 #ifdef KWQ_HAVE_TBB
-  const int cpus = Cpus();
+  const int cpus = AllowedCpus();
   tbb::task_arena arena(cpus);
   std::atomic<int64_t> count{0};
   Stopwatch sw;
@@ -93,6 +96,62 @@ std::string WqTinyTbb(int64_t n) {
   return "skipped=1 reason=tbb_not_found";
 #endif
 }
+
+// Every allowed CPU runs a producer thread pinned to it that queues its n/cpus works with
+// Queue() (the calling CPU's pool for a bound workqueue, the system-wide pod for an
+// unbound one); waits until all ran. Each producer's works bump that producer's own
+// counter, so no shared counter limits the figure.
+std::string WqManyProducers(int64_t n, uint32_t flags) {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  const int k = std::max<int>(1, cpus.size());
+  auto wq = *Workqueue::Create({.name = "wq_many_producers",
+                                .flags = flags,
+                                .max_active = (flags & kUnbound) != 0 ? k : 0,
+                                .affinity_scope = AffinityScope::kSystem});
+  struct alignas(64) Counter {
+    std::atomic<int64_t> value{0};
+  };
+  std::vector<Counter> counters(k);
+  std::vector<std::unique_ptr<Work>> works;
+  works.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    std::atomic<int64_t>* c = &counters[i % k].value;
+    works.push_back(std::make_unique<Work>([c] { c->fetch_add(1, std::memory_order_relaxed); }));
+  }
+  Stopwatch sw;
+  std::vector<std::thread> producers;
+  for (int p = 0; p < k; ++p) {
+    producers.emplace_back([&, p] {
+      if (!cpus.empty()) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[p], &one);
+        pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+      }
+      for (int64_t i = p; i < n; i += k) wq->Queue(works[i].get());
+    });
+  }
+  for (auto& t : producers) t.join();
+  for (;;) {
+    int64_t done = 0;
+    for (auto& c : counters) done += c.value.load(std::memory_order_acquire);
+    if (done == n) break;
+    std::this_thread::yield();
+  }
+  const absl::Duration d = sw.Elapsed();
+  wq->Flush();
+  return absl::StrCat(PerItem(d, n, k), " producers=", k);
+}
+
+std::string WqPerCpu(int64_t n) { return WqManyProducers(n, 0); }
+std::string WqUnboundMp(int64_t n) { return WqManyProducers(n, kUnbound); }
 
 // Idle workqueue: queue one item, record enqueue -> start latency; n times, 100 us apart.
 std::string WqLatency(int64_t n) {
@@ -121,10 +180,9 @@ std::string WqLatency(int64_t n) {
 
 std::vector<Scenario> WorkqueueScenarios() {
   return {
-      {"wq_tiny", 1'000'000, WqTiny},
-      {"wq_tiny_asio", 1'000'000, WqTinyAsio},
-      {"wq_tiny_tbb", 1'000'000, WqTinyTbb},
-      {"wq_latency", 10'000, WqLatency},
+      {"wq_tiny", 1'000'000, WqTiny},        {"wq_tiny_asio", 1'000'000, WqTinyAsio},
+      {"wq_tiny_tbb", 1'000'000, WqTinyTbb}, {"wq_latency", 10'000, WqLatency},
+      {"wq_percpu", 4'000'000, WqPerCpu},    {"wq_unbound_mp", 4'000'000, WqUnboundMp},
   };
 }
 
