@@ -133,6 +133,36 @@ TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b"}));
 }
 
+// Workers skip the queue's lock while nothing is due (PromoteDue's lock-free exit on a
+// published "next ready time"). With the timer service on a clock that never moves, only
+// that promotion can move items, so a stale published time would leave them waiting.
+TEST(DelayingQueueHintTest, PromotionSeesEveryNewEarliestReadyTime) {
+  FakeClock clock;
+  FakeClock frozen;
+  auto timers = *TimerService::Create({.clock = &frozen});
+  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+  auto take = [&q]() -> std::string {
+    auto lease = q.TryGet();
+    return lease ? lease->item() : "";
+  };
+  q.AddAfter("late", absl::Seconds(10));
+  EXPECT_EQ(take(), "");                 // nothing due before 10 s
+  q.AddAfter("soon", absl::Seconds(1));  // a new earliest ready time
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(take(), "soon");
+  EXPECT_TRUE(q.CancelAfter("late"));  // nothing waits now
+  EXPECT_EQ(take(), "");
+  q.AddAfter("third", absl::Seconds(2));
+  q.AddAfter("third", absl::Milliseconds(500));  // earlier ready time for a waiting item
+  clock.Advance(absl::Milliseconds(500));
+  EXPECT_EQ(take(), "third");
+  q.AddAfter("fourth", absl::Seconds(1));
+  clock.Advance(absl::Seconds(1));
+  auto lease = q.Get();  // the blocking Get promotes before it polls
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(lease->item(), "fourth");
+}
+
 TEST_F(DelayingQueueTest, ShutDownDropsWaitingItemsAndIgnoresAddAfter) {
   q_.AddAfter("a", absl::Seconds(1));
   q_.ShutDown();

@@ -20,7 +20,8 @@
 //   - Lateness (ready time to the item being ready for Get) is the timer service's
 //     resolution plus at most 50 us of coalescing, independent of the number of waiting
 //     items: one timer is armed, for the earliest ready time, and each firing moves every
-//     due item at once. A Get that finds nothing ready moves due items itself; one that
+//     due item at once. A Get that finds nothing ready moves due items itself, also while
+//     it polls before sleeping (reading the next ready time without the lock); one that
 //     has to block first re-arms the timer for the exact next ready time (coalescing is
 //     only for when no worker waits).
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
@@ -32,6 +33,7 @@
 #define KWQ_DELAYING_QUEUE_H_
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -91,6 +93,7 @@ class DelayingQueue {
       return;
     }
     ArmLocked();
+    PublishLocked();
   }
 
   // Removes `item`'s waiting entry. Returns true when there was one.
@@ -104,11 +107,12 @@ class DelayingQueue {
 
   // Queue's Get, TryGet and Get(ctx). When no item is ready, the caller first moves
   // waiting items that are already due into the queue itself (instead of waiting for the
-  // timer thread to do it), so a busy worker never sleeps on work that is due.
+  // timer thread to do it), so a busy worker never sleeps on work that is due; Get keeps
+  // doing so while it polls before sleeping.
   std::optional<Lease> Get() {
-    if (auto lease = queue_.TryGet()) return lease;
-    PromoteDue(/*about_to_wait=*/true);
-    return queue_.Get();
+    return queue_.GetPromoting(
+        [this] { return ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire); },
+        [this](bool about_to_wait) { return PromoteDue(about_to_wait); });
   }
   std::optional<Lease> TryGet() {
     if (auto lease = queue_.TryGet()) return lease;
@@ -167,6 +171,7 @@ class DelayingQueue {
     if (slot == Table::kNone) return false;
     heap_.Remove(slot);
     waiting_.Erase(slot);
+    PublishLocked();
     if (auto* m = queue_.metrics_recorder()) m->OnDelayed(-1);
     return true;  // the timer may fire early for nothing; it re-arms itself
   }
@@ -195,18 +200,29 @@ class DelayingQueue {
   // Moves due waiting items into the queue. A caller about to block in Get also makes
   // sure the timer fires exactly at the next ready time: coalescing (kCoalesce) is only
   // for when nobody waits.
-  void PromoteDue(bool about_to_wait) {
+  // Returns true when it moved items.
+  bool PromoteDue(bool about_to_wait) {
+    // Lock-free exit for a worker that finds nothing ready while nothing is due (and, if
+    // it is about to sleep, a timer is armed for the next ready time). An AddAfter racing
+    // with these reads is covered by the timer it arms (ArmLocked).
+    if (ToKey(clock_->Now()) < next_hint_.load(std::memory_order_acquire) &&
+        (!about_to_wait || exact_hint_.load(std::memory_order_acquire))) {
+      return false;
+    }
     {
       internal::MutexLock lock(&mu_);
-      if (heap_.empty() || stopping_) return;
+      if (heap_.empty() || stopping_) return false;
       const int64_t next = heap_.TopKey();
-      if (next == kNever) return;
+      if (next == kNever) return false;
       if (next > ToKey(clock_->Now())) {
-        if (about_to_wait) ArmExactLocked(next);
-        return;
+        if (about_to_wait) {
+          ArmExactLocked(next);
+          PublishLocked();
+        }
+        return false;
       }
     }
-    MoveDue(/*from_timer=*/false);
+    return MoveDue(/*from_timer=*/false);
   }
 
   void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -218,11 +234,12 @@ class DelayingQueue {
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
   }
 
-  void MoveDue(bool from_timer) {
+  // Returns true when it moved items.
+  bool MoveDue(bool from_timer) {
     std::vector<T> due;
     {
       internal::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (stopping_) return false;
       const int64_t now = ToKey(clock_->Now());
       while (!heap_.empty() && heap_.TopKey() <= now && heap_.TopKey() != kNever) {
         const uint32_t slot = heap_.TopId();
@@ -235,7 +252,8 @@ class DelayingQueue {
         quiet_until_ = now + absl::ToInt64Nanoseconds(kCoalesce);
         ArmLocked();
       }
-      if (due.empty()) return;
+      PublishLocked();
+      if (due.empty()) return false;
       ++firing_;
     }
     if (auto* m = queue_.metrics_recorder()) {
@@ -247,6 +265,7 @@ class DelayingQueue {
     // Signalled under the lock: once StopWaiting sees firing_ == 0 the queue may be
     // destroyed, so nothing here may touch it after the unlock.
     fired_cv_.SignalAll();
+    return true;
   }
 
   // Drops waiting items and stops the timer. After it returns no Fire is running and
@@ -265,12 +284,30 @@ class DelayingQueue {
         waiting_.Erase(slot);
         if (m) m->OnDelayed(-1);
       }
+      PublishLocked();
     }
     // A Fire that has not taken mu_ yet is this timer's callback: wait for it (it sees
     // stopping_ and returns). One past its first critical section is counted in firing_.
     if (timer != 0) timers_->CancelSync(timer);
     internal::MutexLock lock(&mu_);
     while (firing_ > 0) fired_cv_.Wait(&mu_);
+  }
+
+  // Publishes the hints read without mu_ (PromoteDue, Get's polling): the earliest
+  // ready time (kNever when nothing waits), and whether a timer is armed to fire by then.
+  // Stores only on change, so the line stays shared with the readers while the head of
+  // the heap does not move.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t next = stopping_ || heap_.empty() ? kNever : heap_.TopKey();
+    const bool exact = next == kNever || (timer_ != 0 && armed_for_ <= next);
+    if (next != published_next_) {
+      published_next_ = next;
+      next_hint_.store(next, std::memory_order_release);
+    }
+    if (exact != published_exact_) {
+      published_exact_ = exact;
+      exact_hint_.store(exact, std::memory_order_release);
+    }
   }
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
@@ -291,6 +328,15 @@ class DelayingQueue {
   int64_t quiet_until_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::min();
   int firing_ ABSL_GUARDED_BY(mu_) = 0;  // MoveDue calls between their critical sections
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The last values PublishLocked stored in the hints.
+  int64_t published_next_ ABSL_GUARDED_BY(mu_) = kNever;
+  bool published_exact_ ABSL_GUARDED_BY(mu_) = true;
+  // Written under mu_ by PublishLocked, read without it by PromoteDue and Get's polling:
+  // no waiting item is due before next_hint_, and exact_hint_ says a timer is armed to
+  // fire by then. Own cache line: the producer's lock and table must not share it with
+  // the polling workers.
+  alignas(64) std::atomic<int64_t> next_hint_{kNever};
+  std::atomic<bool> exact_hint_{true};
 };
 
 }  // namespace kwq

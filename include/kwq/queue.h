@@ -89,6 +89,8 @@ class Queue {
   // priority(), Done() (idempotent, also run by the destructor), active().
   using Lease = internal::Lease<Queue, T>;
   friend Lease;  // calls Finish
+  template <typename, typename, typename>
+  friend class DelayingQueue;  // calls GetPromoting
 
   Queue() : Queue(Options{}) {}
   explicit Queue(Options options) : options_(std::move(options)) {
@@ -161,7 +163,7 @@ class Queue {
     for (bool spun = false;; spun = true) {
       if (std::optional<Lease> lease = TryGet()) return lease;
       if (!spun) {
-        Spin();
+        Spin([] { return false; });
         continue;
       }
       if (!WaitForReady(nullptr)) return std::nullopt;
@@ -284,6 +286,27 @@ class Queue {
   // catches the next item of a busy producer, which saves it a wake-up call).
   static constexpr int kSecondSpinnerPolls = 32;
 
+  // Get for DelayingQueue, which has a second source of items: while polling it also
+  // polls `due()` (true when waiting items are due), and before taking an item again it
+  // calls `promote(about_to_wait)`, which moves due items in and returns true when it
+  // moved any; with about_to_wait it also makes sure a timer wakes this Get at the next
+  // ready time. So a polling worker moves due items itself instead of waiting for the
+  // timer thread.
+  template <typename Due, typename Promote>
+  std::optional<Lease> GetPromoting(Due due, Promote promote) {
+    for (bool spun = false;; spun = true) {
+      if (std::optional<Lease> lease = TryGet()) return lease;
+      if (promote(spun)) {
+        if (std::optional<Lease> lease = TryGet()) return lease;
+      }
+      if (!spun) {
+        Spin(due);
+        continue;
+      }
+      if (!WaitForReady(nullptr)) return std::nullopt;
+    }
+  }
+
   // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
   struct Waker {
     Queue* queue;
@@ -316,13 +339,15 @@ class Queue {
   // as two, and a second one would mostly take CPU time from the producer. Any other Get
   // polls briefly (kSecondSpinnerPolls) and sleeps; it is woken when items pile up (see
   // NeedWakeLocked). Measured on 2 cores in docs/design.md.
-  void Spin() {
+  // `also()` ends the polling too (GetPromoting's due items).
+  template <typename Also>
+  void Spin(Also also) {
     int idle = 0;
     if (!spinners_.compare_exchange_strong(idle, 1, std::memory_order_relaxed)) {
-      internal::PollUntil([this] { return ReadyHint() != 0; }, kSecondSpinnerPolls);
+      internal::PollUntil([&] { return ReadyHint() != 0 || also(); }, kSecondSpinnerPolls);
       return;
     }
-    internal::PollUntil([this] { return ReadyHint() != 0; });
+    internal::PollUntil([&] { return ReadyHint() != 0 || also(); });
     // Before this thread takes an item or checks under mu_ whether to sleep (see
     // NeedWakeLocked for why that order matters).
     spinners_.store(0, std::memory_order_relaxed);
