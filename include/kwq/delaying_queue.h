@@ -110,9 +110,14 @@ class DelayingQueue {
   // timer thread to do it), so a busy worker never sleeps on work that is due; Get keeps
   // doing so while it polls before sleeping.
   std::optional<Lease> Get() {
+    // While polling: every kDueCheckEvery polls, a clock read against the published next
+    // ready time, and a try-lock promotion when it has passed.
     return queue_.GetPromoting(
-        [this] { return ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire); },
-        [this](bool about_to_wait) { return PromoteDue(about_to_wait); });
+        [this, polls = 0]() mutable {
+          return ++polls % kDueCheckEvery == 0 &&
+                 ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire) && TryMoveDue();
+        },
+        [this](bool about_to_wait) { return PromoteDue(about_to_wait, !about_to_wait); });
   }
   std::optional<Lease> TryGet() {
     if (auto lease = queue_.TryGet()) return lease;
@@ -200,8 +205,8 @@ class DelayingQueue {
   // Moves due waiting items into the queue. A caller about to block in Get also makes
   // sure the timer fires exactly at the next ready time: coalescing (kCoalesce) is only
   // for when nobody waits.
-  // Returns true when it moved items.
-  bool PromoteDue(bool about_to_wait) {
+  // Returns true when it moved items. With `try_lock` it gives up when the lock is taken.
+  bool PromoteDue(bool about_to_wait, bool try_lock = false) {
     // Lock-free exit for a worker that finds nothing ready while nothing is due (and, if
     // it is about to sleep, a timer is armed for the next ready time). An AddAfter racing
     // with these reads is covered by the timer it arms (ArmLocked).
@@ -209,6 +214,7 @@ class DelayingQueue {
         (!about_to_wait || exact_hint_.load(std::memory_order_acquire))) {
       return false;
     }
+    if (try_lock) return TryMoveDue();
     {
       internal::MutexLock lock(&mu_);
       if (heap_.empty() || stopping_) return false;
@@ -239,23 +245,46 @@ class DelayingQueue {
     std::vector<T> due;
     {
       internal::MutexLock lock(&mu_);
-      if (stopping_) return false;
-      const int64_t now = ToKey(clock_->Now());
-      while (!heap_.empty() && heap_.TopKey() <= now && heap_.TopKey() != kNever) {
-        const uint32_t slot = heap_.TopId();
-        heap_.Pop();
-        due.push_back(std::move(waiting_.item(slot)));
-        waiting_.Erase(slot);
-      }
-      if (from_timer) {
-        timer_ = 0;  // this timer has fired
-        quiet_until_ = now + absl::ToInt64Nanoseconds(kCoalesce);
-        ArmLocked();
-      }
-      PublishLocked();
-      if (due.empty()) return false;
-      ++firing_;
+      if (!CollectDueLocked(from_timer, &due)) return false;
     }
+    return Deliver(std::move(due));
+  }
+
+  // MoveDue for a polling Get: gives up at once when the lock is taken (by a producer,
+  // usually), so the worker polls on instead of sleeping on the lock and costing the
+  // producer a futex wake-up at its unlock.
+  bool TryMoveDue() {
+    std::vector<T> due;
+    if (!mu_.TryLock()) return false;
+    const bool any = CollectDueLocked(/*from_timer=*/false, &due);
+    mu_.Unlock();
+    return any && Deliver(std::move(due));
+  }
+
+  // Takes the due items out of the waiting table into `due`; a timer's call also re-arms.
+  // Returns true (and counts a firing in progress) when it took any.
+  bool CollectDueLocked(bool from_timer, std::vector<T>* due) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopping_) return false;
+    const int64_t now = ToKey(clock_->Now());
+    while (!heap_.empty() && heap_.TopKey() <= now && heap_.TopKey() != kNever) {
+      const uint32_t slot = heap_.TopId();
+      heap_.Pop();
+      due->push_back(std::move(waiting_.item(slot)));
+      waiting_.Erase(slot);
+    }
+    if (from_timer) {
+      timer_ = 0;  // this timer has fired
+      quiet_until_ = now + absl::ToInt64Nanoseconds(kCoalesce);
+      ArmLocked();
+    }
+    PublishLocked();
+    if (due->empty()) return false;
+    ++firing_;
+    return true;
+  }
+
+  // Adds the items CollectDueLocked took to the queue and ends that firing.
+  bool Deliver(std::vector<T> due) {
     if (auto* m = queue_.metrics_recorder()) {
       for (size_t i = 0; i < due.size(); ++i) m->OnDelayed(-1);
     }
@@ -311,6 +340,8 @@ class DelayingQueue {
   }
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
+  // A polling Get reads the clock every this many polls (each poll is a pause).
+  static constexpr int kDueCheckEvery = 8;
 
   Clock* const clock_;          // I
   TimerService* const timers_;  // I

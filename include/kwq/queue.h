@@ -39,6 +39,7 @@
 #ifndef KWQ_QUEUE_H_
 #define KWQ_QUEUE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +79,13 @@ struct QueueOptions {
   // Timer service for delays and metric refreshes. nullptr: TimerService::Default().
   // For a FakeClock, pass a TimerService built on that clock.
   TimerService* timers = nullptr;
+  // How many idle Gets may poll at length (about half a millisecond) before they sleep;
+  // the others poll briefly, sleep, and are woken when items pile up. 0 (default) means
+  // 1; values above 1024 count as 1024, negative ones as 0. More pollers can save a
+  // producer that outpaces one worker its futex wake-ups, at the price of CPU time spent
+  // polling; on 16 CPUs the measured effect was mixed (docs/benchmarks.md, scaling), and
+  // on 2 CPUs a second poller mostly takes CPU time from the producer.
+  int polling_workers = 0;
 };
 
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
@@ -93,7 +101,9 @@ class Queue {
   friend class DelayingQueue;  // calls GetPromoting
 
   Queue() : Queue(Options{}) {}
-  explicit Queue(Options options) : options_(std::move(options)) {
+  explicit Queue(Options options)
+      : options_(std::move(options)),
+        max_pollers_(options_.polling_workers > 0 ? std::min(options_.polling_workers, 1024) : 1) {
     if (options_.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
           options_.metrics, options_.name, options_.clock, options_.timers, &metrics_mu_);
@@ -334,23 +344,30 @@ class Queue {
            out_hint_.load(std::memory_order_relaxed);
   }
 
-  // Polls for a ready item before the Get sleeps. One Get at a time polls at length
-  // (about half a millisecond): one polling worker catches a producer's next item as well
-  // as two, and a second one would mostly take CPU time from the producer. Any other Get
-  // polls briefly (kSecondSpinnerPolls) and sleeps; it is woken when items pile up (see
-  // NeedWakeLocked). Measured on 2 cores in docs/design.md.
+  // Polls for a ready item before the Get sleeps. Up to max_pollers_ Gets at a time poll
+  // at length (about half a millisecond; by default one: on two cores one polling worker
+  // catches a producer's next item as well as two, and a second one would mostly take
+  // CPU time from the producer). Any other Get polls briefly
+  // (kSecondSpinnerPolls) and sleeps; it is woken when items pile up (see
+  // NeedWakeLocked). Measured in docs/design.md and docs/benchmarks.md (scaling).
   // `also()` ends the polling too (GetPromoting's due items).
   template <typename Also>
   void Spin(Also also) {
-    int idle = 0;
-    if (!spinners_.compare_exchange_strong(idle, 1, std::memory_order_relaxed)) {
-      internal::PollUntil([&] { return ReadyHint() != 0 || also(); }, kSecondSpinnerPolls);
-      return;
-    }
+    int polling = spinners_.load(std::memory_order_relaxed);
+    do {
+      if (polling >= max_pollers_) {
+        internal::PollUntil([&] { return ReadyHint() != 0 || also(); }, kSecondSpinnerPolls);
+        return;
+      }
+    } while (!spinners_.compare_exchange_weak(polling, polling + 1, std::memory_order_relaxed));
     internal::PollUntil([&] { return ReadyHint() != 0 || also(); });
     // Before this thread takes an item or checks under mu_ whether to sleep (see
-    // NeedWakeLocked for why that order matters).
-    spinners_.store(0, std::memory_order_relaxed);
+    // NeedWakeLocked for why that order matters). With one poller a plain store will do.
+    if (max_pollers_ == 1) {
+      spinners_.store(0, std::memory_order_relaxed);
+    } else {
+      spinners_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 
   // Ready items as seen by the holder of mu_ (the producers' side): exact for the overflow
@@ -385,17 +402,20 @@ class Queue {
 
   // Whether a newly ready item needs a Signal: only when more Gets are blocked than have
   // been signalled and not yet woken. A producer adding items faster than workers wake
-  // then makes one futex call per sleeping worker, not one per item. While a Get spins,
-  // it will take the item: a sleeper is woken only once items pile up. (A spinner that
-  // gives up clears spinners_ before it takes mu_ to decide whether to sleep, so a
-  // producer that sees it spinning here knows it will find this item.)
+  // then makes one futex call per sleeping worker, not one per item. While Gets poll,
+  // each will take an item: a sleeper is woken only once more items are ready than Gets
+  // poll. (A poller that gives up leaves spinners_ before it takes mu_ to decide whether
+  // to sleep, and sleeps only when nothing is ready, so a producer that counts it here
+  // knows it will take an item.)
   bool NeedWakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (waiters_ <= signaled_) return false;
-    // Count first, then look for a polling Get. A Get that stops polling clears spinners_
+    // Count first, then look for polling Gets. A Get that stops polling leaves spinners_
     // before it takes an item, and taking one is a release store (the ring's head, or
     // out_hint_) that the count's acquire loads read: if the count no longer includes an
-    // item the poller took, spinners_ reads 0 here and the sleeper is woken.
-    if (ReadyCountLocked() <= 1 && spinners_.load(std::memory_order_relaxed) > 0) return false;
+    // item a poller took, spinners_ no longer includes that poller.
+    const size_t ready = ReadyCountLocked();
+    const int polling = spinners_.load(std::memory_order_relaxed);
+    if (polling > 0 && ready <= static_cast<size_t>(polling)) return false;
     ++signaled_;
     return true;
   }
@@ -589,6 +609,7 @@ class Queue {
   }
 
   const Options options_;
+  const int max_pollers_;  // Gets that may poll at length at once (Spin), >= 1
 
   // Fields are grouped by the thread that writes them, one group per cache line (or
   // more), so a line the producer writes on every Add is not one a polling worker keeps
@@ -631,7 +652,7 @@ class Queue {
   std::atomic<int64_t> taken_{0};    // hand-outs ever made, written under out_mu_
 
   // Workers, when they start or stop polling (read by the producer before a wake-up).
-  alignas(64) std::atomic<int> spinners_{0};  // Gets polling in Spin (0 or 1)
+  alignas(64) std::atomic<int> spinners_{0};  // Gets polling at length in Spin
 
   // Workers, on every Done: leases ended (and kDrainFlag), counted without a lock.
   alignas(64) std::atomic<uint64_t> finished_{0};

@@ -11,6 +11,12 @@
 ABSL_FLAG(std::string, scenario, "", "scenario to run (see --list)");
 ABSL_FLAG(int64_t, n, 0, "problem size; 0 means the scenario's default");
 ABSL_FLAG(bool, list, false, "print the scenario names and default sizes");
+ABSL_FLAG(int, polling_workers, 0,
+          "QueueOptions::polling_workers of the queue scenarios (0: the default)");
+
+namespace kwq::scenarios {
+int PollingWorkersFlag() { return absl::GetFlag(FLAGS_polling_workers); }
+}  // namespace kwq::scenarios
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);

@@ -60,7 +60,7 @@ std::string Fifo1T(int64_t n) {
 // 2 workers Get+Done; the main thread Adds n distinct keys, then ShutDownWithDrain.
 std::string Pc2W(int64_t n) {
   std::vector<std::string> keys = MakeKeys(n);
-  Queue<std::string> q;
+  Queue<std::string> q({.polling_workers = PollingWorkersFlag()});
   std::atomic<int64_t> got{0};
   Stopwatch sw;
   std::vector<std::thread> workers;
@@ -80,7 +80,7 @@ std::string Pc2W(int64_t n) {
 // 2 workers Get+Done; the main thread Adds 10n times cycling over 1000 keys.
 std::string DedupHot(int64_t n) {
   const std::vector<std::string> keys = MakeKeys(1000);
-  Queue<std::string> q;
+  Queue<std::string> q({.polling_workers = PollingWorkersFlag()});
   std::atomic<int64_t> got{0};
   std::vector<std::thread> workers;
   for (int i = 0; i < 2; ++i) {

@@ -58,7 +58,7 @@ std::string PcNw(int64_t n) {
   const std::vector<int> cpus = CpuList();
   const int workers = std::max(1, static_cast<int>(cpus.size()) - 1);
   std::vector<std::string> keys = MakeKeys(n);
-  Queue<std::string> q;
+  Queue<std::string> q({.polling_workers = PollingWorkersFlag()});
   std::atomic<int64_t> got{0};
   Stopwatch sw;
   std::vector<std::thread> threads;
@@ -108,13 +108,13 @@ std::string Mpmc(int64_t n, Q& q, GetFn get) {
 }
 
 std::string MpmcQueue(int64_t n) {
-  Queue<std::string> q;
+  Queue<std::string> q({.polling_workers = PollingWorkersFlag()});
   return Mpmc(n, q, [](Queue<std::string>& queue, int) { return queue.Get(); });
 }
 
 std::string MpmcSharded(int64_t n) {
   const int half = std::max(1, AllowedCpus() / 2);
-  auto q = *ShardedQueue<std::string>::Create(half);
+  auto q = *ShardedQueue<std::string>::Create(half, {.polling_workers = PollingWorkersFlag()});
   return Mpmc(n, *q, [](ShardedQueue<std::string>& queue, int w) { return queue.Get(w); });
 }
 

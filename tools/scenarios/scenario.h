@@ -35,6 +35,8 @@ int64_t ResidentBytes();                       // this process's RSS
 // CPUs this process may run on (its affinity mask, so `taskset -c 0-3` gives 4): the
 // thread count of the scenarios that use one thread per CPU.
 int AllowedCpus();
+// --polling_workers (QueueOptions::polling_workers of the queue scenarios; 0: default).
+int PollingWorkersFlag();
 
 // Monotonic stopwatch.
 class Stopwatch {
