@@ -106,6 +106,35 @@ void BM_AddAfterCancelAfter(benchmark::State& state) {
 }
 BENCHMARK(BM_AddAfterCancelAfter);
 
+// The delay scenario's producer alone: AddAfter of 200,000 distinct keys with delays
+// spread over [1 s, 2 s), no consumer and no timer firing (the timer service runs on a
+// clock that never moves). What is left of `delay`'s ns_per_addafter once the other
+// threads are taken away.
+void BM_AddAfterDistinct(benchmark::State& state) {
+  const std::vector<std::string> keys = Keys(200'000);
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<std::string> copy = keys;
+    auto q = std::make_unique<DelayingQueue<std::string>>(
+        QueueOptions{.clock = RealClock::Default(), .timers = timers.get()});
+    state.ResumeTiming();
+    uint64_t x = 88172645463325252ull;
+    for (auto& k : copy) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      q->AddAfter(std::move(k), absl::Seconds(1) + absl::Microseconds(x % 1'000'000));
+    }
+    state.PauseTiming();
+    q.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * keys.size());
+}
+BENCHMARK(BM_AddAfterDistinct)->Unit(benchmark::kMillisecond);
+
 // Two workers drain 200,000 keys added up front: one shared Queue vs a 2-shard
 // ShardedQueue (each worker owns a shard and steals when it runs dry).
 void BM_TwoWorkersDrain(benchmark::State& state) {
