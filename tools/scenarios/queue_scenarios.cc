@@ -3,6 +3,7 @@
 // "default/object-<i>", made before timing starts and moved into the queue (the
 // equivalent of Go handing over a string header without copying its bytes).
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -35,11 +36,26 @@ int64_t ResidentBytes() {
   return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
 }
 
-int AllowedCpus() {
+std::vector<int> CpuList() {
+  std::vector<int> cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  return cpus;
+}
+
+int AllowedCpus() { return std::max<int>(1, CpuList().size()); }
+
+void PinTo(const std::vector<int>& cpus, int index) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpus[index % cpus.size()], &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
 namespace {

@@ -9,9 +9,6 @@
 // Threads are pinned, one per CPU (producers first), the same way in every scenario, so
 // the figures compare the queues and not the scheduler's placement.
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -25,28 +22,6 @@
 
 namespace kwq::scenarios {
 namespace {
-
-// The process's allowed CPUs, in order.
-std::vector<int> CpuList() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-  }
-  return cpus;
-}
-
-// Pins the calling thread to the index-th allowed CPU (modulo their count).
-void PinTo(const std::vector<int>& cpus, int index) {
-  if (cpus.empty()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpus[index % cpus.size()], &set);
-  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
 
 std::string Result(absl::Duration d, int64_t n, int64_t got, int producers, int workers) {
   return absl::StrFormat("ns_per_item=%.1f n=%d handed_out=%d producers=%d workers=%d",

@@ -35,6 +35,10 @@ int64_t ResidentBytes();                       // this process's RSS
 // CPUs this process may run on (its affinity mask, so `taskset -c 0-3` gives 4): the
 // thread count of the scenarios that use one thread per CPU.
 int AllowedCpus();
+// The CPUs of that mask, in order.
+std::vector<int> CpuList();
+// Pins the calling thread to cpus[index % cpus.size()] (nothing when `cpus` is empty).
+void PinTo(const std::vector<int>& cpus, int index);
 // --polling_workers (QueueOptions::polling_workers of the queue scenarios; 0: default).
 int PollingWorkersFlag();
 

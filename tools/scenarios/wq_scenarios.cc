@@ -4,9 +4,6 @@
 // Also wq_percpu / wq_unbound_mp (one producer per CPU; not in SCENARIOS.md): how the
 // pools scale with the CPU count (bench/scaling.sh).
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -102,14 +99,7 @@ std::string WqTinyTbb(int64_t n) {
 // unbound one); waits until all ran. Each producer's works bump that producer's own
 // counter, so no shared counter limits the figure.
 std::string WqManyProducers(int64_t n, uint32_t flags) {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-  }
+  const std::vector<int> cpus = CpuList();
   const int k = std::max<int>(1, cpus.size());
   auto wq = *Workqueue::Create({.name = "wq_many_producers",
                                 .flags = flags,
@@ -129,12 +119,7 @@ std::string WqManyProducers(int64_t n, uint32_t flags) {
   std::vector<std::thread> producers;
   for (int p = 0; p < k; ++p) {
     producers.emplace_back([&, p] {
-      if (!cpus.empty()) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(cpus[p], &one);
-        pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-      }
+      PinTo(cpus, p);
       for (int64_t i = p; i < n; i += k) wq->Queue(works[i].get());
     });
   }
