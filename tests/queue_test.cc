@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <latch>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -335,6 +338,50 @@ TEST(QueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) { ExpectNoOverlapAndN
 
 TEST(QueueStressTest, NoItemHandedToTwoWorkersAndNoneLostWithThreePollers) {
   ExpectNoOverlapAndNoneLost(3);
+}
+
+}  // namespace
+
+// Test access to the Queue's wake-up state (friend of Queue).
+struct internal::QueuePeer {
+  template <typename Q>
+  static int Sleepers(const Q& q) {
+    return q.sleepers_hint_.load();
+  }
+  template <typename Q>
+  static void SetPolling(Q& q, int polling) {
+    q.spinners_.store(polling);
+  }
+};
+
+namespace {
+
+// While a Get polls, Add leaves waking sleepers to the workers: one that takes an item
+// while more are ready wakes a sleeper. With a poller simulated (it never takes
+// anything), only that wake can reach the sleeper; without it the sleeper stays asleep
+// and the wait below gives up after 5 s.
+TEST(QueueTest, WorkerWakesASleeperWhenMoreItemsAreReady) {
+  Queue<int> q;
+  auto [ctx, cancel] = WithCancel(Background());
+  std::promise<int> got;
+  std::thread sleeper([&, c = ctx] {  // Get(ctx) does not poll: it sleeps at once
+    auto lease = q.Get(c);
+    got.set_value(lease ? **lease : -1);
+  });
+  while (internal::QueuePeer::Sleepers(q) == 0) std::this_thread::yield();
+  internal::QueuePeer::SetPolling(q, 1);
+  q.Add(1);
+  q.Add(2);
+  auto lease = q.TryGet();  // takes 1, sees 2 ready and a sleeper
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, 1);
+  std::future<int> woken = got.get_future();
+  const bool in_time = woken.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  cancel();  // lets a sleeper that was never woken return
+  sleeper.join();
+  internal::QueuePeer::SetPolling(q, 0);
+  EXPECT_TRUE(in_time) << "the sleeper was not woken";
+  EXPECT_EQ(woken.get(), 2);
 }
 
 // One producer, one worker: hand-out order stays FIFO while ready items move through the

@@ -80,13 +80,18 @@ struct QueueOptions {
   // For a FakeClock, pass a TimerService built on that clock.
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;
-  // the others poll briefly, sleep, and are woken when items pile up. 0 (default) means
+  // the others poll briefly, sleep, and are woken when items pile up (by the producer
+  // when no Get polls, else by a worker that takes an item while more are ready). 0 (default) means
   // 1; values above 1024 count as 1024, negative ones as 0. More pollers can save a
   // producer that outpaces one worker its futex wake-ups, at the price of CPU time spent
   // polling; on 16 CPUs the measured effect was mixed (docs/benchmarks.md, scaling), and
   // on 2 CPUs a second poller mostly takes CPU time from the producer.
   int polling_workers = 0;
 };
+
+namespace internal {
+struct QueuePeer;  // tests' access to the wake-up state
+}  // namespace internal
 
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
 class Queue {
@@ -99,6 +104,7 @@ class Queue {
   friend Lease;  // calls Finish
   template <typename, typename, typename>
   friend class DelayingQueue;  // calls GetPromoting
+  friend struct internal::QueuePeer;
 
   Queue() : Queue(Options{}) {}
   explicit Queue(Options options)
@@ -161,7 +167,10 @@ class Queue {
         if (slot != Table::kNone && MarkDirtyLocked(slot, fresh, &pushed)) ++added;
       }
       wake = added > 0 && waiters_ > signaled_;
-      if (wake) signaled_ = waiters_;
+      if (wake) {
+        signaled_ = waiters_;
+        PublishSleepersLocked();
+      }
     }
     if (wake) ready_cv_.SignalAll();
     return added;
@@ -191,6 +200,9 @@ class Queue {
       lease.emplace(HandOutLocked(slot));
       taken = taken_.load(std::memory_order_relaxed);
     }
+    // More items ready and a Get asleep: wake it here, since a producer does not while a
+    // Get polls (NeedWakeLocked). Only a hint is read unless both hold.
+    if (sleepers_hint_.load(std::memory_order_relaxed) > 0 && ReadyHint() > 0) WakeSleeper();
     if (taken % kEvictBatch == 0) EvictFromWorker();
     return lease;
   }
@@ -395,28 +407,49 @@ class Queue {
   // then consumes one unit of signaled_.
   void WaitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++waiters_;
+    PublishSleepersLocked();
     ready_cv_.Wait(&mu_);
     --waiters_;
     if (signaled_ > 0) --signaled_;
+    PublishSleepersLocked();
+  }
+
+  // Gets asleep and not yet signalled, for TryGet's check without the lock.
+  void PublishSleepersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    sleepers_hint_.store(waiters_ - signaled_, std::memory_order_relaxed);
+  }
+
+  // A worker that took an item while more are ready wakes one sleeping Get. The lease
+  // it holds keeps the queue from being drained, so signalling after the unlock is safe.
+  void WakeSleeper() {
+    bool wake;
+    {
+      internal::MutexLock lock(&mu_);
+      wake = waiters_ > signaled_ && !NothingReadyLocked();
+      if (wake) {
+        ++signaled_;
+        PublishSleepersLocked();
+      }
+    }
+    if (wake) ready_cv_.Signal();
   }
 
   // Whether a newly ready item needs a Signal: only when more Gets are blocked than have
-  // been signalled and not yet woken. A producer adding items faster than workers wake
-  // then makes one futex call per sleeping worker, not one per item. While Gets poll,
-  // each will take an item: a sleeper is woken only once more items are ready than Gets
-  // poll. (A poller that gives up leaves spinners_ before it takes mu_ to decide whether
-  // to sleep, and sleeps only when nothing is ready, so a producer that counts it here
-  // knows it will take an item.)
+  // been signalled and not yet woken, and no Get polls. A producer adding items faster
+  // than workers wake then makes one futex call per sleeping worker, not one per item.
+  // While a Get polls, the producer leaves waking to the workers: the poller takes an
+  // item, and a worker that takes an item while more are ready wakes a sleeper
+  // (TryGet). So a producer that keeps a poller busy makes no futex calls at all.
+  // (A poller that gives up leaves spinners_ before it takes mu_ to decide whether to
+  // sleep, and sleeps only when nothing is ready, so a producer that sees it here knows
+  // it will take this item. A sleeper went to sleep only when nothing was ready, so any
+  // item a worker takes was pushed after that, and the worker's take, which synchronises
+  // with the push, sees the sleeper in sleepers_hint_.)
   bool NeedWakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (waiters_ <= signaled_) return false;
-    // Count first, then look for polling Gets. A Get that stops polling leaves spinners_
-    // before it takes an item, and taking one is a release store (the ring's head, or
-    // out_hint_) that the count's acquire loads read: if the count no longer includes an
-    // item a poller took, spinners_ no longer includes that poller.
-    const size_t ready = ReadyCountLocked();
-    const int polling = spinners_.load(std::memory_order_relaxed);
-    if (polling > 0 && ready <= static_cast<size_t>(polling)) return false;
+    if (spinners_.load(std::memory_order_relaxed) > 0) return false;
     ++signaled_;
+    PublishSleepersLocked();
     return true;
   }
 
@@ -635,6 +668,9 @@ class Queue {
 
   // Read by polling workers; written only when the ring overflows.
   alignas(64) std::atomic<size_t> overflow_hint_{0};  // overflow_.size(), written under mu_
+  // waiters_ - signaled_, written under mu_ when a Get sleeps or is signalled; read by
+  // every TryGet (PublishSleepersLocked).
+  std::atomic<int> sleepers_hint_{0};
 
   // Ready slots pass from the holder of mu_ to the holder of out_mu_ through the ring
   // (its two ends are on lines of their own); those that do not fit wait in overflow_
