@@ -293,9 +293,9 @@ TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
 
 // ---- concurrency (TSan) ----
 
-// `polling_workers` > 1 lets several idle Gets poll at once; then a producer skips the
-// wake-up while no more items are ready than Gets poll (Queue::NeedWakeLocked). A wrong
-// skip leaves a key queued with every worker asleep: the drain below never returns.
+// `polling_workers` > 1 lets several idle Gets poll at once; a producer skips the wake-up
+// while any Get polls (Queue::NeedWakeLocked) and workers wake sleepers instead. Checks
+// exclusivity and that every add is followed by a run that saw it.
 void ExpectNoOverlapAndNoneLost(int polling_workers) {
   Queue<int> q({.polling_workers = polling_workers});
   constexpr int kKeys = 64, kProducers = 2, kAddsPerProducer = 20000, kWorkers = 4;

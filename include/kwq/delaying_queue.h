@@ -329,13 +329,15 @@ class DelayingQueue {
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t next = stopping_ || heap_.empty() ? kNever : heap_.TopKey();
     const bool exact = next == kNever || (timer_ != 0 && armed_for_ <= next);
-    if (next != published_next_) {
-      published_next_ = next;
-      next_hint_.store(next, std::memory_order_release);
-    }
+    // exact first: a reader loads next_hint_ (acquire) and then exact_hint_, so one that
+    // sees the new head also sees whether the timer is armed for it.
     if (exact != published_exact_) {
       published_exact_ = exact;
       exact_hint_.store(exact, std::memory_order_release);
+    }
+    if (next != published_next_) {
+      published_next_ = next;
+      next_hint_.store(next, std::memory_order_release);
     }
   }
 

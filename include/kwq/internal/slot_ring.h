@@ -56,10 +56,12 @@ class SlotRing {
 
   // Slots in the ring. Exact on either side when the other side is idle; otherwise a
   // snapshot that may be stale by the other side's recent operations.
-  size_t SizeHint() const {
+  // `order`: acquire (default) or seq_cst (for a caller that relies on a store-load
+  // pair with the pusher's fence).
+  size_t SizeHint(std::memory_order order = std::memory_order_acquire) const {
     // head_ first: tail_ read after it is never behind it.
-    const uint32_t head = head_.load(std::memory_order_acquire);
-    const uint32_t tail = tail_.load(std::memory_order_acquire);
+    const uint32_t head = head_.load(order);
+    const uint32_t tail = tail_.load(order);
     return tail - head;
   }
 
