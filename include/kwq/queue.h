@@ -467,7 +467,10 @@ class Queue {
   // its seq_cst loads after the take (TryGet) make one side see the other: if both
   // missed, the fence would precede the poller's store, which precedes its loads, which
   // precede the fence in the single total order. So either the producer sees the poller
-  // gone and wakes a sleeper itself, or the poller sees this item and the sleeper.
+  // gone and wakes a sleeper itself, or the poller's loads see this push and the sleeper,
+  // or later writes: another worker that has since moved the item (and, being ordered
+  // after the poller's leave, sees it gone in its own NeedWakeLocked or post-take check),
+  // or a zero sleepers count because someone else has signalled the sleeper.
   // Without them a stress harness left an item ready with a worker asleep 27 times in
   // 570,000 rounds. Case (1) needs no fence; in dedup_hot on two busy cores case (2) is
   // common (a poller descheduled while items pile up) and the two barriers cost about
