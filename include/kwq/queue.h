@@ -84,11 +84,12 @@ struct QueueOptions {
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;
   // the others poll briefly, sleep, and are woken when items pile up (by the producer
-  // when no Get polls, else by a worker that takes an item while more are ready). 0 (default) means
-  // 1; values above 1024 count as 1024, negative ones as 0. More pollers can save a
-  // producer that outpaces one worker its futex wake-ups, at the price of CPU time spent
-  // polling; on 16 CPUs the measured effect was mixed (docs/benchmarks.md, scaling), and
-  // on 2 CPUs a second poller mostly takes CPU time from the producer.
+  // when no Get polls, else by a worker that takes an item while more are ready).
+  // 0 (default) means 1; values above 1024 count as 1024, negative ones as 0. More
+  // pollers can save a producer that outpaces one worker its futex wake-ups, at the price
+  // of CPU time spent polling; on 16 CPUs the measured effect was mixed
+  // (docs/benchmarks.md, scaling), and on 2 CPUs a second poller mostly takes CPU time
+  // from the producer.
   int polling_workers = 0;
 };
 
@@ -204,8 +205,8 @@ class Queue {
       taken = taken_.load(std::memory_order_relaxed);
     }
     // More items ready and a Get asleep: wake it here, since a producer does not while a
-    // Get polls (NeedWakeLocked). Only a hint is read unless both hold.
-    // seq_cst loads: see NeedWakeLocked, case 2.
+    // Get polls (NeedWakeLocked). Only hints are read unless both hold; seq_cst loads, see
+    // NeedWakeLocked, case 2.
     if (sleepers_hint_.load(std::memory_order_seq_cst) > 0 && ReadyHintSeqCst() > 0) {
       WakeSleeper();
     }
@@ -371,10 +372,10 @@ class Queue {
   // Polls for a ready item before the Get sleeps. Up to max_pollers_ Gets at a time poll
   // at length (about half a millisecond; by default one: on two cores one polling worker
   // catches a producer's next item as well as two, and a second one would mostly take
-  // CPU time from the producer). Any other Get polls briefly
-  // (kSecondSpinnerPolls) and sleeps; it is woken when items pile up (see
-  // NeedWakeLocked). Measured in docs/design.md and docs/benchmarks.md (scaling).
-  // `also()` ends the polling too (GetPromoting's due items).
+  // CPU time from the producer). Any other Get polls briefly (kSecondSpinnerPolls) and
+  // sleeps; it is woken when items pile up (see NeedWakeLocked). Measured in
+  // docs/design.md and docs/benchmarks.md (scaling). `also()` ends the polling too
+  // (GetPromoting's due items).
   template <typename Also>
   void Spin(Also also) {
     int polling = spinners_.load(std::memory_order_relaxed);
