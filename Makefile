@@ -7,7 +7,7 @@ JOBS ?= 2
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS) --timeout 120
 
-.PHONY: run test setup release asan tsan clang fuzz soak bench scenarios plots clean format
+.PHONY: run test setup release asan tsan clang fuzz soak wake-stress bench scenarios plots clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -66,6 +66,14 @@ soak: setup
 	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=ON >/dev/null
 	@cmake --build build/release -j$(JOBS) --target kwq-soak
 	./build/release/tools/kwq-soak --seconds=$(SOAK_SECONDS)
+
+# Hunts lost wake-ups in Queue's wake-up protocol (tests/wake_stress.cc); not part of
+# make test. Run it after changing NeedWakeLocked / Spin / TryGet.
+ROUNDS ?= 100000
+wake-stress: setup
+	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=ON >/dev/null
+	@cmake --build build/release -j$(JOBS) --target kwq-wake-stress
+	./build/release/tests/kwq-wake-stress --rounds=$(ROUNDS)
 
 # Regenerates docs/img/*.png from docs/data/ (raw results of `make bench` and `make scenarios`).
 plots:
