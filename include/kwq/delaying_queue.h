@@ -243,11 +243,13 @@ class DelayingQueue {
   // Returns true when it moved items.
   bool MoveDue(bool from_timer) {
     std::vector<T> due;
+    bool more;
     {
       internal::MutexLock lock(&mu_);
-      if (!CollectDueLocked(from_timer, &due)) return false;
+      if (!CollectDueLocked(from_timer, &due, &more)) return false;
     }
-    return Deliver(std::move(due));
+    DeliverAll(std::move(due), more);
+    return true;
   }
 
   // MoveDue for a polling Get: gives up at once when the lock is taken (by a producer,
@@ -255,18 +257,31 @@ class DelayingQueue {
   // producer a futex wake-up at its unlock.
   bool TryMoveDue() {
     std::vector<T> due;
+    bool more;
     if (!mu_.TryLock()) return false;
-    const bool any = CollectDueLocked(/*from_timer=*/false, &due);
+    const bool any = CollectDueLocked(/*from_timer=*/false, &due, &more);
     mu_.Unlock();
-    return any && Deliver(std::move(due));
+    if (!any) return false;
+    DeliverAll(std::move(due), more);
+    return true;
   }
 
-  // Takes the due items out of the waiting table into `due`; a timer's call also re-arms.
-  // Returns true (and counts a firing in progress) when it took any.
-  bool CollectDueLocked(bool from_timer, std::vector<T>* due) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Takes up to kMoveBatch due items out of the waiting table into `due` (`*more`: due
+  // items are left); a timer's call also re-arms. Returns true (and counts a firing in
+  // progress) when it took any. The batch bounds how long the lock is held: AddAfter
+  // callers (a reconcile loop's AddRateLimited) then wait less than the mutex's spin
+  // before it sleeps, instead of sleeping in the kernel while the timer thread moves
+  // hundreds of items.
+  bool CollectDueLocked(bool from_timer, std::vector<T>* due, bool* more)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    *more = false;
     if (stopping_) return false;
     const int64_t now = ToKey(clock_->Now());
     while (!heap_.empty() && heap_.TopKey() <= now && heap_.TopKey() != kNever) {
+      if (due->size() == kMoveBatch) {
+        *more = true;
+        break;
+      }
       const uint32_t slot = heap_.TopId();
       heap_.Pop();
       due->push_back(std::move(waiting_.item(slot)));
@@ -275,7 +290,9 @@ class DelayingQueue {
     if (from_timer) {
       timer_ = 0;  // this timer has fired
       quiet_until_ = now + absl::ToInt64Nanoseconds(kCoalesce);
-      ArmLocked();
+      // With due items left, DeliverAll re-arms after the last batch (armed now, the
+      // timer would stay pending for items that are about to be moved).
+      if (!*more) ArmLocked();
     }
     PublishLocked();
     if (due->empty()) return false;
@@ -283,18 +300,26 @@ class DelayingQueue {
     return true;
   }
 
-  // Adds the items CollectDueLocked took to the queue and ends that firing.
-  bool Deliver(std::vector<T> due) {
-    if (auto* m = queue_.metrics_recorder()) {
-      for (size_t i = 0; i < due.size(); ++i) m->OnDelayed(-1);
+  // Adds the items CollectDueLocked took to the queue, then the next batch while `more`,
+  // and ends that firing. Between batches firing_ stays counted (the decrement and the
+  // next batch's increment share one critical section).
+  void DeliverAll(std::vector<T> due, bool more) {
+    for (;;) {
+      if (auto* m = queue_.metrics_recorder()) {
+        for (size_t i = 0; i < due.size(); ++i) m->OnDelayed(-1);
+      }
+      queue_.AddAll(std::move(due));
+      due.clear();
+      internal::MutexLock lock(&mu_);
+      --firing_;
+      if (more && CollectDueLocked(/*from_timer=*/false, &due, &more)) continue;
+      ArmLocked();  // a no-op unless a timer's firing left it to the last batch
+      PublishLocked();
+      // Signalled under the lock: once StopWaiting sees firing_ == 0 the queue may be
+      // destroyed, so nothing here may touch it after the unlock.
+      fired_cv_.SignalAll();
+      return;
     }
-    queue_.AddAll(std::move(due));
-    internal::MutexLock lock(&mu_);
-    --firing_;
-    // Signalled under the lock: once StopWaiting sees firing_ == 0 the queue may be
-    // destroyed, so nothing here may touch it after the unlock.
-    fired_cv_.SignalAll();
-    return true;
   }
 
   // Drops waiting items and stops the timer. After it returns no Fire is running and
@@ -342,6 +367,8 @@ class DelayingQueue {
   }
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
+  // Due items moved per lock hold (CollectDueLocked).
+  static constexpr size_t kMoveBatch = 16;
   // A polling Get reads the clock every this many polls (each poll is a pause).
   static constexpr int kDueCheckEvery = 8;
 
