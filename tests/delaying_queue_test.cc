@@ -108,6 +108,17 @@ TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+// Lateness does not grow with the number of items due at once: one firing makes all of
+// them ready (the timer moves them in batches, 16 per hold of the lock, but all in the
+// same firing), with no Get needed to move the rest.
+TEST_F(DelayingQueueTest, OneFiringMakesEveryDueItemReady) {
+  for (int i = 0; i < 100; ++i) q_.AddAfter(absl::StrCat("k", i), absl::Milliseconds(1));
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(q_.Len(), 100u);
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(timers_->Pending(), 0u);  // nothing left to fire for
+}
+
 TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
   // After a firing the timer coalesces (50 us), but a worker that blocks re-arms it
   // for the exact ready time of the next item.

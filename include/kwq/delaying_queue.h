@@ -116,7 +116,8 @@ class DelayingQueue {
     return queue_.GetPromoting(
         [this, polls = 0]() mutable {
           return ++polls % kDueCheckEvery == 0 &&
-                 ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire) && TryMoveDue();
+                 ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire) &&
+                 PromoteBatch(/*about_to_wait=*/false, /*try_lock=*/true);
         },
         [this](bool about_to_wait) { return PromoteDue(about_to_wait, !about_to_wait); });
   }
@@ -201,12 +202,20 @@ class DelayingQueue {
   // kCoalesce from now, so a stream of short delays costs one timer firing per window
   // rather than one per item (and adds at most kCoalesce of lateness to items due inside
   // the window; a Get that finds nothing ready promotes due items itself).
-  void Fire() { MoveDue(/*from_timer=*/true); }
+  void Fire() {
+    std::vector<T> due;
+    bool more;
+    {
+      internal::MutexLock lock(&mu_);
+      if (!CollectDueLocked(/*from_timer=*/true, &due, &more)) return;
+    }
+    DeliverAll(std::move(due), more);
+  }
 
-  // Moves due waiting items into the queue. A caller about to block in Get also makes
-  // sure the timer fires exactly at the next ready time: coalescing (kCoalesce) is only
-  // for when nobody waits.
-  // Returns true when it moved items. With `try_lock` it gives up when the lock is taken.
+  // For a Get that found nothing ready: moves due waiting items into the queue. A caller
+  // about to block also makes sure the timer fires exactly at the next ready time:
+  // coalescing (kCoalesce) is only for when nobody waits. Returns true when it moved
+  // items. With `try_lock` it gives up when the lock is taken.
   bool PromoteDue(bool about_to_wait, bool try_lock = false) {
     // Lock-free exit for a worker that finds nothing ready while nothing is due (and, if
     // it is about to sleep, a timer is armed for the next ready time). An AddAfter racing
@@ -215,21 +224,29 @@ class DelayingQueue {
         (!about_to_wait || exact_hint_.load(std::memory_order_acquire))) {
       return false;
     }
-    if (try_lock) return TryMoveDue();
-    {
-      internal::MutexLock lock(&mu_);
-      if (heap_.empty() || stopping_) return false;
-      const int64_t next = heap_.TopKey();
-      if (next == kNever) return false;
-      if (next > ToKey(clock_->Now())) {
-        if (about_to_wait) {
-          ArmExactLocked(next);
-          PublishLocked();
-        }
-        return false;
-      }
+    return PromoteBatch(about_to_wait, try_lock);
+  }
+
+  // PromoteDue past its lock-free exit. A Get moves one batch, enough to go on with; the
+  // timer thread, due by then, moves the rest on its own CPU instead of the worker's.
+  // `try_lock` is for a polling Get: it polls on rather than sleep on a lock a producer
+  // holds and cost that producer a futex wake-up at its unlock.
+  bool PromoteBatch(bool about_to_wait, bool try_lock) {
+    std::vector<T> due;
+    bool more;
+    if (try_lock) {
+      if (!mu_.TryLock()) return false;
+    } else {
+      mu_.Lock();
     }
-    return MoveDue(/*from_timer=*/false);
+    const bool any = CollectDueLocked(/*from_timer=*/false, &due, &more);
+    if (!any && about_to_wait && !stopping_ && !heap_.empty() && heap_.TopKey() != kNever) {
+      ArmExactLocked(heap_.TopKey());  // nothing due: the head is in the future
+      PublishLocked();
+    }
+    mu_.Unlock();
+    if (any) DeliverAll(std::move(due), /*more=*/false);
+    return any;
   }
 
   void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -239,34 +256,6 @@ class DelayingQueue {
     }
     armed_for_ = next;
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
-  }
-
-  // Returns true when it moved items.
-  bool MoveDue(bool from_timer) {
-    std::vector<T> due;
-    bool more;
-    {
-      internal::MutexLock lock(&mu_);
-      if (!CollectDueLocked(from_timer, &due, &more)) return false;
-    }
-    // A Get moves one batch, enough to go on with; the timer thread, due now, moves the
-    // rest on its own CPU instead of the worker's.
-    DeliverAll(std::move(due), from_timer && more);
-    return true;
-  }
-
-  // MoveDue for a polling Get: gives up at once when the lock is taken (by a producer,
-  // usually), so the worker polls on instead of sleeping on the lock and costing the
-  // producer a futex wake-up at its unlock.
-  bool TryMoveDue() {
-    std::vector<T> due;
-    bool more;
-    if (!mu_.TryLock()) return false;
-    const bool any = CollectDueLocked(/*from_timer=*/false, &due, &more);
-    mu_.Unlock();
-    if (!any) return false;
-    DeliverAll(std::move(due), /*more=*/false);  // one batch, as MoveDue for a Get
-    return true;
   }
 
   // Takes up to kMoveBatch due items out of the waiting table into `due` (`*more`: due
@@ -389,7 +378,7 @@ class DelayingQueue {
   int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
   // No firing before this time (the last firing + kCoalesce).
   int64_t quiet_until_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::min();
-  int firing_ ABSL_GUARDED_BY(mu_) = 0;  // MoveDue calls between their critical sections
+  int firing_ ABSL_GUARDED_BY(mu_) = 0;  // deliveries in progress (DeliverAll)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The last values PublishLocked stored in the hints.
   int64_t published_next_ ABSL_GUARDED_BY(mu_) = kNever;
