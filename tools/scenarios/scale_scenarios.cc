@@ -52,11 +52,14 @@ std::string PcNw(int64_t n) {
   return Result(sw.Elapsed(), n, got.load(), 1, workers);
 }
 
+// Producers and workers of the mpmc scenarios: half of the CPUs each (at least one).
+int HalfOfCpus() { return std::max(1, AllowedCpus() / 2); }
+
 // `Q` is Queue or ShardedQueue; `get(q, w)` takes worker w's next lease.
 template <typename Q, typename GetFn>
 std::string Mpmc(int64_t n, Q& q, GetFn get) {
   const std::vector<int> cpus = CpuList();
-  const int half = std::max(1, static_cast<int>(cpus.size()) / 2);
+  const int half = HalfOfCpus();
   std::vector<std::string> keys = MakeKeys(n);
   std::atomic<int64_t> got{0};
   Stopwatch sw;
@@ -88,8 +91,8 @@ std::string MpmcQueue(int64_t n) {
 }
 
 std::string MpmcSharded(int64_t n) {
-  const int half = std::max(1, AllowedCpus() / 2);
-  auto q = *ShardedQueue<std::string>::Create(half, {.polling_workers = PollingWorkersFlag()});
+  auto q =
+      *ShardedQueue<std::string>::Create(HalfOfCpus(), {.polling_workers = PollingWorkersFlag()});
   return Mpmc(n, *q, [](ShardedQueue<std::string>& queue, int w) { return queue.Get(w); });
 }
 
