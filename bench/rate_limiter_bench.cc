@@ -80,6 +80,33 @@ void BM_ExponentialWhen_NeverForgotten(benchmark::State& state) {
 }
 BENCHMARK(BM_ExponentialWhen_NeverForgotten);
 
+// The limiter's share of the ratelimited scenario (SCENARIOS.md): 1,000,000 string items
+// taken in turn, each asked NumRequeues and then failed (When) until it has failed three
+// times, then forgotten. One iteration is one reconcile's limiter calls; the table holds
+// up to a million items, so each item's first lookup misses the cache.
+void BM_ExponentialReconcilePattern_1M(benchmark::State& state) {
+  constexpr int kItems = 1'000'000;
+  std::vector<std::string> items;
+  items.reserve(kItems);
+  for (int i = 0; i < kItems; ++i) items.push_back(absl::StrCat("default/object-", i));
+  ExponentialFailureRateLimiterOptions options;
+  options.base = absl::Microseconds(1);
+  options.max = absl::Milliseconds(1);
+  auto limiter = *ExponentialFailureRateLimiter<std::string>::Create(options);
+  size_t i = 0;
+  for (auto _ : state) {
+    const std::string& item = items[i];
+    if (limiter->NumRequeues(item) < 3) {
+      benchmark::DoNotOptimize(limiter->When(item));
+    } else {
+      limiter->Forget(item);
+    }
+    if (++i == items.size()) i = 0;
+  }
+  state.counters["tracked"] = static_cast<double>(limiter->TrackedItems());
+}
+BENCHMARK(BM_ExponentialReconcilePattern_1M)->Iterations(8'000'000);
+
 void BM_BucketWhen(benchmark::State& state) {
   auto limiter = *BucketRateLimiter<int64_t>::Create({.qps = 10, .burst = 100});
   for (auto _ : state) benchmark::DoNotOptimize(limiter->When(1));

@@ -1,5 +1,7 @@
 #include "kwq/clock.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -16,6 +18,13 @@ RealClock* RealClock::Default() {
 
 absl::Time RealClock::Now() const {
   return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+absl::Time RealClock::CoarseNow() const {
+  // The same timeline as steady_clock (CLOCK_MONOTONIC), as of the last kernel tick.
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return absl::UnixEpoch() + absl::DurationFromTimespec(ts);
 }
 
 void RealClock::SleepUntil(absl::Time deadline) {

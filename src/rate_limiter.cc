@@ -43,6 +43,16 @@ absl::Duration ExponentialBackoff(absl::Duration base, absl::Duration max, int64
   return delay;
 }
 
+BackoffSchedule::BackoffSchedule(absl::Duration base, absl::Duration max) {
+  // Below max and with base > 0 each step doubles; once a value repeats (max reached, or
+  // base == 0) every later one equals it. Past 2^128 the product is max (see above).
+  for (int64_t n = 0; n <= 128; ++n) {
+    const absl::Duration d = ExponentialBackoff(base, max, n);
+    if (!steps_.empty() && d == steps_.back()) break;
+    steps_.push_back(d);
+  }
+}
+
 absl::Duration ApplyJitter(absl::Duration delay, absl::Duration max, double factor) {
   if (factor == 1.0 || delay == absl::InfiniteDuration()) return delay;
   return std::min(delay * factor, max);

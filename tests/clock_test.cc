@@ -18,6 +18,29 @@ TEST(RealClockTest, IsMonotonic) {
   }
 }
 
+TEST(RealClockTest, CoarseNowIsNeverAheadOfNowAndAtMostATickBehind) {
+  RealClock* clock = RealClock::Default();
+  absl::Time last = clock->CoarseNow();
+  for (int i = 0; i < 10000; ++i) {
+    const absl::Time before = clock->Now();
+    const absl::Time coarse = clock->CoarseNow();
+    const absl::Time after = clock->Now();
+    ASSERT_GE(coarse, last);   // monotonic
+    ASSERT_LE(coarse, after);  // the same timeline as Now, never ahead of it
+    // Behind by at most one kernel tick (CONFIG_HZ >= 100: 10 ms), with slack for this
+    // thread being descheduled between the reads.
+    ASSERT_GE(coarse, before - absl::Milliseconds(50));
+    last = coarse;
+  }
+}
+
+TEST(FakeClockTest, CoarseNowIsNow) {
+  FakeClock clock;
+  EXPECT_EQ(clock.CoarseNow(), clock.Now());
+  clock.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(clock.CoarseNow(), clock.Now());
+}
+
 TEST(RealClockTest, SleepUntilPastReturnsAtOnce) {
   RealClock* clock = RealClock::Default();
   clock->SleepUntil(clock->Now() - absl::Hours(1));

@@ -176,6 +176,79 @@ TEST(ExponentialBackoffTest, HelperNeverOverflows) {
             absl::ZeroDuration());
 }
 
+TEST(ExponentialBackoffTest, ScheduleMatchesHelperForEveryExponent) {
+  const absl::Duration inf = absl::InfiniteDuration();
+  const absl::Duration tick = absl::Nanoseconds(1) / 4;
+  const std::vector<std::pair<absl::Duration, absl::Duration>> cases = {
+      {absl::ZeroDuration(), absl::ZeroDuration()},
+      {absl::ZeroDuration(), inf},
+      {tick, inf},
+      {absl::Nanoseconds(1), inf},
+      {absl::Nanoseconds(3), absl::Nanoseconds(1000)},
+      {absl::Microseconds(1), absl::Milliseconds(1)},
+      {absl::Milliseconds(5), absl::Seconds(1000)},
+      {absl::Seconds(7), absl::Seconds(7)},
+      {absl::Seconds(std::numeric_limits<int64_t>::max()), inf},
+      {inf, inf},
+  };
+  for (const auto& [base, max] : cases) {
+    const internal::BackoffSchedule schedule(base, max);
+    for (int64_t n : {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{1'000'000},
+                      std::numeric_limits<int64_t>::max()}) {
+      EXPECT_EQ(schedule.At(n), internal::ExponentialBackoff(base, max, n))
+          << "base " << base << " max " << max << " n " << n;
+    }
+    for (int64_t n = 0; n <= 200; ++n) {
+      ASSERT_EQ(schedule.At(n), internal::ExponentialBackoff(base, max, n))
+          << "base " << base << " max " << max << " n " << n;
+    }
+  }
+}
+
+// A clock whose coarse reading is set apart from its exact one, to show which one a
+// component reads.
+class SplitClock final : public Clock {
+ public:
+  absl::Time Now() const override { return now; }
+  absl::Time CoarseNow() const override { return coarse; }
+  void SleepUntil(absl::Time) override {}
+  absl::Time now = absl::FromUnixSeconds(1'000'000);
+  absl::Time coarse = absl::FromUnixSeconds(1'000'000);
+};
+
+// The idle horizon is bookkeeping: the per-item limiters read CoarseNow (a seventh of
+// Now's cost on RealClock), never Now.
+TEST(ExponentialFailureTest, IdleHorizonIsMeasuredOnCoarseTime) {
+  SplitClock clock;
+  auto limiter = Exponential({.base = absl::Milliseconds(1),
+                              .max = absl::Seconds(1),
+                              .clock = &clock,
+                              .idle_horizon = absl::Seconds(10)});
+  limiter->When("a");
+  clock.now += absl::Hours(1);  // exact time far past the horizon: ignored
+  EXPECT_EQ(limiter->NumRequeues("a"), 1);
+  EXPECT_EQ(limiter->When("a"), absl::Milliseconds(2));
+  clock.coarse += absl::Seconds(11);  // coarse time past the horizon: evicted
+  EXPECT_EQ(limiter->NumRequeues("a"), 0);
+  EXPECT_EQ(limiter->When("a"), absl::Milliseconds(1));
+}
+
+TEST(FastSlowTest, IdleHorizonIsMeasuredOnCoarseTime) {
+  SplitClock clock;
+  auto limiter =
+      Must(FastSlowRateLimiter<std::string>::Create({.fast = absl::Milliseconds(1),
+                                                     .slow = absl::Seconds(1),
+                                                     .max_fast_attempts = 1,
+                                                     .clock = &clock,
+                                                     .idle_horizon = absl::Seconds(10)}));
+  EXPECT_EQ(limiter->When("a"), absl::Milliseconds(1));
+  clock.now += absl::Hours(1);
+  EXPECT_EQ(limiter->NumRequeues("a"), 1);
+  clock.coarse += absl::Seconds(11);
+  EXPECT_EQ(limiter->NumRequeues("a"), 0);
+  EXPECT_EQ(limiter->When("a"), absl::Milliseconds(1));
+}
+
 TEST(ExponentialFailureTest, JitterStaysWithinBoundsAndVaries) {
   FakeClock clock;
   const double j = 0.5;

@@ -41,6 +41,13 @@ class Clock {
   // The current time. Never blocks.
   virtual absl::Time Now() const = 0;
 
+  // A cheaper, coarser reading for bookkeeping that tolerates a few milliseconds of error
+  // (the rate limiters' idle horizons): never later than a Now() that follows it, and at
+  // most the clock's coarse resolution behind it (RealClock: CLOCK_MONOTONIC_COARSE, one
+  // kernel tick, typically 1-4 ms, at about a seventh of Now's cost). Monotonic like Now.
+  // The default returns Now(), so manual clocks stay exact. Never blocks.
+  virtual absl::Time CoarseNow() const { return Now(); }
+
   // Blocks the calling thread until Now() >= deadline. Returns at once for a deadline in
   // the past; absl::InfiniteFuture() blocks forever.
   virtual void SleepUntil(absl::Time deadline) = 0;
@@ -67,6 +74,7 @@ class RealClock final : public Clock {
   static RealClock* Default();
 
   absl::Time Now() const override;
+  absl::Time CoarseNow() const override;
   void SleepUntil(absl::Time deadline) override;
 };
 

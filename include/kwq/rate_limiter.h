@@ -23,7 +23,9 @@
 // Bounded memory, unlike client-go: a per-item limiter (exponential, fast/slow) forgets an
 // item by itself once the item has not failed for `idle_horizon`, so a caller that never
 // calls Forget does not grow the table forever. An evicted item starts again from zero
-// failures. Time is read on the limiter's Clock, so tests drive it with a FakeClock.
+// failures. Time is read on the limiter's Clock, so tests drive it with a FakeClock; the
+// per-item limiters measure idleness on Clock::CoarseNow (on RealClock one kernel tick,
+// 1-4 ms, of resolution at a seventh of Now's cost: a horizon is a matter of minutes).
 //
 // Thread safety: every member of every limiter here may be called concurrently from any
 // thread. No call blocks, other than on the limiter's own short internal lock.
@@ -98,10 +100,11 @@ struct ExponentialFailureRateLimiterOptions {
   // outlive the limiter.
   Clock* clock = nullptr;
   // An item that has not failed for longer than this is forgotten (evicted from the
-  // table) and starts again from zero failures. Must be >= 0; absl::InfiniteDuration()
-  // means never. Unset means internal::DefaultIdleHorizon(max) = max(2 * max, 1 minute)
-  // (never, for an infinite max): an item that is being retried fails again about `max`
-  // after its last failure at the latest, so it keeps its history.
+  // table) and starts again from zero failures, measured on clock->CoarseNow(). Must be
+  // >= 0; absl::InfiniteDuration() means never. Unset means
+  // internal::DefaultIdleHorizon(max) = max(2 * max, 1 minute) (never, for an infinite
+  // max): an item that is being retried fails again about `max` after its last failure
+  // at the latest, so it keeps its history.
   std::optional<absl::Duration> idle_horizon = std::nullopt;
 };
 
@@ -128,11 +131,11 @@ class ExponentialFailureRateLimiter final : public RateLimiter<T, Hash, Eq> {
     double factor = 1;
     {
       internal::MutexLock lock(&mu_);
-      exponent = table_.RecordFailure(item, clock_->Now());
+      exponent = table_.RecordFailure(item, clock_->CoarseNow());
       if (jitter_ > 0)
         factor = std::uniform_real_distribution<double>(1 - jitter_, 1 + jitter_)(rng_);
     }
-    return internal::ApplyJitter(internal::ExponentialBackoff(base_, max_, exponent), max_, factor);
+    return internal::ApplyJitter(backoff_.At(exponent), max_, factor);
   }
 
   void Forget(const T& item) override {
@@ -142,7 +145,7 @@ class ExponentialFailureRateLimiter final : public RateLimiter<T, Hash, Eq> {
 
   int NumRequeues(const T& item) override {
     internal::MutexLock lock(&mu_);
-    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->Now()), INT_MAX));
+    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->CoarseNow()), INT_MAX));
   }
 
   size_t TrackedItems() const override {
@@ -152,14 +155,14 @@ class ExponentialFailureRateLimiter final : public RateLimiter<T, Hash, Eq> {
 
  private:
   explicit ExponentialFailureRateLimiter(const Options& options)
-      : base_(options.base),
+      : backoff_(options.base, options.max),
         max_(options.max),
         jitter_(options.jitter),
         clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
         table_(options.idle_horizon.value_or(internal::DefaultIdleHorizon(options.max))),
         rng_(internal::JitterSeed(options.jitter_seed)) {}
 
-  const absl::Duration base_;
+  const internal::BackoffSchedule backoff_;
   const absl::Duration max_;
   const double jitter_;
   Clock* const clock_;
@@ -204,7 +207,7 @@ class FastSlowRateLimiter final : public RateLimiter<T, Hash, Eq> {
     int64_t failures;
     {
       internal::MutexLock lock(&mu_);
-      failures = table_.RecordFailure(item, clock_->Now()) + 1;
+      failures = table_.RecordFailure(item, clock_->CoarseNow()) + 1;
     }
     return failures <= max_fast_attempts_ ? fast_ : slow_;
   }
@@ -216,7 +219,7 @@ class FastSlowRateLimiter final : public RateLimiter<T, Hash, Eq> {
 
   int NumRequeues(const T& item) override {
     internal::MutexLock lock(&mu_);
-    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->Now()), INT_MAX));
+    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->CoarseNow()), INT_MAX));
   }
 
   size_t TrackedItems() const override {
