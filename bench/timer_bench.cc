@@ -26,12 +26,19 @@ std::unique_ptr<TimerService> NewService(int64_t backend) {
 
 const char* BackendLabel(int64_t backend) { return backend == 0 ? "portable" : "io_uring"; }
 
-// One read of the real clock, as AddAfter and the rate limiters make it.
+// One read of the real clock, as AddAfter makes it.
 void BM_RealClockNow(benchmark::State& state) {
   Clock* clock = RealClock::Default();
   for (auto _ : state) benchmark::DoNotOptimize(clock->Now());
 }
 BENCHMARK(BM_RealClockNow);
+
+// One coarse read (CLOCK_MONOTONIC_COARSE), as the rate limiters' idle horizons make it.
+void BM_RealClockCoarseNow(benchmark::State& state) {
+  Clock* clock = RealClock::Default();
+  for (auto _ : state) benchmark::DoNotOptimize(clock->CoarseNow());
+}
+BENCHMARK(BM_RealClockCoarseNow);
 
 // Schedule a timer one hour out, then cancel it. Arg 1: timers already armed.
 void BM_ScheduleCancel(benchmark::State& state) {

@@ -216,7 +216,7 @@ class SplitClock final : public Clock {
   absl::Time coarse = absl::FromUnixSeconds(1'000'000);
 };
 
-// The idle horizon is bookkeeping: the per-item limiters read CoarseNow (a seventh of
+// The idle horizon is bookkeeping: the per-item limiters read CoarseNow (under a third of
 // Now's cost on RealClock), never Now.
 TEST(ExponentialFailureTest, IdleHorizonIsMeasuredOnCoarseTime) {
   SplitClock clock;

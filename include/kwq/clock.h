@@ -44,7 +44,7 @@ class Clock {
   // A cheaper, coarser reading for bookkeeping that tolerates a few milliseconds of error
   // (the rate limiters' idle horizons): never later than a Now() that follows it, and at
   // most the clock's coarse resolution behind it (RealClock: CLOCK_MONOTONIC_COARSE, one
-  // kernel tick, typically 1-4 ms, at about a seventh of Now's cost). Monotonic like Now.
+  // kernel tick, typically 1-4 ms, at under a third of Now's cost). Monotonic like Now.
   // The default returns Now(), so manual clocks stay exact. Never blocks.
   virtual absl::Time CoarseNow() const { return Now(); }
 

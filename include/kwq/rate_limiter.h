@@ -25,7 +25,7 @@
 // calls Forget does not grow the table forever. An evicted item starts again from zero
 // failures. Time is read on the limiter's Clock, so tests drive it with a FakeClock; the
 // per-item limiters measure idleness on Clock::CoarseNow (on RealClock one kernel tick,
-// 1-4 ms, of resolution at a seventh of Now's cost: a horizon is a matter of minutes).
+// 1-4 ms, of resolution at under a third of Now's cost: a horizon is a matter of minutes).
 //
 // Thread safety: every member of every limiter here may be called concurrently from any
 // thread. No call blocks, other than on the limiter's own short internal lock.
