@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
+#include "kwq/internal/key_table.h"
 
 namespace kwq {
 namespace {
@@ -247,6 +248,69 @@ TEST(FastSlowTest, IdleHorizonIsMeasuredOnCoarseTime) {
   clock.coarse += absl::Seconds(11);
   EXPECT_EQ(limiter->NumRequeues("a"), 0);
   EXPECT_EQ(limiter->When("a"), absl::Milliseconds(1));
+}
+
+// Queue's key table stores TableHash's value per key, and RateLimitingQueue passes it to
+// Prefetch: the two must agree.
+TEST(PrefetchTest, FailureTableHashesAsTheQueueStoresKeys) {
+  using KeyTable =
+      internal::KeyTable<std::string, absl::Hash<std::string>, std::equal_to<std::string>>;
+  for (const std::string& key :
+       std::vector<std::string>{"", "a", "default/object-1", std::string(100, 'x')}) {
+    EXPECT_EQ((internal::TableHash<std::string, absl::Hash<std::string>>(key)),
+              KeyTable::HashOf(key));
+  }
+}
+
+// Prefetch is only a hint: with a table large enough to act on it (over 8192 entries),
+// hints for present, absent and made-up hashes change no count.
+TEST(PrefetchTest, HintsChangeNothing) {
+  FakeClock clock;
+  auto limiter =
+      Exponential({.base = absl::Milliseconds(1), .max = absl::Seconds(1), .clock = &clock});
+  constexpr int kItems = 10'000;
+  for (int i = 0; i < kItems; ++i) {
+    const std::string key = absl::StrCat("item-", i);
+    limiter->Prefetch(internal::TableHash<std::string, absl::Hash<std::string>>(key));
+    limiter->Prefetch(static_cast<uint32_t>(i) * 2654435761u);
+    limiter->When(key);
+  }
+  for (int i = 0; i < kItems; ++i) {
+    const std::string key = absl::StrCat("item-", i);
+    limiter->Prefetch(internal::TableHash<std::string, absl::Hash<std::string>>(key));
+    ASSERT_EQ(limiter->NumRequeues(key), 1);
+  }
+  EXPECT_EQ(limiter->TrackedItems(), static_cast<size_t>(kItems));
+}
+
+// A limiter that records the hints it is given.
+class HintRecorder final : public RateLimiter<int> {
+ public:
+  absl::Duration When(const int&) override { return absl::ZeroDuration(); }
+  void Forget(const int&) override {}
+  int NumRequeues(const int&) override { return 0; }
+  void Prefetch(uint32_t hash) override { hints->push_back(hash); }
+  std::vector<uint32_t>* hints;
+};
+
+TEST(PrefetchTest, CompositeLimitersPassHintsOn) {
+  std::vector<uint32_t> first, second, inner;
+  std::vector<std::unique_ptr<RateLimiter<int>>> children;
+  children.push_back(std::make_unique<HintRecorder>());
+  static_cast<HintRecorder*>(children.back().get())->hints = &first;
+  children.push_back(std::make_unique<HintRecorder>());
+  static_cast<HintRecorder*>(children.back().get())->hints = &second;
+  auto max_of = Must(MaxOfRateLimiter<int>::Create(std::move(children)));
+  max_of->Prefetch(7);
+  EXPECT_EQ(first, std::vector<uint32_t>{7});
+  EXPECT_EQ(second, std::vector<uint32_t>{7});
+  auto child = std::make_unique<HintRecorder>();
+  child->hints = &inner;
+  auto capped = Must(WithMaxWaitRateLimiter<int>::Create(std::move(child), absl::Seconds(1)));
+  capped->Prefetch(9);
+  EXPECT_EQ(inner, std::vector<uint32_t>{9});
+  // Limiters without per-item state ignore hints.
+  Bucket(10, 100, nullptr)->Prefetch(1);
 }
 
 TEST(ExponentialFailureTest, JitterStaysWithinBoundsAndVaries) {

@@ -1,7 +1,12 @@
 #include "kwq/rate_limiting_queue.h"
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "testing/recording_metrics.h"
 
@@ -65,6 +70,76 @@ TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {
   q.AddRateLimited("a");
   q.AddRateLimited("b");
   EXPECT_EQ(rec.Get("retries"), 2);
+}
+
+// A limiter that limits nothing and records the Prefetch hints it is given.
+class HintRecorder final : public RateLimiter<std::string> {
+ public:
+  absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
+  void Forget(const std::string&) override {}
+  int NumRequeues(const std::string&) override { return 0; }
+  void Prefetch(uint32_t hash) override { hints.push_back(hash); }
+
+  std::vector<uint32_t> hints;
+};
+
+// What the queue stores per key and passes to Prefetch: the low 32 bits of its hash.
+uint32_t StoredHash(const std::string& key) {
+  return static_cast<uint32_t>(absl::Hash<std::string>{}(key));
+}
+
+TEST_F(RateLimitingQueueTest, EachHandOutNamesTheNextItemToTheLimiter) {
+  auto recorder = std::make_unique<HintRecorder>();
+  HintRecorder* limiter = recorder.get();
+  RateLimitingQueue<std::string> q(std::move(recorder),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.Add("a");
+  q.Add("b");
+  q.Add("c");
+  auto a = q.Get();
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(**a, "a");
+  EXPECT_EQ(limiter->hints, std::vector<uint32_t>{StoredHash("b")});
+  auto b = q.TryGet();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(limiter->hints, (std::vector<uint32_t>{StoredHash("b"), StoredHash("c")}));
+  auto c = q.Get(Context());
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(**c, "c");
+  EXPECT_EQ(limiter->hints.size(), 2u);  // nothing was next in line
+}
+
+// Past the ring's capacity items wait in the overflow list and are handed out from the
+// outbox: every hint still names the item handed out next, and at most the hand-out that
+// empties the ring (whose cached view cannot see the overflow) gives none.
+TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
+  auto recorder = std::make_unique<HintRecorder>();
+  HintRecorder* limiter = recorder.get();
+  RateLimitingQueue<std::string> q(std::move(recorder),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  constexpr int kItems = 3000;
+  for (int i = 0; i < kItems; ++i) q.Add(absl::StrCat("item-", i));
+  std::vector<std::string> order;
+  std::vector<std::optional<uint32_t>> hint_of;  // the hint each hand-out gave, if any
+  for (;;) {
+    const size_t before = limiter->hints.size();
+    auto lease = q.TryGet();
+    if (!lease.has_value()) break;
+    order.push_back(**lease);
+    hint_of.push_back(limiter->hints.size() > before ? std::optional(limiter->hints.back())
+                                                     : std::nullopt);
+  }
+  ASSERT_EQ(order.size(), static_cast<size_t>(kItems));
+  int without = 0;
+  for (int i = 0; i < kItems; ++i) {
+    if (!hint_of[i].has_value()) {
+      ++without;
+      continue;
+    }
+    ASSERT_LT(i + 1, kItems);
+    EXPECT_EQ(*hint_of[i], StoredHash(order[i + 1])) << "hand-out " << i;
+  }
+  EXPECT_LE(without, 2);  // the last hand-out, and the one that empties the ring
 }
 
 }  // namespace

@@ -155,6 +155,11 @@ class DelayingQueue {
   // The inner queue's metrics recorder, or nullptr (for RateLimitingQueue).
   internal::QueueMetricsRecorder* metrics_recorder() { return queue_.metrics_recorder(); }
 
+ protected:
+  // For RateLimitingQueue: Queue::EnableNextHashHint and Queue::TakeNextHash.
+  void EnableNextHashHint() { queue_.EnableNextHashHint(); }
+  std::optional<uint32_t> TakeNextHash() { return queue_.TakeNextHash(); }
+
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
 

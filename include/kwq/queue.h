@@ -203,6 +203,7 @@ class Queue {
       if (!NextSlotLocked(&slot)) return std::nullopt;
       lease.emplace(HandOutLocked(slot));
       taken = taken_.load(std::memory_order_relaxed);
+      if (hint_next_) PublishNextHashLocked();
     }
     // More items ready and a Get asleep: wake it here, since a producer does not while a
     // Get polls (NeedWakeLocked). Only hints are read unless both hold; seq_cst loads, see
@@ -302,6 +303,8 @@ class Queue {
   static constexpr uint8_t kProcessing = 2;  // a lease is active
   // finished_: leases ended, in the low bits; kDrainFlag while a drain waits.
   static constexpr uint64_t kDrainFlag = uint64_t{1} << 63;
+  // next_hash_: set beside a hash that no TakeNextHash has taken yet.
+  static constexpr uint64_t kHashValid = uint64_t{1} << 32;
   // Keys done and not re-added stay in the table, idle, until more than about this many
   // are idle: a hot key that cycles through Add/Get/Done is then not copied, hashed into
   // the index and freed on every cycle. A clock hand over the slots erases idle ones.
@@ -336,6 +339,35 @@ class Queue {
     }
   }
 
+  // For RateLimitingQueue (through DelayingQueue): from now on every hand-out publishes
+  // the stored hash of the item next in line (TakeNextHash), so the queue's owner can have
+  // the rate limiter prefetch that item's entry (RateLimiter::Prefetch) while the current
+  // one is processed. Call before the queue is shared with other threads.
+  void EnableNextHashHint() { hint_next_ = true; }
+
+  // The hash published by the last hand-out, if no TakeNextHash has taken it since. With
+  // several workers it may be another worker's: it is only a hint.
+  std::optional<uint32_t> TakeNextHash() {
+    const uint64_t hint = next_hash_.load(std::memory_order_relaxed);
+    if (!(hint & kHashValid)) return std::nullopt;
+    next_hash_.store(0, std::memory_order_relaxed);
+    return static_cast<uint32_t>(hint);
+  }
+
+  // The outbox's front or the ring's oldest slot (as far as this side's cached view of
+  // the ring shows: reading the producer's line for a hint would cost more than it saves).
+  // A queued slot's key stays put while out_mu_ is held: only a hand-out, under out_mu_,
+  // can start it on the way to being erased.
+  void PublishNextHashLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
+    uint32_t next;
+    if (!outbox_.empty()) {
+      next = outbox_.front();
+    } else if (!ring_.TryPeekCached(&next)) {
+      return;
+    }
+    next_hash_.store(kHashValid | HashOfSlot(next), std::memory_order_relaxed);
+  }
+
   // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
   struct Waker {
     Queue* queue;
@@ -354,6 +386,8 @@ class Queue {
   }
   // A queued or in-flight slot's key (same reasoning as State).
   const T* ItemOf(uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS { return &table_.item(slot); }
+  // A queued or in-flight slot's stored hash (same reasoning).
+  uint32_t HashOfSlot(uint32_t slot) ABSL_NO_THREAD_SAFETY_ANALYSIS { return table_.hash(slot); }
 
   uint64_t Finished() const { return finished_.load(std::memory_order_acquire) & ~kDrainFlag; }
   // Ready items in the ring, overflow list and outbox, read without their locks (a hint
@@ -723,6 +757,10 @@ class Queue {
   internal::SlotFifo outbox_ ABSL_GUARDED_BY(out_mu_);
   std::atomic<size_t> out_hint_{0};  // outbox_.size(), written under out_mu_
   std::atomic<int64_t> taken_{0};    // hand-outs ever made, written under out_mu_
+  // The next item's hash after a hand-out (kHashValid | hash), written under out_mu_ when
+  // hint_next_ (set before the queue is shared); cleared by TakeNextHash.
+  std::atomic<uint64_t> next_hash_{0};
+  bool hint_next_ = false;
 
   // Workers, when they start or stop polling (read by the producer before a wake-up).
   alignas(64) std::atomic<int> spinners_{0};  // Gets polling at length in Spin

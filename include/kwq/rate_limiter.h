@@ -81,7 +81,62 @@ class RateLimiter {
   // forgotten, as of the last When/NumRequeues call; the sum over children for the
   // composite limiters; 0 for limiters without per-item state. Thread-safe.
   virtual size_t TrackedItems() const { return 0; }
+
+  // A hint, from a rate-limiting queue, that the item whose low 32 hash bits are `hash`
+  // (static_cast<uint32_t>(Hash{}(item)), as the queue stores them) is next in line to be
+  // handed out, so a NumRequeues/When/Forget for it will likely follow. The per-item
+  // limiters fetch the lines of their table where that item's entry would be into the
+  // cache (when the table is too large to stay cached, and their lock is free); the
+  // composite limiters pass it on. Changes nothing observable. The default does nothing.
+  // Thread-safe; never blocks.
+  virtual void Prefetch(uint32_t hash) { (void)hash; }
 };
+
+namespace internal {
+
+// What ExponentialFailureRateLimiter and FastSlowRateLimiter share: the bounded failure
+// table under a lock, read on a clock, and every member but When.
+template <typename T, typename Hash, typename Eq>
+class PerItemRateLimiter : public RateLimiter<T, Hash, Eq> {
+ public:
+  void Forget(const T& item) override {
+    MutexLock lock(&mu_);
+    table_.Forget(item);
+  }
+
+  int NumRequeues(const T& item) override {
+    MutexLock lock(&mu_);
+    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->CoarseNow()), INT_MAX));
+  }
+
+  size_t TrackedItems() const override {
+    MutexLock lock(&mu_);
+    return table_.size();
+  }
+
+  void Prefetch(uint32_t hash) override {
+    if (!mu_.TryLock()) return;  // a hint is not worth a wait
+    table_.Prefetch(hash);
+    mu_.Unlock();
+  }
+
+ protected:
+  PerItemRateLimiter(Clock* clock, absl::Duration idle_horizon)
+      : clock_(clock != nullptr ? clock : RealClock::Default()), table_(idle_horizon) {}
+
+  // Records one failure of `item` and returns the failures recorded before it.
+  int64_t RecordFailure(const T& item) {
+    MutexLock lock(&mu_);
+    return table_.RecordFailure(item, clock_->CoarseNow());
+  }
+
+ private:
+  Clock* const clock_;
+  mutable Mutex mu_;
+  FailureTable<T, Hash, Eq> table_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace internal
 
 // Options of ExponentialFailureRateLimiter. The defaults are client-go's
 // DefaultControllerRateLimiter's.
@@ -112,7 +167,7 @@ struct ExponentialFailureRateLimiterOptions {
 // last Forget (n = 0, 1, 2, ...) waits min(base * 2^n, max), computed exactly and without
 // overflow for any n; with jitter j, that delay d then becomes min(d * U[1 - j, 1 + j), max).
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
-class ExponentialFailureRateLimiter final : public RateLimiter<T, Hash, Eq> {
+class ExponentialFailureRateLimiter final : public internal::PerItemRateLimiter<T, Hash, Eq> {
  public:
   using Options = ExponentialFailureRateLimiterOptions;
 
@@ -127,48 +182,30 @@ class ExponentialFailureRateLimiter final : public RateLimiter<T, Hash, Eq> {
 
   // Thread-safe; O(1) amortised (see FailureTable); never blocks.
   absl::Duration When(const T& item) override {
-    int64_t exponent;
+    const int64_t exponent = this->RecordFailure(item);
     double factor = 1;
-    {
-      internal::MutexLock lock(&mu_);
-      exponent = table_.RecordFailure(item, clock_->CoarseNow());
-      if (jitter_ > 0)
-        factor = std::uniform_real_distribution<double>(1 - jitter_, 1 + jitter_)(rng_);
+    if (jitter_ > 0) {
+      internal::MutexLock lock(&rng_mu_);
+      factor = std::uniform_real_distribution<double>(1 - jitter_, 1 + jitter_)(rng_);
     }
     return internal::ApplyJitter(backoff_.At(exponent), max_, factor);
   }
 
-  void Forget(const T& item) override {
-    internal::MutexLock lock(&mu_);
-    table_.Forget(item);
-  }
-
-  int NumRequeues(const T& item) override {
-    internal::MutexLock lock(&mu_);
-    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->CoarseNow()), INT_MAX));
-  }
-
-  size_t TrackedItems() const override {
-    internal::MutexLock lock(&mu_);
-    return table_.size();
-  }
-
  private:
   explicit ExponentialFailureRateLimiter(const Options& options)
-      : backoff_(options.base, options.max),
+      : internal::PerItemRateLimiter<T, Hash, Eq>(
+            options.clock,
+            options.idle_horizon.value_or(internal::DefaultIdleHorizon(options.max))),
+        backoff_(options.base, options.max),
         max_(options.max),
         jitter_(options.jitter),
-        clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
-        table_(options.idle_horizon.value_or(internal::DefaultIdleHorizon(options.max))),
         rng_(internal::JitterSeed(options.jitter_seed)) {}
 
   const internal::BackoffSchedule backoff_;
   const absl::Duration max_;
   const double jitter_;
-  Clock* const clock_;
-  mutable internal::Mutex mu_;
-  internal::FailureTable<T, Hash, Eq> table_ ABSL_GUARDED_BY(mu_);
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  internal::Mutex rng_mu_;  // only used with jitter
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(rng_mu_);
 };
 
 // Options of FastSlowRateLimiter.
@@ -189,7 +226,7 @@ struct FastSlowRateLimiterOptions {
 // client-go's ItemFastSlowRateLimiter: an item's failures 1..max_fast_attempts (counted
 // since its last Forget) wait `fast`, later ones wait `slow`.
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
-class FastSlowRateLimiter final : public RateLimiter<T, Hash, Eq> {
+class FastSlowRateLimiter final : public internal::PerItemRateLimiter<T, Hash, Eq> {
  public:
   using Options = FastSlowRateLimiterOptions;
 
@@ -204,44 +241,22 @@ class FastSlowRateLimiter final : public RateLimiter<T, Hash, Eq> {
 
   // Thread-safe; O(1) amortised; never blocks.
   absl::Duration When(const T& item) override {
-    int64_t failures;
-    {
-      internal::MutexLock lock(&mu_);
-      failures = table_.RecordFailure(item, clock_->CoarseNow()) + 1;
-    }
+    const int64_t failures = this->RecordFailure(item) + 1;
     return failures <= max_fast_attempts_ ? fast_ : slow_;
-  }
-
-  void Forget(const T& item) override {
-    internal::MutexLock lock(&mu_);
-    table_.Forget(item);
-  }
-
-  int NumRequeues(const T& item) override {
-    internal::MutexLock lock(&mu_);
-    return static_cast<int>(std::min<int64_t>(table_.Failures(item, clock_->CoarseNow()), INT_MAX));
-  }
-
-  size_t TrackedItems() const override {
-    internal::MutexLock lock(&mu_);
-    return table_.size();
   }
 
  private:
   explicit FastSlowRateLimiter(const Options& options)
-      : fast_(options.fast),
+      : internal::PerItemRateLimiter<T, Hash, Eq>(
+            options.clock, options.idle_horizon.value_or(
+                               internal::DefaultIdleHorizon(std::max(options.fast, options.slow)))),
+        fast_(options.fast),
         slow_(options.slow),
-        max_fast_attempts_(options.max_fast_attempts),
-        clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
-        table_(options.idle_horizon.value_or(
-            internal::DefaultIdleHorizon(std::max(options.fast, options.slow)))) {}
+        max_fast_attempts_(options.max_fast_attempts) {}
 
   const absl::Duration fast_;
   const absl::Duration slow_;
   const int64_t max_fast_attempts_;
-  Clock* const clock_;
-  mutable internal::Mutex mu_;
-  internal::FailureTable<T, Hash, Eq> table_ ABSL_GUARDED_BY(mu_);
 };
 
 // Options of BucketRateLimiter. The defaults are client-go's DefaultControllerRateLimiter's.
@@ -347,6 +362,10 @@ class MaxOfRateLimiter final : public RateLimiter<T, Hash, Eq> {
     return items;
   }
 
+  void Prefetch(uint32_t hash) override {
+    for (const Child& child : children_) child->Prefetch(hash);
+  }
+
  private:
   explicit MaxOfRateLimiter(std::vector<Child> children) : children_(std::move(children)) {}
 
@@ -377,6 +396,7 @@ class WithMaxWaitRateLimiter final : public RateLimiter<T, Hash, Eq> {
   void Forget(const T& item) override { child_->Forget(item); }
   int NumRequeues(const T& item) override { return child_->NumRequeues(item); }
   size_t TrackedItems() const override { return child_->TrackedItems(); }
+  void Prefetch(uint32_t hash) override { child_->Prefetch(hash); }
 
  private:
   WithMaxWaitRateLimiter(Child child, absl::Duration max_wait)

@@ -19,6 +19,7 @@
 #define KWQ_RATE_LIMITING_QUEUE_H_
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "kwq/delaying_queue.h"
@@ -30,6 +31,8 @@ template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to
 class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
  public:
   using Limiter = RateLimiter<T, Hash, Eq>;
+  using Base = DelayingQueue<T, Hash, Eq>;
+  using Lease = typename Base::Lease;
 
   // With DefaultControllerRateLimiter (5 ms exponential to 1000 s, and 10 qps / 100 burst
   // overall), reading time on options.clock.
@@ -40,7 +43,16 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   explicit RateLimitingQueue(std::unique_ptr<Limiter> limiter, QueueOptions options = {})
       : DelayingQueue<T, Hash, Eq>(options),
         limiter_(limiter != nullptr ? std::move(limiter)
-                                    : DefaultControllerRateLimiter<T, Hash, Eq>(options.clock)) {}
+                                    : DefaultControllerRateLimiter<T, Hash, Eq>(options.clock)) {
+    this->EnableNextHashHint();
+  }
+
+  // DelayingQueue's Get, TryGet and Get(ctx). Each hand-out also names the item next in
+  // line to the limiter (RateLimiter::Prefetch), so that with a large failure table the
+  // NumRequeues/When/Forget for that item finds its entry in the cache.
+  std::optional<Lease> Get() { return WithPrefetch(Base::Get()); }
+  std::optional<Lease> TryGet() { return WithPrefetch(Base::TryGet()); }
+  std::optional<Lease> Get(const Context& ctx) { return WithPrefetch(Base::Get(ctx)); }
 
   // Adds `item` after the delay the limiter gives it, recording one failure.
   template <typename K>
@@ -59,6 +71,11 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   Limiter& rate_limiter() { return *limiter_; }
 
  private:
+  std::optional<Lease> WithPrefetch(std::optional<Lease> lease) {
+    if (const std::optional<uint32_t> next = this->TakeNextHash()) limiter_->Prefetch(*next);
+    return lease;
+  }
+
   const std::unique_ptr<Limiter> limiter_;  // I: thread-safe itself
 };
 

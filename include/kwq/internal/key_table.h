@@ -57,7 +57,8 @@ class KeyTable {
     return it == index_.end() ? kNone : it->slot;
   }
 
-  // The hash the table uses for `key`.
+  // The hash the table uses for `key`: its low 32 bits (RateLimiter::Prefetch relies on
+  // this).
   static uint32_t HashOf(const T& key) { return static_cast<uint32_t>(Hash{}(key)); }
 
   // Stores `key` (which must not be present) with state bits `bits`; returns its slot.
@@ -109,6 +110,8 @@ class KeyTable {
   // and state() without the owner's lock: neither moves when the table grows.
   T& item(uint32_t slot) { return *Ptr(slot); }
   const T& item(uint32_t slot) const { return *Ptr(slot); }
+  // The stored hash (HashOf) of a live slot's key; readable like item().
+  uint32_t hash(uint32_t slot) const { return hash_of(slot); }
   // State bits of a live slot; bit 7 (kLive) is reserved.
   uint8_t& state(uint32_t slot) { return ChunkOf(slot).state[StateIndex(slot)]; }
   uint8_t state(uint32_t slot) const { return ChunkOf(slot).state[StateIndex(slot)]; }

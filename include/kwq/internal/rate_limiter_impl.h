@@ -99,6 +99,15 @@ class TokenBucket {
   absl::Time last_now_ ABSL_GUARDED_BY(mu_);  // the clock at the previous reservation.
 };
 
+// A key's hash as kwq's tables keep it: the low 32 bits of Hash{}(key). Queue's key table
+// stores it per key, and the failure table hashes with it too, so a queue can tell a
+// limiter where to prefetch an item's entry without reading or hashing the item
+// (RateLimiter::Prefetch). absl mixes the 32 bits again before using them.
+template <typename T, typename Hash>
+uint32_t TableHash(const T& key) {
+  return static_cast<uint32_t>(Hash{}(key));
+}
+
 // The per-item failure table of ExponentialFailureRateLimiter and FastSlowRateLimiter.
 // Each entry holds an item's failure count and the time of its last recorded failure, and
 // sits on an intrusive list ordered by that time (coldest first). An entry idle for longer
@@ -141,6 +150,18 @@ class FailureTable {
     return it->second.failures;
   }
 
+  // Fetches the index lines where an item with TableHash `hash` would be found into the
+  // cache, when the table is too large to stay cached anyway (kPrefetchMin entries).
+  //
+  // g++ (12, with NDEBUG) takes a function that only prefetches for one without side
+  // effects and drops calls to it; flatten inlines absl's prefetch here, and the empty
+  // volatile asm makes this function one with side effects, so the prefetch stays.
+  [[gnu::flatten]] void Prefetch(uint32_t hash) const {
+    if (entries_.size() < kPrefetchMin) return;
+    entries_.prefetch(Prehashed{hash});
+    asm volatile("");
+  }
+
   // Removes `item`'s entry, if any.
   void Forget(const T& item) {
     auto it = entries_.find(item);
@@ -152,6 +173,27 @@ class FailureTable {
   size_t size() const { return entries_.size(); }
 
  private:
+  // Below this many entries the table likely sits in the cache, and a prefetch would
+  // only cost time.
+  static constexpr size_t kPrefetchMin = 8192;
+
+  // A hash without its key: a probe position for prefetch(), never compared.
+  struct Prehashed {
+    uint32_t hash;
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const T& key) const { return TableHash<T, Hash>(key); }
+    size_t operator()(Prehashed p) const { return p.hash; }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    bool operator()(const T& a, const T& b) const { return Eq{}(a, b); }
+    // Only prefetch() takes a Prehashed, and it compares nothing.
+    bool operator()(const T&, Prehashed) const { return false; }
+    bool operator()(Prehashed, const T&) const { return false; }
+  };
+
   struct Entry {
     int64_t failures = 0;
     absl::Time last;
@@ -186,7 +228,7 @@ class FailureTable {
   }
 
   const absl::Duration horizon_;
-  absl::node_hash_map<T, Entry, Hash, Eq> entries_;
+  absl::node_hash_map<T, Entry, KeyHash, KeyEq> entries_;
   Entry* cold_ = nullptr;  // least recently failed
   Entry* hot_ = nullptr;   // most recently failed
 };

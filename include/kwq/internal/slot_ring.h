@@ -54,6 +54,16 @@ class SlotRing {
     return true;
   }
 
+  // Consumer side. The oldest slot, without removing it; false when the ring is empty as
+  // far as the consumer's cached view of the producer's end says (it does not read the
+  // producer's cache line, so a slot pushed since the last TryPop may go unseen).
+  bool TryPeekCached(uint32_t* slot) const {
+    const uint32_t head = head_.load(std::memory_order_relaxed);
+    if (head == tail_cache_) return false;
+    *slot = cells_[Cell(head)];
+    return true;
+  }
+
   // Slots in the ring. Exact on either side when the other side is idle; otherwise a
   // snapshot that may be stale by the other side's recent operations.
   // `order`: acquire (default) or seq_cst (for a caller that relies on a store-load
