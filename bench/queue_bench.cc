@@ -87,6 +87,18 @@ void BM_AddGetDoneHot(benchmark::State& state) {
 }
 BENCHMARK(BM_AddGetDoneHot);
 
+// The same through a DelayingQueue with nothing waiting (a controller's Add path: the
+// delaying queue first checks for a waiting entry to remove).
+void BM_DelayingAddGetDoneHot(benchmark::State& state) {
+  DelayingQueue<std::string> q;
+  const std::string key = "default/object-1";
+  for (auto _ : state) {
+    q.Add(key);
+    q.TryGet();
+  }
+}
+BENCHMARK(BM_DelayingAddGetDoneHot);
+
 // A deduplicated Add (the key is already waiting).
 void BM_AddDuplicate(benchmark::State& state) {
   Queue<std::string> q;

@@ -97,6 +97,23 @@ TEST_F(DelayingQueueTest, HugeDelayDoesNotOverflow) {
   EXPECT_TRUE(q_.CancelAfter("inf"));
 }
 
+// An item that waits forever has the same key as an empty heap's head (kNever): Add still
+// finds and removes its waiting entry (Add skips the lock only when nothing waits).
+TEST_F(DelayingQueueTest, AddOfItemWaitingForeverRunsItNow) {
+  q_.AddAfter("inf", absl::InfiniteDuration());
+  ASSERT_EQ(q_.Waiting(), 1u);
+  EXPECT_TRUE(q_.Add("inf"));
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"inf"}));
+  // Once nothing waits, Add and CancelAfter still behave.
+  EXPECT_FALSE(q_.CancelAfter("inf"));
+  EXPECT_TRUE(q_.Add("x"));
+  q_.AddAfter("y", absl::Seconds(1));
+  EXPECT_TRUE(q_.Add("y"));  // removes the entry made after the queue had emptied
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"x", "y"}));
+}
+
 TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
   for (int i = 0; i < 1000; ++i) q_.AddAfter(absl::StrCat("k", i), absl::Milliseconds(i + 1));
   EXPECT_EQ(timers_->Pending(), 1u);  // one timer for the whole queue
