@@ -1,8 +1,10 @@
 #include "kwq/rate_limiting_queue.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/hash/hash.h"
@@ -140,6 +142,49 @@ TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
     EXPECT_EQ(*hint_of[i], StoredHash(order[i + 1])) << "hand-out " << i;
   }
   EXPECT_LE(without, 2);  // the last hand-out, and the one that empties the ring
+}
+
+// Several workers run the reconcile loop of the ratelimited scenario on a real clock, with
+// more items than the limiters' prefetch threshold, so hints, prefetches (try-locks on the
+// limiter), NumRequeues, When, Forget and AddAfter race (TSan checks them in make test).
+// Every item is retried exactly twice and then forgotten; none is lost or handed to two
+// workers at once.
+TEST(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {
+  constexpr int kItems = 10'000;  // past FailureTable's kPrefetchMin (8192)
+  constexpr int kWorkers = 4;
+  auto limiter = std::move(*ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Microseconds(1), .max = absl::Microseconds(100)}));
+  RateLimitingQueue<std::string> q(std::move(limiter));
+  std::vector<std::string> keys;
+  for (int i = 0; i < kItems; ++i) keys.push_back(absl::StrCat("default/object-", i));
+  q.AddAll(keys);
+  std::atomic<int> forgotten{0};
+  std::atomic<int> in_flight_max{0};
+  std::vector<std::atomic<int>> runs(kItems);
+  std::vector<std::atomic<int>> active(kItems);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&] {
+      while (auto lease = q.Get()) {
+        const std::string& key = **lease;
+        const int i = std::stoi(key.substr(key.rfind('-') + 1));
+        if (active[i].fetch_add(1) != 0) in_flight_max.store(2);
+        runs[i].fetch_add(1);
+        if (q.NumRequeues(key) < 2) {
+          q.AddRateLimited(key);
+        } else {
+          q.Forget(key);
+          if (forgotten.fetch_add(1) + 1 == kItems) q.ShutDown();
+        }
+        active[i].fetch_sub(1);
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  EXPECT_EQ(forgotten.load(), kItems);
+  EXPECT_EQ(in_flight_max.load(), 0) << "an item was handed to two workers at once";
+  for (int i = 0; i < kItems; ++i) ASSERT_EQ(runs[i].load(), 3) << keys[i];
+  EXPECT_EQ(q.rate_limiter().TrackedItems(), 0u);
 }
 
 }  // namespace
