@@ -7,12 +7,15 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "kwq/priority_queue.h"
 #include "kwq/queue.h"
+#include "kwq/rate_limiter.h"
 
 namespace kwq {
 namespace {
@@ -125,6 +128,39 @@ void BM_PriorityQueue_AddGetDone_Backlog1M(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_PriorityQueue_AddGetDone_Backlog1M)->ArgName("mode")->Arg(0)->Arg(1)->Arg(2);
+
+// The ratelimited scenario's loop on a PriorityQueue: 1,000,000 string keys, one thread
+// Gets each, retries it (AddRateLimited, ExponentialFailure(1 us, 1 ms)) until it has
+// failed three times, then Forgets it. ns per reconcile (4 per key).
+void BM_PriorityQueue_RateLimitedReconcile1M(benchmark::State& state) {
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<std::string> keys;
+    keys.reserve(kItems);
+    for (int64_t i = 0; i < kItems; ++i) keys.push_back(absl::StrCat("default/object-", i));
+    PriorityQueue<std::string>::Options options;
+    options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+        {.base = absl::Microseconds(1), .max = absl::Milliseconds(1)});
+    auto q = *PriorityQueue<std::string>::Create(std::move(options));
+    state.ResumeTiming();
+    q->AddAll(std::move(keys));
+    int64_t forgotten = 0;
+    while (forgotten < kItems) {
+      auto lease = q->Get();
+      const std::string& key = lease->item();
+      if (q->NumRequeues(key) < 3) {
+        q->AddRateLimited(key);
+      } else {
+        q->Forget(key);
+        ++forgotten;
+      }
+    }
+  }
+  state.counters["ns/reconcile"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 4 * kItems,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_PriorityQueue_RateLimitedReconcile1M)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 }  // namespace
 }  // namespace kwq

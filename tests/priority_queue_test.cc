@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
@@ -229,6 +230,54 @@ TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {
 }
 
 // ---- rate limiting ----
+
+// A limiter that limits nothing and records the Prefetch hints it is given.
+class HintRecorder final : public RateLimiter<std::string> {
+ public:
+  absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
+  void Forget(const std::string&) override {}
+  int NumRequeues(const std::string&) override { return 0; }
+  void Prefetch(uint32_t hash) override {
+    std::lock_guard<std::mutex> lock(mu);
+    hints.push_back(hash);
+  }
+  std::vector<uint32_t> Hints() {
+    std::lock_guard<std::mutex> lock(mu);
+    return hints;
+  }
+
+ private:
+  std::mutex mu;
+  std::vector<uint32_t> hints;
+};
+
+uint32_t StoredHash(const std::string& key) {
+  return static_cast<uint32_t>(absl::Hash<std::string>{}(key));
+}
+
+// Once rate-limited adds are in use, each hand-out names the item that is next in hand-out
+// order (priority first) to the limiter, as RateLimitingQueue does; before that, none.
+TEST_F(PriorityQueueTest, HandOutsNameTheNextItemToTheLimiterOnceRateLimitingIsUsed) {
+  PQ::Options options = Opts();
+  auto recorder = std::make_unique<HintRecorder>();
+  HintRecorder* limiter = recorder.get();
+  options.rate_limiter = std::move(recorder);
+  auto q = Make(std::move(options));
+  q->Add("a", {.priority = 1});
+  q->Add("b", {.priority = 5});
+  ASSERT_EQ(q->Get()->item(), "b");
+  EXPECT_TRUE(limiter->Hints().empty());  // no rate-limited add yet
+  q->AddRateLimited("r");                 // zero delay: ready now, priority 0
+  q->Add("p9", {.priority = 9});
+  q->Add("p5", {.priority = 5});
+  ASSERT_EQ(q->TryGet()->item(), "p9");
+  EXPECT_EQ(limiter->Hints(), std::vector<uint32_t>{StoredHash("p5")});
+  ASSERT_EQ(q->Get(Context())->item(), "p5");
+  ASSERT_EQ(q->Get()->item(), "a");
+  ASSERT_EQ(q->Get()->item(), "r");
+  EXPECT_EQ(limiter->Hints(), (std::vector<uint32_t>{StoredHash("p5"), StoredHash("a"),
+                                                     StoredHash("r")}));  // none after "r"
+}
 
 TEST_F(PriorityQueueTest, RateLimitedAddWaitsForTheLimiter) {
   PQ::Options options = Opts();

@@ -511,8 +511,23 @@ class PriorityQueue {
 
   Prep Prepare(const T& item, const AddOpts& opts) {
     Prep prep{Table::HashOf(item), group_fn_ ? group_fn_(item) : 0, opts.after, opts.rate_limited};
-    if (opts.rate_limited) prep.after = std::max(prep.after, limiter_->When(item));
+    if (opts.rate_limited) {
+      prep.after = std::max(prep.after, limiter_->When(item));
+      if (!hint_limiter_.load(std::memory_order_relaxed)) {
+        hint_limiter_.store(true, std::memory_order_relaxed);
+      }
+    }
     return prep;
+  }
+
+  // After a hand-out, once rate-limited adds are in use: names the item that would be
+  // handed out next (ignoring aging: it is only a hint) to the limiter, which prefetches
+  // its entry (RateLimiter::Prefetch, as RateLimitingQueue does). Under mu_: the limiter
+  // only try-locks its own lock, so this cannot wait, and Get keeps returning its lease
+  // without a move.
+  void HintNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!hint_limiter_.load(std::memory_order_relaxed) || level_heap_.empty()) return;
+    limiter_->Prefetch(table_.hash(FirstLocked(levels_[level_heap_.TopId()].head)));
   }
 
   // Reads the clock when an add needs it (for a delay, for aging's ready times, or when
@@ -837,6 +852,7 @@ class PriorityQueue {
     --queued_;
     ++in_flight_;
     if (metrics_) metrics_->OnGet(slot);
+    HintNextLocked();
     return Lease(this, slot, &table_.item(slot), info_[slot].priority);
   }
 
@@ -1001,8 +1017,11 @@ class PriorityQueue {
     return timer;
   }
 
-  Clock* const clock_;                                // I
-  const std::unique_ptr<Limiter> limiter_;            // I, thread-safe
+  Clock* const clock_;                      // I
+  const std::unique_ptr<Limiter> limiter_;  // I, thread-safe
+  // Set by the first rate-limited add: from then on hand-outs name the next item to the
+  // limiter (HintNextLocked). Until then a hand-out pays one relaxed load for it.
+  std::atomic<bool> hint_limiter_{false};
   const std::function<uint64_t(const T&)> group_fn_;  // I, may be empty
   const bool aging_;                                  // I: aging is on
   const int64_t aging_ns_;                            // I
