@@ -44,8 +44,10 @@ class Clock {
   // A cheaper, coarser reading for bookkeeping that tolerates a few milliseconds of error
   // (the rate limiters' idle horizons): never later than a Now() that follows it, and at
   // most the clock's coarse resolution behind it (RealClock: CLOCK_MONOTONIC_COARSE, one
-  // kernel tick, typically 1-4 ms, at under a third of Now's cost). Monotonic like Now.
-  // The default returns Now(), so manual clocks stay exact. Never blocks.
+  // kernel tick, typically 1-4 ms, at under a third of Now's cost). Monotonic like Now,
+  // as far as the kernel keeps it so (older kernels could step the coarse clock back by
+  // nanoseconds while NTP adjusted its rate; the rate limiters tolerate a clock that
+  // goes back). The default returns Now(), so manual clocks stay exact. Never blocks.
   virtual absl::Time CoarseNow() const { return Now(); }
 
   // Blocks the calling thread until Now() >= deadline. Returns at once for a deadline in

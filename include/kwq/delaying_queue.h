@@ -177,10 +177,6 @@ class DelayingQueue {
   }
 
   bool RemoveWaiting(const T& item) {
-    // Nothing waits: nothing to remove, and no lock (every Add and AddAll of a delaying
-    // or rate-limiting queue comes here first). An AddAfter racing with this call is
-    // ordered after it; one that happened before it published its entry before it unlocked.
-    if (!waiting_hint_.load(std::memory_order_acquire)) return false;
     internal::MutexLock lock(&mu_);
     if (heap_.empty()) return false;
     const uint32_t slot = waiting_.Find(item);
@@ -365,13 +361,6 @@ class DelayingQueue {
       published_next_ = next;
       next_hint_.store(next, std::memory_order_release);
     }
-    // Not next_hint_ != kNever: an item whose ready time is past the int64 range waits
-    // with key kNever.
-    const bool waiting = !heap_.empty();
-    if (waiting != published_waiting_) {
-      published_waiting_ = waiting;
-      waiting_hint_.store(waiting, std::memory_order_release);
-    }
   }
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
@@ -404,15 +393,12 @@ class DelayingQueue {
   // The last values PublishLocked stored in the hints.
   int64_t published_next_ ABSL_GUARDED_BY(mu_) = kNever;
   bool published_exact_ ABSL_GUARDED_BY(mu_) = true;
-  bool published_waiting_ ABSL_GUARDED_BY(mu_) = false;
   // Written under mu_ by PublishLocked, read without it by PromoteDue and Get's polling:
   // no waiting item is due before next_hint_, and exact_hint_ says a timer is armed to
   // fire by then. Own cache line: the producer's lock and table must not share it with
   // the polling workers.
   alignas(64) std::atomic<int64_t> next_hint_{kNever};
   std::atomic<bool> exact_hint_{true};
-  // Whether any item waits (written like the hints above; read by RemoveWaiting).
-  std::atomic<bool> waiting_hint_{false};
 };
 
 }  // namespace kwq

@@ -1,5 +1,6 @@
 #include "kwq/internal/mutex.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace kwq::internal {
@@ -8,6 +9,8 @@ void Mutex::SpinThenLock(absl::Duration spin) {
   // The clock is read once per 32 pauses (a pause costs about 25 ns on the development
   // VM, a clock read about as much), so the bound holds within a microsecond.
   constexpr int kPausesPerCheck = 32;
+  // At most a second (an infinite Duration would overflow the chrono deadline).
+  spin = std::clamp(spin, absl::ZeroDuration(), absl::Seconds(1));
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
   do {
     for (int i = 0; i < kPausesPerCheck; ++i) {

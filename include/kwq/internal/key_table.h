@@ -143,7 +143,9 @@ class KeyTable {
     const T* key;
     uint32_t hash;
   };
-  // absl mixes these 32 bits again before using them, so a 32-bit hash spreads well.
+  // absl takes the probe start from bits 7 and up and the 7-bit tag from the low bits, so
+  // 32 bits serve tables of up to about 2^25 slots (a custom Hash must put its entropy
+  // in its low 32 bits; absl::Hash does).
   struct SlotHash {
     using is_transparent = void;
     const KeyTable* table;

@@ -45,7 +45,8 @@ class ABSL_LOCKABLE Mutex {
   Mutex& operator=(const Mutex&) = delete;
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { pthread_mutex_lock(&mu_); }
-  // Lock, spinning for up to about `spin` before sleeping in the kernel (the adaptive
+  // Lock, spinning for up to about `spin` (at most a second; <= 0: one try) before
+  // sleeping in the kernel (the adaptive
   // mutex alone gives up after about a hundred pauses, a few microseconds). For a lock
   // whose other holders do bounded work that takes longer than that, taken by a caller
   // that has nothing better to do than wait: sleeping costs it a futex wake-up and the

@@ -102,7 +102,9 @@ class TokenBucket {
 // A key's hash as kwq's tables keep it: the low 32 bits of Hash{}(key). Queue's key table
 // stores it per key, and the failure table hashes with it too, so a queue can tell a
 // limiter where to prefetch an item's entry without reading or hashing the item
-// (RateLimiter::Prefetch). absl mixes the 32 bits again before using them.
+// (RateLimiter::Prefetch). absl's tables take the probe start from bits 7 and up and
+// the 7-bit tag from the low bits, so 32 bits serve tables of up to about 2^25 slots; a
+// custom Hash must spread its entropy over its low 32 bits (absl::Hash does).
 template <typename T, typename Hash>
 uint32_t TableHash(const T& key) {
   return static_cast<uint32_t>(Hash{}(key));
