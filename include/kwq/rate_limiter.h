@@ -88,7 +88,8 @@ class RateLimiter {
   // limiters fetch the lines of their table where that item's entry would be into the
   // cache (when the table is too large to stay cached, and their lock is free); the
   // composite limiters pass it on. Changes nothing observable. The default does nothing.
-  // Thread-safe; never blocks.
+  // Thread-safe; must never block (PriorityQueue calls it holding its own lock, so an
+  // override must not wait for a lock or call back into the queue).
   virtual void Prefetch(uint32_t hash) { (void)hash; }
 };
 
