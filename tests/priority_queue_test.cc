@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
+#include "testing/hint_recorder.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
@@ -231,36 +232,15 @@ TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {
 
 // ---- rate limiting ----
 
-// A limiter that limits nothing and records the Prefetch hints it is given.
-class HintRecorder final : public RateLimiter<std::string> {
- public:
-  absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
-  void Forget(const std::string&) override {}
-  int NumRequeues(const std::string&) override { return 0; }
-  void Prefetch(uint32_t hash) override {
-    std::lock_guard<std::mutex> lock(mu);
-    hints.push_back(hash);
-  }
-  std::vector<uint32_t> Hints() {
-    std::lock_guard<std::mutex> lock(mu);
-    return hints;
-  }
-
- private:
-  std::mutex mu;
-  std::vector<uint32_t> hints;
-};
-
-uint32_t StoredHash(const std::string& key) {
-  return static_cast<uint32_t>(absl::Hash<std::string>{}(key));
-}
+using testing::HintRecorder;
+using testing::StoredHash;
 
 // Once rate-limited adds are in use, each hand-out names the item that is next in hand-out
 // order (priority first) to the limiter, as RateLimitingQueue does; before that, none.
 TEST_F(PriorityQueueTest, HandOutsNameTheNextItemToTheLimiterOnceRateLimitingIsUsed) {
   PQ::Options options = Opts();
-  auto recorder = std::make_unique<HintRecorder>();
-  HintRecorder* limiter = recorder.get();
+  auto recorder = std::make_unique<HintRecorder<std::string>>();
+  HintRecorder<std::string>* limiter = recorder.get();
   options.rate_limiter = std::move(recorder);
   auto q = Make(std::move(options));
   q->Add("a", {.priority = 1});

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
 #include "kwq/internal/key_table.h"
+#include "testing/hint_recorder.h"
 
 namespace kwq {
 namespace {
@@ -283,32 +284,25 @@ TEST(PrefetchTest, HintsChangeNothing) {
   EXPECT_EQ(limiter->TrackedItems(), static_cast<size_t>(kItems));
 }
 
-// A limiter that records the hints it is given.
-class HintRecorder final : public RateLimiter<int> {
- public:
-  absl::Duration When(const int&) override { return absl::ZeroDuration(); }
-  void Forget(const int&) override {}
-  int NumRequeues(const int&) override { return 0; }
-  void Prefetch(uint32_t hash) override { hints->push_back(hash); }
-  std::vector<uint32_t>* hints;
-};
+using testing::HintRecorder;
 
 TEST(PrefetchTest, CompositeLimitersPassHintsOn) {
-  std::vector<uint32_t> first, second, inner;
+  auto first = std::make_unique<HintRecorder<int>>();
+  auto second = std::make_unique<HintRecorder<int>>();
+  HintRecorder<int>* first_seen = first.get();
+  HintRecorder<int>* second_seen = second.get();
   std::vector<std::unique_ptr<RateLimiter<int>>> children;
-  children.push_back(std::make_unique<HintRecorder>());
-  static_cast<HintRecorder*>(children.back().get())->hints = &first;
-  children.push_back(std::make_unique<HintRecorder>());
-  static_cast<HintRecorder*>(children.back().get())->hints = &second;
+  children.push_back(std::move(first));
+  children.push_back(std::move(second));
   auto max_of = Must(MaxOfRateLimiter<int>::Create(std::move(children)));
   max_of->Prefetch(7);
-  EXPECT_EQ(first, std::vector<uint32_t>{7});
-  EXPECT_EQ(second, std::vector<uint32_t>{7});
-  auto child = std::make_unique<HintRecorder>();
-  child->hints = &inner;
-  auto capped = Must(WithMaxWaitRateLimiter<int>::Create(std::move(child), absl::Seconds(1)));
+  EXPECT_EQ(first_seen->Hints(), std::vector<uint32_t>{7});
+  EXPECT_EQ(second_seen->Hints(), std::vector<uint32_t>{7});
+  auto inner = std::make_unique<HintRecorder<int>>();
+  HintRecorder<int>* inner_seen = inner.get();
+  auto capped = Must(WithMaxWaitRateLimiter<int>::Create(std::move(inner), absl::Seconds(1)));
   capped->Prefetch(9);
-  EXPECT_EQ(inner, std::vector<uint32_t>{9});
+  EXPECT_EQ(inner_seen->Hints(), std::vector<uint32_t>{9});
   // Limiters without per-item state ignore hints.
   Bucket(10, 100, nullptr)->Prefetch(1);
 }

@@ -10,6 +10,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "testing/hint_recorder.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
@@ -74,25 +75,12 @@ TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {
   EXPECT_EQ(rec.Get("retries"), 2);
 }
 
-// A limiter that limits nothing and records the Prefetch hints it is given.
-class HintRecorder final : public RateLimiter<std::string> {
- public:
-  absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
-  void Forget(const std::string&) override {}
-  int NumRequeues(const std::string&) override { return 0; }
-  void Prefetch(uint32_t hash) override { hints.push_back(hash); }
-
-  std::vector<uint32_t> hints;
-};
-
-// What the queue stores per key and passes to Prefetch: the low 32 bits of its hash.
-uint32_t StoredHash(const std::string& key) {
-  return static_cast<uint32_t>(absl::Hash<std::string>{}(key));
-}
+using testing::HintRecorder;
+using testing::StoredHash;
 
 TEST_F(RateLimitingQueueTest, EachHandOutNamesTheNextItemToTheLimiter) {
-  auto recorder = std::make_unique<HintRecorder>();
-  HintRecorder* limiter = recorder.get();
+  auto recorder = std::make_unique<HintRecorder<std::string>>();
+  HintRecorder<std::string>* limiter = recorder.get();
   RateLimitingQueue<std::string> q(std::move(recorder),
                                    {.clock = &clock_, .timers = timers_.get()});
   q.Add("a");
@@ -101,15 +89,15 @@ TEST_F(RateLimitingQueueTest, EachHandOutNamesTheNextItemToTheLimiter) {
   auto a = q.Get();
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(**a, "a");
-  EXPECT_EQ(limiter->hints, std::vector<uint32_t>{StoredHash("b")});
+  EXPECT_EQ(limiter->Hints(), std::vector<uint32_t>{StoredHash("b")});
   auto b = q.TryGet();
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(**b, "b");
-  EXPECT_EQ(limiter->hints, (std::vector<uint32_t>{StoredHash("b"), StoredHash("c")}));
+  EXPECT_EQ(limiter->Hints(), (std::vector<uint32_t>{StoredHash("b"), StoredHash("c")}));
   auto c = q.Get(Context());
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(**c, "c");
-  EXPECT_EQ(limiter->hints.size(), 2u);  // nothing was next in line
+  EXPECT_EQ(limiter->Hints().size(), 2u);  // nothing was next in line
 }
 
 // Past the ring's capacity items wait in the overflow list and are handed out from the
@@ -118,8 +106,8 @@ TEST_F(RateLimitingQueueTest, EachHandOutNamesTheNextItemToTheLimiter) {
 // the ring), and at most the hand-out that empties the ring (whose cached view cannot
 // see the overflow) and the last one give none.
 TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
-  auto recorder = std::make_unique<HintRecorder>();
-  HintRecorder* limiter = recorder.get();
+  auto recorder = std::make_unique<HintRecorder<std::string>>();
+  HintRecorder<std::string>* limiter = recorder.get();
   RateLimitingQueue<std::string> q(std::move(recorder),
                                    {.clock = &clock_, .timers = timers_.get()});
   constexpr int kFirst = 3000, kLater = 200;
@@ -131,12 +119,12 @@ TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
       // The outbox now holds the older overflow; these go to the ring behind it.
       for (int i = 0; i < kLater; ++i) q.Add(absl::StrCat("later-", i));
     }
-    const size_t before = limiter->hints.size();
+    const size_t before = limiter->Hints().size();
     auto lease = q.TryGet();
     if (!lease.has_value()) break;
     order.push_back(**lease);
-    hint_of.push_back(limiter->hints.size() > before ? std::optional(limiter->hints.back())
-                                                     : std::nullopt);
+    hint_of.push_back(limiter->Hints().size() > before ? std::optional(limiter->Hints().back())
+                                                       : std::nullopt);
   }
   ASSERT_EQ(order.size(), static_cast<size_t>(kFirst + kLater));
   EXPECT_EQ(order[kFirst - 1], absl::StrCat("item-", kFirst - 1));  // FIFO across both
