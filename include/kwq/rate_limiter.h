@@ -158,10 +158,10 @@ struct ExponentialFailureRateLimiterOptions {
   // An item that has not failed for longer than this is forgotten (evicted from the
   // table) and starts again from zero failures, measured on clock->CoarseNow() (so on
   // RealClock to within a kernel tick, 1-4 ms, either way: a horizon that short is
-  // honoured only that roughly). Must be >= 0; absl::InfiniteDuration() means never. Unset means
-  // internal::DefaultIdleHorizon(max) = max(2 * max, 1 minute) (never, for an infinite
-  // max): an item that is being retried fails again about `max` after its last failure
-  // at the latest, so it keeps its history.
+  // honoured only that roughly). Must be >= 0; absl::InfiniteDuration() means never.
+  // Unset means internal::DefaultIdleHorizon(max) = max(2 * max, 1 minute) (never, for
+  // an infinite max): an item that is being retried fails again about `max` after its
+  // last failure at the latest, so it keeps its history.
   std::optional<absl::Duration> idle_horizon = std::nullopt;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,20 @@ int64_t IndexOf(const std::string& key) {
   const size_t dash = key.rfind('-');
   std::from_chars(key.data() + dash + 1, key.data() + key.size(), i);
   return i;
+}
+
+// Times the calling thread went to sleep (voluntary context switches), from
+// /proc/thread-self/status; -1 where it cannot be read.
+int64_t VoluntarySwitches() {
+  FILE* f = std::fopen("/proc/thread-self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long long switches = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "voluntary_ctxt_switches: %lld", &switches) == 1) break;
+  }
+  std::fclose(f);
+  return switches;
 }
 
 std::string Delay(int64_t n) {
@@ -42,18 +57,22 @@ std::string Delay(int64_t n) {
       late_us[i] = absl::ToDoubleMicroseconds(now - ready[i]);
     }
   });
+  const int64_t sleeps_before = VoluntarySwitches();
   Stopwatch sw;
   for (int64_t i = 0; i < n; ++i) {
     ready[i] = clock->Now() + delays[i];
     q.AddAfter(std::move(keys[i]), delays[i]);
   }
   const absl::Duration add_time = sw.Elapsed();
+  // How often the producer slept during its adds (on the delaying queue's lock, mostly).
+  const int64_t sleeps = sleeps_before < 0 ? -1 : VoluntarySwitches() - sleeps_before;
   consumer.join();
   std::sort(late_us.begin(), late_us.end());
   return absl::StrFormat(
-      "ns_per_addafter=%.1f late_p50_us=%.1f late_p99_us=%.1f late_max_us=%.1f n=%d",
+      "ns_per_addafter=%.1f late_p50_us=%.1f late_p99_us=%.1f late_max_us=%.1f n=%d "
+      "producer_sleeps=%d",
       absl::ToDoubleNanoseconds(add_time) / n, late_us[n / 2], late_us[n * 99 / 100],
-      late_us.back(), n);
+      late_us.back(), n, sleeps);
 }
 
 // Rate-limiting queue with ExponentialFailure(1 us, 1 ms); one thread: Get; if the key

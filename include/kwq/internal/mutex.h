@@ -12,7 +12,8 @@
 // sleeping in the kernel, like Go's sync.Mutex. Queues whose lock is passed between a
 // producer and workers at a high rate spend most of their time in futex calls with a
 // plain mutex (pc_2w went from about 330 to 180 ns per item on 2 cores). TSan intercepts the
-// pthread calls, so it still sees every lock.
+// pthread calls, so it still sees every lock. LockSpinning spins longer, bounded in time,
+// for the few callers that measured better for it (docs/design.md).
 
 #ifndef KWQ_INTERNAL_MUTEX_H_
 #define KWQ_INTERNAL_MUTEX_H_
@@ -28,9 +29,9 @@
 
 namespace kwq::internal {
 
-// A non-recursive mutual-exclusion lock. Not movable or copyable.
 struct MutexPeer;  // tests' access to LockedHint
 
+// A non-recursive mutual-exclusion lock. Not movable or copyable.
 class ABSL_LOCKABLE Mutex {
  public:
   Mutex() {
@@ -45,23 +46,25 @@ class ABSL_LOCKABLE Mutex {
   Mutex& operator=(const Mutex&) = delete;
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { pthread_mutex_lock(&mu_); }
-  // Lock, spinning for up to about `spin` (at most a second; <= 0: one try) before
-  // sleeping in the kernel (the adaptive
-  // mutex alone gives up after about a hundred pauses, a few microseconds). For a lock
-  // whose other holders do bounded work that takes longer than that, taken by a caller
-  // that has nothing better to do than wait: sleeping costs it a futex wake-up and the
-  // scheduler's latency, tens of microseconds on a busy machine.
+  // Lock, spinning for up to about `spin` (clamped to [0, 1 s]; at 0, 32 pauses) before
+  // sleeping in the kernel (the adaptive mutex alone gives up after about a hundred
+  // pauses, a few microseconds). For a lock whose other holders do bounded work that
+  // takes longer than that, taken by a caller that has nothing better to do than wait:
+  // sleeping costs it a futex wake-up and the scheduler's latency, tens of microseconds
+  // on a busy machine.
   void LockSpinning(absl::Duration spin) ABSL_EXCLUSIVE_LOCK_FUNCTION() {
     if (!TryLockUnannotated()) SpinThenLock(spin);
   }
   void Unlock() ABSL_UNLOCK_FUNCTION() { pthread_mutex_unlock(&mu_); }
-  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return pthread_mutex_trylock(&mu_) == 0; }
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return TryLockUnannotated(); }
   // Documents (and tells the analysis) that the caller holds the lock. No run-time check.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
  private:
   friend class CondVar;
   friend struct MutexPeer;
+  // TryLock without the annotation, for LockSpinning's body (whose own annotation covers
+  // both ways of getting the lock).
   bool TryLockUnannotated() { return pthread_mutex_trylock(&mu_) == 0; }
   // Whether the mutex looks taken, from a relaxed read of glibc's lock word (always
   // false elsewhere, so the caller just tries).
