@@ -202,6 +202,66 @@ TEST_F(DelayingQueueTest, ShutDownDropsWaitingItemsAndIgnoresAddAfter) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+// A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its
+// address (no hash, no lookup): it runs again after its Done and its delay, once.
+TEST_F(DelayingQueueTest, AddAfterOfTheLeasedItemRunsItAgainAfterTheDelay) {
+  q_.Add("a");
+  q_.Add("b");
+  {
+    auto lease = q_.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    ASSERT_EQ(lease->item(), "a");
+    q_.AddAfter(lease->item(), absl::Seconds(2));
+    q_.AddAfter(lease->item(), absl::Seconds(5));  // later: the earlier ready time stays
+    q_.AddAfter(lease->item(), absl::Seconds(1));  // earlier: wins
+    EXPECT_EQ(q_.Waiting(), 1u);
+  }
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"b"}));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(q_.Waiting(), 0u);
+}
+
+// The address of an item leased from another queue names nothing in this one: its value
+// is looked up. (Its slot number, 20000, is past the end of this queue's chunk directory,
+// which ASan would catch were it used.)
+TEST_F(DelayingQueueTest, AddAfterOfAnotherQueuesLeasedItemAddsItsValue) {
+  DelayingQueue<std::string> other({.clock = &clock_, .timers = timers_.get()});
+  q_.Add("x");
+  for (int i = 0; i < 20000; ++i) other.Add(absl::StrCat("o", i));
+  other.Add("y");
+  while (other.Len() > 1) other.TryGet();
+  {
+    auto lease = other.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    ASSERT_EQ(lease->item(), "y");
+    q_.AddAfter(lease->item(), absl::Seconds(1));
+    const std::string copy = lease->item();
+    q_.AddAfter(copy, absl::Seconds(1));  // the same key: merges
+  }
+  EXPECT_EQ(q_.Waiting(), 1u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"x"}));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"y"}));
+  EXPECT_EQ(other.Waiting(), 0u);
+}
+
+// Waiting keys share the table with idle ones, which are erased once thousands pile up;
+// a waiting key is not idle.
+TEST_F(DelayingQueueTest, WaitingItemsSurviveIdleKeyEviction) {
+  for (int i = 0; i < 100; ++i) q_.AddAfter(absl::StrCat("w", i), absl::Seconds(1));
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 20000; ++i) q_.Add(absl::StrCat("k", round, "-", i));
+    EXPECT_EQ(Ready().size(), 20000u);
+  }
+  EXPECT_EQ(q_.Waiting(), 100u);
+  clock_.Advance(absl::Seconds(1));
+  std::vector<std::string> ready = Ready();
+  std::vector<std::string> want;
+  for (int i = 0; i < 100; ++i) want.push_back(absl::StrCat("w", i));
+  EXPECT_EQ(ready, want);
+}
+
 TEST(DelayingQueueRealTest, AddAfterFromManyThreadsLosesNothing) {
   DelayingQueue<int> q;
   constexpr int kThreads = 4, kPerThread = 500;

@@ -27,8 +27,15 @@
 //     only for when no worker waits).
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
 //
-// Thread safety: every member may be called from any thread. Lock order: this queue's
-// lock, then the timer service's; the inner Queue's lock is never held with this one.
+// Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)
+// beside the ready and in-flight ones, marked waiting, and a heap of slot numbers orders
+// the waiting items by ready time. An AddAfter stores the key once (none when it is
+// already there, as for a retry of the item being processed), and an item coming due is
+// queued where it lies: no key is copied, moved or hashed again.
+//
+// Thread safety: every member may be called from any thread. One lock (the queue's
+// table lock) guards the keys, the waiting items and the timer state; lock order: that
+// lock, then the timer service's.
 
 #ifndef KWQ_DELAYING_QUEUE_H_
 #define KWQ_DELAYING_QUEUE_H_
@@ -56,7 +63,9 @@ class DelayingQueue {
   explicit DelayingQueue(Options options)
       : clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
         timers_(options.timers != nullptr ? options.timers : &TimerService::Default()),
-        queue_(std::move(options)) {}
+        queue_(std::move(options)) {
+    queue_.EnableHandOutTracking();
+  }
 
   // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
   // the queue down.
@@ -65,45 +74,50 @@ class DelayingQueue {
   DelayingQueue(const DelayingQueue&) = delete;
   DelayingQueue& operator=(const DelayingQueue&) = delete;
 
-  // Queue::Add, after removing a waiting entry of `item` (it runs now, once).
+  // Queue::Add; an Add of a waiting item also ends its wait (it runs now, once).
   template <typename K>
   bool Add(K&& item) {
-    RemoveWaiting(item);
     return queue_.Add(std::forward<K>(item));
   }
 
-  // Makes `item` ready after `delay`. Ignored after ShutDown.
+  // Makes `item` ready after `delay`. Ignored after ShutDown. When `item` is the key this
+  // queue last handed to the calling thread (lease->item()), it is found by its address:
+  // no hash, no lookup.
   template <typename K>
   void AddAfter(K&& item, absl::Duration delay) {
     if (delay <= absl::ZeroDuration()) {
       Add(std::forward<K>(item));
       return;
     }
-    const uint32_t hash = Table::HashOf(item);
     const int64_t ready = ToKey(clock_->Now() + delay);
-    internal::SpinningMutexLock lock(&mu_, kAddSpin);
+    uint32_t slot = Table::kNone;
+    uint32_t hash = 0;
+    if constexpr (std::is_same_v<std::remove_cvref_t<K>, T>) slot = queue_.LeasedSlotOf(item);
+    if (slot == Table::kNone) hash = Table::HashOf(item);  // outside the lock
+    internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
-    uint32_t slot = waiting_.Find(item, hash);
-    if (slot == Table::kNone) {
-      slot = waiting_.Insert(std::forward<K>(item), hash, 0);
-      heap_.Push(slot, ready);
-      if (auto* m = queue_.metrics_recorder()) m->OnDelayed(+1);
-    } else if (ready < heap_.KeyOf(slot)) {
-      heap_.Update(slot, ready);  // the earliest ready time wins
-    } else {
-      return;
-    }
+    const bool changed = slot != Table::kNone
+                             ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
+                             : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
+    if (!changed) return;
     ArmLocked();
     PublishLocked();
   }
 
   // Removes `item`'s waiting entry. Returns true when there was one.
-  bool CancelAfter(const T& item) { return RemoveWaiting(item); }
+  bool CancelAfter(const T& item) {
+    internal::MutexLock lock(&queue_.mu_);
+    const uint32_t slot = queue_.FindWaitingLocked(item);
+    if (slot == Table::kNone) return false;
+    queue_.RemoveWaitingLocked(slot);
+    PublishLocked();
+    return true;  // the timer may fire early for nothing; it re-arms itself
+  }
 
   // Items waiting for their delay.
   size_t Waiting() const {
-    internal::MutexLock lock(&mu_);
-    return heap_.size();
+    internal::MutexLock lock(&queue_.mu_);
+    return queue_.waiting_.size();
   }
 
   // Queue's Get, TryGet and Get(ctx). When no item is ready, the caller first moves
@@ -131,9 +145,9 @@ class DelayingQueue {
     PromoteDue(/*about_to_wait=*/true);
     return queue_.Get(ctx);
   }
+  // Queue::AddAll; waiting items among `items` end their wait.
   template <typename Range>
   size_t AddAll(Range&& items) {
-    for (const auto& item : items) RemoveWaiting(item);
     return queue_.AddAll(std::forward<Range>(items));
   }
   size_t Len() const { return queue_.Len(); }
@@ -176,26 +190,19 @@ class DelayingQueue {
     return absl::FromUnixNanos(key);
   }
 
-  bool RemoveWaiting(const T& item) {
-    internal::MutexLock lock(&mu_);
-    if (heap_.empty()) return false;
-    const uint32_t slot = waiting_.Find(item);
-    if (slot == Table::kNone) return false;
-    heap_.Remove(slot);
-    waiting_.Erase(slot);
-    PublishLocked();
-    if (auto* m = queue_.metrics_recorder()) m->OnDelayed(-1);
-    return true;  // the timer may fire early for nothing; it re-arms itself
+  // The waiting items, ordered by ready time (they live in the queue's key table).
+  const internal::IndexedHeap& heap() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    return queue_.waiting_;
   }
 
   // Arms (or moves) the one timer to the earliest ready time, but not within kCoalesce
   // of the last firing, if that is earlier than the time it is armed for.
-  void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (heap_.empty() || stopping_) return;
-    const int64_t next = std::max(heap_.TopKey(), quiet_until_);
+  void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    if (heap().empty() || stopping_) return;
+    const int64_t next = std::max(heap().TopKey(), quiet_until_);
     if (timer_ != 0) {
       if (next >= armed_for_) return;
-      // If Reschedule fails the timer is firing right now; that Fire re-arms under mu_.
+      // If Reschedule fails the timer is firing right now; that Fire re-arms under the lock.
       if (timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
     }
@@ -203,23 +210,38 @@ class DelayingQueue {
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
   }
 
-  // Timer callback: moves every due item into the queue, then re-arms no sooner than
-  // kCoalesce from now, so a stream of short delays costs one timer firing per window
-  // rather than one per item (and adds at most kCoalesce of lateness to items due inside
-  // the window; a Get that finds nothing ready promotes due items itself).
+  // Timer callback: queues every due item, kMoveBatch per hold of the lock, then re-arms
+  // no sooner than kCoalesce from now, so a stream of short delays costs one timer firing
+  // per window rather than one per item (and adds at most kCoalesce of lateness to items
+  // due inside the window; a Get that finds nothing ready promotes due items itself).
   void Fire() {
-    std::vector<T> due;
-    bool more;
-    {
-      internal::MutexLock lock(&mu_);
-      if (!CollectDueLocked(/*from_timer=*/true, &due, &more)) return;
+    queue_.mu_.Lock();
+    if (stopping_) {
+      queue_.mu_.Unlock();
+      return;
     }
-    DeliverAll(std::move(due), more);
+    timer_ = 0;  // this timer has fired
+    quiet_until_ = ToKey(clock_->Now()) + absl::ToInt64Nanoseconds(kCoalesce);
+    ++firing_;  // StopWaiting waits for this firing to end before the queue may go
+    for (;;) {
+      bool more;
+      queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more);
+      if (!more || stopping_) break;
+      // Let an AddAfter or a Get in between batches.
+      queue_.mu_.Unlock();
+      queue_.mu_.Lock();
+    }
+    --firing_;
+    ArmLocked();
+    PublishLocked();
+    // Under the lock: once StopWaiting sees firing_ == 0 the queue may be destroyed.
+    fired_cv_.SignalAll();
+    queue_.mu_.Unlock();
   }
 
   // For a Get that found nothing ready: moves due waiting items into the queue. A caller
   // about to block also makes sure the timer fires exactly at the next ready time:
-  // coalescing (kCoalesce) is only for when nobody waits. Returns true when it moved
+  // coalescing (kCoalesce) is only for when no worker waits. Returns true when it moved
   // items. With `try_lock` it gives up when the lock is taken.
   bool PromoteDue(bool about_to_wait, bool try_lock = false) {
     // Lock-free exit for a worker that finds nothing ready while nothing is due (and, if
@@ -237,24 +259,25 @@ class DelayingQueue {
   // `try_lock` is for a polling Get: it polls on rather than sleep on a lock a producer
   // holds and cost that producer a futex wake-up at its unlock.
   bool PromoteBatch(bool about_to_wait, bool try_lock) {
-    std::vector<T> due;
-    bool more;
     if (try_lock) {
-      if (!mu_.TryLock()) return false;
+      if (!queue_.mu_.TryLock()) return false;
     } else {
-      mu_.Lock();
+      queue_.mu_.Lock();
     }
-    const bool any = CollectDueLocked(/*from_timer=*/false, &due, &more);
-    if (!any && about_to_wait && !stopping_ && !heap_.empty() && heap_.TopKey() != kNever) {
-      ArmExactLocked(heap_.TopKey());  // nothing due: the head is in the future
+    bool any = false;
+    if (!stopping_) {
+      bool more;
+      any = queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more) > 0;
+      if (!any && about_to_wait && !heap().empty() && heap().TopKey() != kNever) {
+        ArmExactLocked(heap().TopKey());  // nothing due: the head is in the future
+      }
       PublishLocked();
     }
-    mu_.Unlock();
-    if (any) DeliverAll(std::move(due), /*more=*/false);
+    queue_.mu_.Unlock();
     return any;
   }
 
-  void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     if (timer_ != 0) {
       if (next < armed_for_ && timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
@@ -263,93 +286,32 @@ class DelayingQueue {
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
   }
 
-  // Takes up to kMoveBatch due items out of the waiting table into `due` (`*more`: due
-  // items are left); a timer's call also re-arms. Returns true (and counts a firing in
-  // progress) when it took any. The batch bounds how long the lock is held: AddAfter
-  // callers (a reconcile loop's AddRateLimited) then wait less than the mutex's spin
-  // before it sleeps, instead of sleeping in the kernel while the timer thread moves
-  // hundreds of items.
-  bool CollectDueLocked(bool from_timer, std::vector<T>* due, bool* more)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    *more = false;
-    if (stopping_) return false;
-    const int64_t now = ToKey(clock_->Now());
-    while (!heap_.empty() && heap_.TopKey() <= now && heap_.TopKey() != kNever) {
-      if (due->size() == kMoveBatch) {
-        *more = true;
-        break;
-      }
-      const uint32_t slot = heap_.TopId();
-      heap_.Pop();
-      due->push_back(std::move(waiting_.item(slot)));
-      waiting_.Erase(slot);
-    }
-    if (from_timer) {
-      timer_ = 0;  // this timer has fired
-      quiet_until_ = now + absl::ToInt64Nanoseconds(kCoalesce);
-      // With due items left, DeliverAll re-arms after the last batch (armed now, the
-      // timer would stay pending for items that are about to be moved).
-      if (!*more) ArmLocked();
-    }
-    PublishLocked();
-    if (due->empty()) return false;
-    ++firing_;
-    return true;
-  }
-
-  // Adds the items CollectDueLocked took to the queue, then the next batch while `more`,
-  // and ends that firing. Between batches firing_ stays counted (the decrement and the
-  // next batch's increment share one critical section).
-  void DeliverAll(std::vector<T> due, bool more) {
-    for (;;) {
-      if (auto* m = queue_.metrics_recorder()) {
-        for (size_t i = 0; i < due.size(); ++i) m->OnDelayed(-1);
-      }
-      queue_.AddAll(std::move(due));
-      due.clear();
-      internal::MutexLock lock(&mu_);
-      --firing_;
-      if (more && CollectDueLocked(/*from_timer=*/false, &due, &more)) continue;
-      ArmLocked();  // a no-op unless a timer's firing left it to the last batch
-      PublishLocked();
-      // Signalled under the lock: once StopWaiting sees firing_ == 0 the queue may be
-      // destroyed, so nothing here may touch it after the unlock.
-      fired_cv_.SignalAll();
-      return;
-    }
-  }
-
   // Drops waiting items and stops the timer. After it returns no Fire is running and
   // none will start.
   void StopWaiting() {
     TimerId timer;
     {
-      internal::MutexLock lock(&mu_);
+      internal::MutexLock lock(&queue_.mu_);
       stopping_ = true;
       timer = timer_;
       timer_ = 0;
-      auto* m = queue_.metrics_recorder();
-      while (!heap_.empty()) {
-        const uint32_t slot = heap_.TopId();
-        heap_.Pop();
-        waiting_.Erase(slot);
-        if (m) m->OnDelayed(-1);
-      }
+      queue_.DropWaitingLocked();
       PublishLocked();
     }
-    // A Fire that has not taken mu_ yet is this timer's callback: wait for it (it sees
-    // stopping_ and returns). One past its first critical section is counted in firing_.
+    // A Fire that has not taken the lock yet is this timer's callback: wait for it (it
+    // sees stopping_ and returns). One that has is counted in firing_.
     if (timer != 0) timers_->CancelSync(timer);
-    internal::MutexLock lock(&mu_);
-    while (firing_ > 0) fired_cv_.Wait(&mu_);
+    internal::MutexLock lock(&queue_.mu_);
+    while (firing_ > 0) fired_cv_.Wait(&queue_.mu_);
   }
 
-  // Publishes the hints read without mu_ (PromoteDue, Get's polling): the earliest
+  // Publishes the hints read without the lock (PromoteDue, Get's polling): the earliest
   // ready time (kNever when nothing waits), and whether a timer is armed to fire by then.
   // Stores only on change, so the line stays shared with the readers while the head of
-  // the heap does not move.
-  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int64_t next = stopping_ || heap_.empty() ? kNever : heap_.TopKey();
+  // the heap does not move. An Add that ends the wait of the head leaves the hint early,
+  // which costs a reader one needless promotion attempt, never a missed item.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    const int64_t next = stopping_ || heap().empty() ? kNever : heap().TopKey();
     const bool exact = next == kNever || (timer_ != 0 && armed_for_ <= next);
     // exact first: a reader loads next_hint_ (acquire) and then exact_hint_, so one that
     // sees the new head also sees whether the timer is armed for it.
@@ -364,7 +326,7 @@ class DelayingQueue {
   }
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
-  // Due items moved per lock hold (CollectDueLocked).
+  // Due items moved per lock hold (PromoteDueLocked).
   static constexpr size_t kMoveBatch = 16;
   // How long AddAfter spins for the lock before it sleeps. A holder moving a batch of due
   // items out of a large heap takes longer than the adaptive mutex's own spin (a few
@@ -376,27 +338,26 @@ class DelayingQueue {
 
   Clock* const clock_;          // I
   TimerService* const timers_;  // I
+  // The keys, the waiting items (Queue::waiting_) and the lock (Queue::mu_) that also
+  // guards the timer state below.
   Queue<T, Hash, Eq> queue_;
 
-  mutable internal::Mutex mu_;
-  internal::CondVar fired_cv_;                       // a Fire finished (firing_ went down)
-  Table waiting_ ABSL_GUARDED_BY(mu_);               // one copy of each waiting key
-  internal::IndexedHeap heap_ ABSL_GUARDED_BY(mu_);  // waiting slots by ready time
+  internal::CondVar fired_cv_;  // a Fire finished (firing_ went down)
   // The one timer, armed for armed_for_; 0 when none is pending. A Fire in progress
   // (firing_) re-arms it at its end.
-  TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
+  TimerId timer_ ABSL_GUARDED_BY(queue_.mu_) = 0;
+  int64_t armed_for_ ABSL_GUARDED_BY(queue_.mu_) = 0;
   // No firing before this time (the last firing + kCoalesce).
-  int64_t quiet_until_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::min();
-  int firing_ ABSL_GUARDED_BY(mu_) = 0;  // deliveries in progress (DeliverAll)
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t quiet_until_ ABSL_GUARDED_BY(queue_.mu_) = std::numeric_limits<int64_t>::min();
+  int firing_ ABSL_GUARDED_BY(queue_.mu_) = 0;  // timer firings in progress (Fire)
+  bool stopping_ ABSL_GUARDED_BY(queue_.mu_) = false;
   // The last values PublishLocked stored in the hints.
-  int64_t published_next_ ABSL_GUARDED_BY(mu_) = kNever;
-  bool published_exact_ ABSL_GUARDED_BY(mu_) = true;
-  // Written under mu_ by PublishLocked, read without it by PromoteDue and Get's polling:
-  // no waiting item is due before next_hint_, and exact_hint_ says a timer is armed to
-  // fire by then. Own cache line: the producer's lock and table must not share it with
-  // the polling workers.
+  int64_t published_next_ ABSL_GUARDED_BY(queue_.mu_) = kNever;
+  bool published_exact_ ABSL_GUARDED_BY(queue_.mu_) = true;
+  // Written under the lock by PublishLocked, read without it by PromoteDue and Get's
+  // polling: no waiting item is due before next_hint_, and exact_hint_ says a timer is
+  // armed to fire by then. Own cache line: the producer's lock and table must not share
+  // it with the polling workers.
   alignas(64) std::atomic<int64_t> next_hint_{kNever};
   std::atomic<bool> exact_hint_{true};
 };

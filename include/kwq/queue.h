@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,7 @@
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
 #include "kwq/internal/fence.h"
+#include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/key_table.h"
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
@@ -301,6 +303,10 @@ class Queue {
   // kDirty into kProcessing and Done clears kProcessing.
   static constexpr uint8_t kDirty = 1;       // waiting to run (queued, or re-added)
   static constexpr uint8_t kProcessing = 2;  // a lease is active
+  // Waiting for a delay (DelayingQueue): the slot is in waiting_. Set and cleared only
+  // under mu_. Independent of the other two: a waiting item may also be queued or in
+  // flight (it runs again when its delay ends).
+  static constexpr uint8_t kWaiting = 4;
   // finished_: leases ended, in the low bits; kDrainFlag while a drain waits.
   static constexpr uint64_t kDrainFlag = uint64_t{1} << 63;
   // next_hash_: set beside a hash that no TakeNextHash has taken yet.
@@ -337,6 +343,117 @@ class Queue {
       }
       if (!WaitForReady(nullptr)) return std::nullopt;
     }
+  }
+
+  // Waiting items, for DelayingQueue, which holds mu_ around these calls and keeps the
+  // timer. A waiting key lives in its slot like any other key, marked kWaiting, and
+  // waiting_ orders those slots by ready time (an opaque int64; INT64_MAX never comes
+  // due). So a delayed item is hashed and stored once, and coming due moves no key.
+
+  // Makes `item` (hash `hash`) wait until `ready`, inserting it if new. Returns false when
+  // nothing changed: the queue is shutting down, or the item already waits for a time no
+  // later than `ready`.
+  template <typename K>
+  bool AddWaitingLocked(K&& item, uint32_t hash, int64_t ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool fresh = false;
+    const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
+    if (slot == Table::kNone) return false;
+    return SetWaitingLocked(slot, fresh, ready);
+  }
+
+  // AddWaitingLocked for a live slot (`fresh`: inserted by this caller, unseen by others).
+  bool SetWaitingLocked(uint32_t slot, bool fresh, int64_t ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutting_down_) return false;
+    const uint8_t state = State(slot).load(std::memory_order_relaxed);
+    if (fresh) {
+      State(slot).store(state | kWaiting, std::memory_order_relaxed);
+    } else if (state & kWaiting) {
+      if (ready >= waiting_.KeyOf(slot)) return false;
+      waiting_.Update(slot, ready);  // the earliest ready time wins
+      return true;
+    } else {
+      // A read-modify-write: workers change the other bits without mu_.
+      State(slot).fetch_or(kWaiting, std::memory_order_relaxed);
+    }
+    waiting_.Push(slot, ready);
+    delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
+    if (metrics_) metrics_->OnDelayed(+1);
+    return true;
+  }
+
+  // The slot of the waiting `item`, or kNone.
+  uint32_t FindWaitingLocked(const T& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (waiting_.empty()) return Table::kNone;
+    const uint32_t slot = table_.Find(item);
+    if (slot == Table::kNone || !(State(slot).load(std::memory_order_relaxed) & kWaiting)) {
+      return Table::kNone;
+    }
+    return slot;
+  }
+
+  // Ends the wait of a waiting slot (it may be idle afterwards).
+  void RemoveWaitingLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    waiting_.Remove(slot);
+    State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+    delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
+    if (metrics_) metrics_->OnDelayed(-1);
+  }
+
+  // Queues up to `max` waiting items due by `now` (one already queued merges, as an Add
+  // would), oldest ready time first; `*more`: due items are left. Wakes the blocked Gets
+  // when it queued any. Returns how many it took out of waiting_.
+  size_t PromoteDueLocked(int64_t now, size_t max, bool* more) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    *more = false;
+    size_t taken = 0;
+    bool pushed_any = false;
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // `now` may saturate
+    while (!waiting_.empty() && waiting_.TopKey() <= now && waiting_.TopKey() != kNever) {
+      if (taken == max) {
+        *more = true;
+        break;
+      }
+      const uint32_t slot = waiting_.TopId();
+      RemoveWaitingLocked(slot);
+      ++taken;
+      bool pushed = false;
+      MarkDirtyLocked(slot, /*fresh=*/false, &pushed);
+      pushed_any |= pushed;
+    }
+    if (pushed_any && waiters_ > signaled_) {
+      signaled_ = waiters_;
+      PublishSleepersLocked();
+      ready_cv_.SignalAll();
+    }
+    return taken;
+  }
+
+  // Ends every wait (DelayingQueue's shutdown).
+  void DropWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t n = waiting_.size();
+    waiting_.Clear([this](uint32_t slot) {
+      State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+    });
+    delayed_.store(0, std::memory_order_relaxed);
+    if (metrics_) {
+      for (size_t i = 0; i < n; ++i) metrics_->OnDelayed(-1);
+    }
+  }
+
+  // From now on each hand-out records, per thread, which slot it handed out, so that
+  // LeasedSlotOf knows a key passed back by reference without hashing it. Call before the
+  // queue is shared with other threads.
+  void EnableHandOutTracking() { track_hand_outs_ = true; }
+
+  // The slot whose stored key `item` is, when that is the item this queue last handed to
+  // the calling thread (a worker passing lease->item() back, as a reconcile loop does);
+  // else kNone. Decided by address alone, so it reads neither the key nor the index. Safe
+  // without a lock: a handed-out slot number stays below the table's limit, and the
+  // directory read by ItemOf never shrinks.
+  uint32_t LeasedSlotOf(const T& item) {
+    const HandOut& last = last_hand_out_;
+    if (last.queue_id != id_ || ItemOf(last.slot) != &item) return Table::kNone;
+    return last.slot;
   }
 
   // For RateLimitingQueue (through DelayingQueue): from now on every hand-out publishes
@@ -563,6 +680,9 @@ class Queue {
       State(slot).store(old | kDirty, std::memory_order_relaxed);
     } else {
       old = State(slot).fetch_or(kDirty, std::memory_order_acq_rel);
+      // An add of a waiting item runs it now, once (DelayingQueue's promise).
+      if (old & kWaiting) [[unlikely]]
+        RemoveWaitingLocked(slot);
       if (old & kDirty) return false;
     }
     added_.store(added_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -624,6 +744,7 @@ class Queue {
       internal::MutexLock lock(&metrics_mu_);
       metrics_->OnGet(slot);
     }
+    if (track_hand_outs_) last_hand_out_ = HandOut{id_, slot};
     return Lease(this, slot, ItemOf(slot));
   }
 
@@ -633,11 +754,11 @@ class Queue {
     return static_cast<uint64_t>(added_.load(std::memory_order_relaxed)) == Finished();
   }
 
-  // Idle keys in the table, about: stored minus waiting minus in flight (an item both
-  // waiting and in flight is subtracted twice, so this errs low).
+  // Idle keys in the table, about: stored minus queued minus in flight minus waiting for
+  // a delay (an item in two of these is subtracted twice, so this errs low).
   int64_t IdleEstimate() const {
     return stored_.load(std::memory_order_relaxed) - added_.load(std::memory_order_relaxed) +
-           static_cast<int64_t>(Finished());
+           static_cast<int64_t>(Finished()) - delayed_.load(std::memory_order_relaxed);
   }
 
   // Advances the clock hand over at most `scan` slots, erasing idle keys while more than
@@ -656,7 +777,7 @@ class Queue {
         if (hand_ >= table_.slot_limit()) hand_ = 0;
         const uint32_t slot = hand_++;
         const uint8_t state = State(slot).load(std::memory_order_acquire);
-        if ((state & Table::kLive) && !(state & (kDirty | kProcessing))) {
+        if ((state & Table::kLive) && !(state & (kDirty | kProcessing | kWaiting))) {
           table_.Prefetch(slot);
           group[n++] = slot;
         }
@@ -712,8 +833,21 @@ class Queue {
     if (draining_ > 0 && DrainedLocked()) drained_cv_.SignalAll();
   }
 
+  // The last hand-out to a thread (EnableHandOutTracking), naming the queue by id_: an
+  // address could be a later queue's.
+  struct HandOut {
+    uint64_t queue_id = 0;
+    uint32_t slot = 0;
+  };
+  static inline thread_local HandOut last_hand_out_;
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
   const Options options_;
-  const int max_pollers_;  // Gets that may poll at length at once (Spin), >= 1
+  const int max_pollers_;         // Gets that may poll at length at once (Spin), >= 1
+  const uint64_t id_ = NextId();  // unique among the queues of this process
 
   // Fields are grouped by the thread that writes them, one group per cache line (or
   // more), so a line the producer writes on every Add is not one a polling worker keeps
@@ -730,6 +864,9 @@ class Queue {
   internal::SlotFifo overflow_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> stored_{0};  // table_.size(), written under mu_
   std::atomic<int64_t> added_{0};   // dirty marks ever made, written under mu_
+  // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number.
+  internal::IndexedHeap waiting_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> delayed_{0};  // waiting_.size(), written under mu_
   // Also under mu_, written rarely (by workers going to sleep, shutdown, drain).
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;   // Gets blocked on ready_cv_
   int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
@@ -761,6 +898,7 @@ class Queue {
   // hint_next_ (set before the queue is shared); cleared by TakeNextHash.
   std::atomic<uint64_t> next_hash_{0};
   bool hint_next_ = false;
+  bool track_hand_outs_ = false;  // set before the queue is shared
 
   // Workers, when they start or stop polling (read by the producer before a wake-up).
   alignas(64) std::atomic<int> spinners_{0};  // Gets polling at length in Spin

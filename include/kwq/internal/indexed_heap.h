@@ -57,6 +57,16 @@ class IndexedHeap {
     }
   }
 
+  // Removes every entry, calling `f(id)` for each (in no particular order).
+  template <typename F>
+  void Clear(F f) {
+    for (const Entry& e : heap_) {
+      pos_[e.id] = kAbsent;
+      f(e.id);
+    }
+    heap_.clear();
+  }
+
   int64_t KeyOf(uint32_t id) const { return heap_[pos_[id]].key; }
   uint32_t TopId() const { return heap_[0].id; }
   int64_t TopKey() const { return heap_[0].key; }
