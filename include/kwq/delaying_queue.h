@@ -90,10 +90,8 @@ class DelayingQueue {
       return;
     }
     const int64_t ready = ToKey(clock_->Now() + delay);
-    uint32_t slot = Table::kNone;
-    uint32_t hash = 0;
-    if constexpr (std::is_same_v<std::remove_cvref_t<K>, T>) slot = queue_.LeasedSlotOf(item);
-    if (slot == Table::kNone) hash = Table::HashOf(item);  // outside the lock
+    const uint32_t slot = LeasedSlotOf(item);
+    const uint32_t hash = slot == Table::kNone ? Table::HashOf(item) : 0;  // outside the lock
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
     const bool changed = slot != Table::kNone
@@ -174,6 +172,64 @@ class DelayingQueue {
   void EnableNextHashHint() { queue_.EnableNextHashHint(); }
   std::optional<uint32_t> TakeNextHash() { return queue_.TakeNextHash(); }
 
+  // For RateLimitingQueue with a counting limiter: each key carries its failure count
+  // (Queue::EnableFailureCounts). Call from the constructor.
+  void EnableFailureCounts(absl::Duration idle_horizon, Clock* clock) {
+    queue_.EnableFailureCounts(idle_horizon, clock);
+  }
+
+  // With failure counts: records one failure of `item` and makes it ready after
+  // `delay_for(failures recorded before this one)`, under one hold of the lock (AddAfter's;
+  // `delay_for` must not call back into this queue). Ignored after ShutDown.
+  template <typename K, typename DelayFor>
+  void AddAfterFailure(K&& item, DelayFor delay_for) {
+    const absl::Time now = clock_->Now();
+    uint32_t slot = LeasedSlotOf(item);
+    const uint32_t hash = slot == Table::kNone ? Table::HashOf(item) : 0;  // outside the lock
+    bool wake = false;
+    {
+      internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
+      if (stopping_) return;
+      bool fresh = false;
+      if (slot == Table::kNone) {
+        slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
+        if (slot == Table::kNone) return;
+      }
+      internal::FailureCounts& counts = *queue_.counts_;
+      const absl::Duration delay = delay_for(counts.Record(slot, counts.Now()));
+      if (delay <= absl::ZeroDuration()) {
+        wake = queue_.AddSlotLocked(slot, fresh);
+      } else if (queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay))) {
+        ArmLocked();
+        PublishLocked();
+      }
+    }
+    if (wake) queue_.ready_cv_.Signal();
+  }
+
+  // With failure counts: the failures recorded for `item` since its last Forget (0 once
+  // lapsed, or for an unknown item). Takes no lock for the item being processed.
+  int64_t FailuresOf(const T& item) {
+    internal::FailureCounts& counts = *queue_.counts_;
+    if (const uint32_t slot = LeasedSlotOf(item); slot != Table::kNone) {
+      return counts.Failures(slot, counts.Now());
+    }
+    internal::MutexLock lock(&queue_.mu_);
+    const uint32_t slot = queue_.FindLocked(item);
+    return slot == Table::kNone ? 0 : counts.Failures(slot, counts.Now());
+  }
+
+  // With failure counts: clears `item`'s count. Takes no lock for the item being
+  // processed when it has no count.
+  void ForgetFailures(const T& item) {
+    internal::FailureCounts& counts = *queue_.counts_;
+    uint32_t slot = LeasedSlotOf(item);
+    if (slot != Table::kNone && counts.Failures(slot, counts.Now()) == 0) return;
+    internal::MutexLock lock(&queue_.mu_);
+    if (slot == Table::kNone) slot = queue_.FindLocked(item);
+    if (slot != Table::kNone) counts.Forget(slot);
+  }
+
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
 
@@ -188,6 +244,16 @@ class DelayingQueue {
   static absl::Time FromKey(int64_t key) {
     if (key == kNever) return absl::InfiniteFuture();
     return absl::FromUnixNanos(key);
+  }
+
+  // Queue::LeasedSlotOf for a key of type T (an item of another type names no slot).
+  template <typename K>
+  uint32_t LeasedSlotOf(const K& item) {
+    if constexpr (std::is_same_v<K, T>) {
+      return queue_.LeasedSlotOf(item);
+    } else {
+      return Table::kNone;
+    }
   }
 
   // The waiting items, ordered by ready time (they live in the queue's key table).

@@ -59,6 +59,7 @@
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/failure_counts.h"
 #include "kwq/internal/fence.h"
 #include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/key_table.h"
@@ -440,6 +441,25 @@ class Queue {
     }
   }
 
+  // For RateLimitingQueue with a counting limiter (RateLimiter::Counting): from now on
+  // each key carries a failure count (FailureCounts, by slot), and an idle key whose count
+  // has not lapsed is not evicted. Call before the queue is shared with other threads.
+  void EnableFailureCounts(absl::Duration idle_horizon, Clock* clock) {
+    counts_ = std::make_unique<internal::FailureCounts>(idle_horizon, clock);
+  }
+
+  // The slot of `item`, or kNone.
+  uint32_t FindLocked(const T& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return table_.Find(item);
+  }
+
+  // Queues the live `slot` now, as Add would (`fresh`: inserted by this caller). Returns
+  // whether a blocked Get must be signalled (ready_cv_) after the unlock.
+  bool AddSlotLocked(uint32_t slot, bool fresh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool pushed = false;
+    return MarkDirtyLocked(slot, fresh, &pushed) && pushed && NeedWakeLocked();
+  }
+
   // From now on each hand-out records, per thread, which slot it handed out, so that
   // LeasedSlotOf knows a key passed back by reference without hashing it. Call before the
   // queue is shared with other threads.
@@ -660,6 +680,7 @@ class Queue {
       }
       slot = table_.Insert(std::forward<K>(item), hash, 0);
       stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
+      if (counts_) counts_->Reset(slot);
       *fresh = true;
     }
     return slot;
@@ -770,6 +791,7 @@ class Queue {
     // index is far larger than the caches, and erasing was a third of fifo_1t's time).
     constexpr int kGroup = 16;
     uint32_t group[kGroup];
+    const int64_t now = counts_ ? counts_->Now() : 0;
     int64_t excess = IdleEstimate() - keep;
     while (scan > 0 && excess > 0) {
       int n = 0;
@@ -777,7 +799,9 @@ class Queue {
         if (hand_ >= table_.slot_limit()) hand_ = 0;
         const uint32_t slot = hand_++;
         const uint8_t state = State(slot).load(std::memory_order_acquire);
-        if ((state & Table::kLive) && !(state & (kDirty | kProcessing | kWaiting))) {
+        // A key with a failure count that has not lapsed stays (RateLimitingQueue).
+        if ((state & Table::kLive) && !(state & (kDirty | kProcessing | kWaiting)) &&
+            !(counts_ && counts_->Held(slot, now))) {
           table_.Prefetch(slot);
           group[n++] = slot;
         }
@@ -899,6 +923,8 @@ class Queue {
   std::atomic<uint64_t> next_hash_{0};
   bool hint_next_ = false;
   bool track_hand_outs_ = false;  // set before the queue is shared
+  // Per-key failure counts (EnableFailureCounts), or nullptr; set before the queue is shared.
+  std::unique_ptr<internal::FailureCounts> counts_;
 
   // Workers, when they start or stop polling (read by the producer before a wake-up).
   alignas(64) std::atomic<int> spinners_{0};  // Gets polling at length in Spin

@@ -91,6 +91,33 @@ class RateLimiter {
   // Thread-safe; must never block (PriorityQueue calls it holding its own lock, so an
   // override must not wait for a lock or call back into the queue).
   virtual void Prefetch(uint32_t hash) { (void)hash; }
+
+  // Whether (and how) a caller may keep this limiter's per-item state for it: a
+  // RateLimitingQueue then keeps each item's failure count beside the item's key and
+  // calls WhenCounted, instead of When, Forget and NumRequeues, so a retry costs no
+  // lookup in the limiter's own table (that table then stays empty).
+  struct FailureCounting {
+    // When depends on an item only through the failures recorded for it since its last
+    // Forget, which lapse to zero once none was added for longer than idle_horizon on
+    // clock->CoarseNow(); WhenCounted computes it from that number.
+    bool by_count = false;
+    // NumRequeues is that number (false: always 0; the limiter keeps no per-item state).
+    bool reports_count = false;
+    absl::Duration idle_horizon = absl::InfiniteDuration();
+    Clock* clock = nullptr;  // non-null when reports_count
+  };
+  // The default: not by count (callers use When, Forget and NumRequeues). Thread-safe;
+  // constant for the limiter's life.
+  virtual FailureCounting Counting() const { return {}; }
+
+  // When's delay for an item with `failures` (>= 0) recorded before this failure, counted
+  // by the caller as Counting() describes. Updates only state shared by all items (a token
+  // bucket), no per-item state. Called only when Counting().by_count. Thread-safe; never
+  // blocks (beyond the limiter's own short lock); calls back into nothing.
+  virtual absl::Duration WhenCounted(int64_t failures) {
+    (void)failures;
+    return absl::ZeroDuration();
+  }
 };
 
 namespace internal {
@@ -123,7 +150,14 @@ class PerItemRateLimiter : public RateLimiter<T, Hash, Eq> {
 
  protected:
   PerItemRateLimiter(Clock* clock, absl::Duration idle_horizon)
-      : clock_(clock != nullptr ? clock : RealClock::Default()), table_(idle_horizon) {}
+      : clock_(clock != nullptr ? clock : RealClock::Default()),
+        idle_horizon_(idle_horizon),
+        table_(idle_horizon) {}
+
+  typename RateLimiter<T, Hash, Eq>::FailureCounting Counting() const override {
+    return {
+        .by_count = true, .reports_count = true, .idle_horizon = idle_horizon_, .clock = clock_};
+  }
 
   // Records one failure of `item` and returns the failures recorded before it.
   int64_t RecordFailure(const T& item) {
@@ -133,6 +167,7 @@ class PerItemRateLimiter : public RateLimiter<T, Hash, Eq> {
 
  private:
   Clock* const clock_;
+  const absl::Duration idle_horizon_;
   mutable Mutex mu_;
   FailureTable<T, Hash, Eq> table_ ABSL_GUARDED_BY(mu_);
 };
@@ -183,14 +218,16 @@ class ExponentialFailureRateLimiter final : public internal::PerItemRateLimiter<
   }
 
   // Thread-safe; O(1) amortised (see FailureTable); never blocks.
-  absl::Duration When(const T& item) override {
-    const int64_t exponent = this->RecordFailure(item);
+  absl::Duration When(const T& item) override { return WhenCounted(this->RecordFailure(item)); }
+
+  // min(base * 2^failures, max), with jitter if configured.
+  absl::Duration WhenCounted(int64_t failures) override {
     double factor = 1;
     if (jitter_ > 0) {
       internal::MutexLock lock(&rng_mu_);
       factor = std::uniform_real_distribution<double>(1 - jitter_, 1 + jitter_)(rng_);
     }
-    return internal::ApplyJitter(backoff_.At(exponent), max_, factor);
+    return internal::ApplyJitter(backoff_.At(failures), max_, factor);
   }
 
  private:
@@ -242,9 +279,11 @@ class FastSlowRateLimiter final : public internal::PerItemRateLimiter<T, Hash, E
   }
 
   // Thread-safe; O(1) amortised; never blocks.
-  absl::Duration When(const T& item) override {
-    const int64_t failures = this->RecordFailure(item) + 1;
-    return failures <= max_fast_attempts_ ? fast_ : slow_;
+  absl::Duration When(const T& item) override { return WhenCounted(this->RecordFailure(item)); }
+
+  // `fast` while this is failure number max_fast_attempts or below, else `slow`.
+  absl::Duration WhenCounted(int64_t failures) override {
+    return failures < max_fast_attempts_ ? fast_ : slow_;
   }
 
  private:
@@ -309,6 +348,11 @@ class BucketRateLimiter final : public RateLimiter<T, Hash, Eq> {
   absl::Duration When(const T&) override { return bucket_.Reserve(); }
   void Forget(const T&) override {}
   int NumRequeues(const T&) override { return 0; }
+  // By count trivially: no per-item state.
+  typename RateLimiter<T, Hash, Eq>::FailureCounting Counting() const override {
+    return {.by_count = true};
+  }
+  absl::Duration WhenCounted(int64_t) override { return bucket_.Reserve(); }
 
  private:
   explicit BucketRateLimiter(const Options& options)
@@ -368,10 +412,40 @@ class MaxOfRateLimiter final : public RateLimiter<T, Hash, Eq> {
     for (const Child& child : children_) child->Prefetch(hash);
   }
 
+  // By count when every child is, and the children that count agree on the idle horizon
+  // and the clock (then one count serves them all).
+  typename RateLimiter<T, Hash, Eq>::FailureCounting Counting() const override { return counting_; }
+
+  absl::Duration WhenCounted(int64_t failures) override {
+    absl::Duration delay = children_[0]->WhenCounted(failures);
+    for (size_t i = 1; i < children_.size(); ++i) {
+      delay = std::max(delay, children_[i]->WhenCounted(failures));
+    }
+    return delay;
+  }
+
  private:
-  explicit MaxOfRateLimiter(std::vector<Child> children) : children_(std::move(children)) {}
+  using Counting_t = typename RateLimiter<T, Hash, Eq>::FailureCounting;
+
+  explicit MaxOfRateLimiter(std::vector<Child> children)
+      : children_(std::move(children)), counting_(Combine(children_)) {}
+
+  static Counting_t Combine(const std::vector<Child>& children) {
+    Counting_t all{.by_count = true};
+    for (const Child& child : children) {
+      const Counting_t c = child->Counting();
+      if (!c.by_count) return {};
+      if (!c.reports_count) continue;
+      if (all.reports_count && (c.idle_horizon != all.idle_horizon || c.clock != all.clock)) {
+        return {};
+      }
+      all = c;
+    }
+    return all;
+  }
 
   const std::vector<Child> children_;  // never empty, no nulls; immutable after Create
+  const Counting_t counting_;
 };
 
 // client-go's WithMaxWaitRateLimiter: When is min(child's When, max_wait); NumRequeues,
@@ -399,6 +473,12 @@ class WithMaxWaitRateLimiter final : public RateLimiter<T, Hash, Eq> {
   int NumRequeues(const T& item) override { return child_->NumRequeues(item); }
   size_t TrackedItems() const override { return child_->TrackedItems(); }
   void Prefetch(uint32_t hash) override { child_->Prefetch(hash); }
+  typename RateLimiter<T, Hash, Eq>::FailureCounting Counting() const override {
+    return child_->Counting();
+  }
+  absl::Duration WhenCounted(int64_t failures) override {
+    return std::min(child_->WhenCounted(failures), max_wait_);
+  }
 
  private:
   WithMaxWaitRateLimiter(Child child, absl::Duration max_wait)

@@ -11,13 +11,27 @@
 //
 // Promises (pinned by tests/rate_limiting_queue_test.cc): AddRateLimited(item) is
 // AddAfter(item, limiter.When(item)) and counts one retry in the metrics; Forget and
-// NumRequeues delegate to the limiter; everything else is DelayingQueue's.
+// NumRequeues are the limiter's; everything else is DelayingQueue's.
+//
+// Where the failure counts live: with a limiter whose delay depends on an item only
+// through its failure count (RateLimiter::Counting: the exponential and fast/slow
+// limiters, and MaxOf/WithMaxWait/Bucket combinations of them, such as the default), the
+// queue keeps each item's count beside the item's key and asks the limiter only for the
+// delay of the n-th failure (WhenCounted), with the same results, idle horizon included:
+// an idle key whose count has not lapsed stays in the table. A retry of the item being
+// processed (AddRateLimited(lease->item()), NumRequeues, Forget) then hashes nothing and
+// looks nothing up, and AddRateLimited takes one lock. The limiter's own table stays
+// empty: its NumRequeues and TrackedItems, called directly, report nothing for items of
+// this queue. Other limiters are called with the item, as client-go does.
 //
 // Thread safety: every member may be called from any thread.
 
 #ifndef KWQ_RATE_LIMITING_QUEUE_H_
 #define KWQ_RATE_LIMITING_QUEUE_H_
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -44,7 +58,13 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
       : DelayingQueue<T, Hash, Eq>(options),
         limiter_(limiter != nullptr ? std::move(limiter)
                                     : DefaultControllerRateLimiter<T, Hash, Eq>(options.clock)) {
-    this->EnableNextHashHint();
+    const typename Limiter::FailureCounting counting = limiter_->Counting();
+    counted_ = counting.by_count && counting.reports_count && counting.clock != nullptr;
+    if (counted_) {
+      this->EnableFailureCounts(counting.idle_horizon, counting.clock);
+    } else {
+      this->EnableNextHashHint();
+    }
   }
 
   // DelayingQueue's Get, TryGet and Get(ctx). Each hand-out also names the item next in
@@ -57,16 +77,29 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   // Adds `item` after the delay the limiter gives it, recording one failure.
   template <typename K>
   void AddRateLimited(K&& item) {
-    const absl::Duration delay = limiter_->When(item);
     if (auto* m = this->metrics_recorder()) m->OnRetry();
-    this->AddAfter(std::forward<K>(item), delay);
+    if (counted_) {
+      this->AddAfterFailure(std::forward<K>(item),
+                            [this](int64_t failures) { return limiter_->WhenCounted(failures); });
+      return;
+    }
+    this->AddAfter(std::forward<K>(item), limiter_->When(item));
   }
 
   // Clears `item`'s failure history (its next AddRateLimited waits the shortest delay).
-  void Forget(const T& item) { limiter_->Forget(item); }
+  void Forget(const T& item) {
+    if (counted_) {
+      this->ForgetFailures(item);
+    } else {
+      limiter_->Forget(item);
+    }
+  }
 
-  // Failures recorded for `item` since its last Forget.
-  int NumRequeues(const T& item) { return limiter_->NumRequeues(item); }
+  // Failures recorded for `item` since its last Forget (saturates at INT_MAX).
+  int NumRequeues(const T& item) {
+    if (counted_) return static_cast<int>(std::min<int64_t>(this->FailuresOf(item), INT_MAX));
+    return limiter_->NumRequeues(item);
+  }
 
   Limiter& rate_limiter() { return *limiter_; }
 
@@ -77,6 +110,7 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   }
 
   const std::unique_ptr<Limiter> limiter_;  // I: thread-safe itself
+  bool counted_ = false;                    // I: the queue keeps the failure counts
 };
 
 }  // namespace kwq

@@ -1,0 +1,93 @@
+// File: kwq/internal/failure_counts.h
+//
+// FailureCounts: the per-item state of a counting rate limiter (one whose delay depends on
+// an item only through its failures since its last Forget, see
+// RateLimiter::FailureCounting), kept by a RateLimitingQueue beside each key of its key
+// table instead of in the limiter's own hash table. Indexed by the queue's slot numbers,
+// so a retry of the item being processed finds its count without hashing the item. A
+// count not added to for longer than the idle horizon reads as zero, as in the limiter's
+// table. Internal: used by Queue.
+//
+// Thread safety: Reset, Record and Forget run under the owning queue's table lock;
+// Failures and Held may also run without it, for a slot that cannot be erased meanwhile
+// (one that is in flight, or under the lock): entries never move.
+
+#ifndef KWQ_INTERNAL_FAILURE_COUNTS_H_
+#define KWQ_INTERNAL_FAILURE_COUNTS_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kwq/clock.h"
+
+namespace kwq::internal {
+
+class FailureCounts {
+ public:
+  // `idle_horizon` >= 0 (absl::InfiniteDuration(): counts never lapse), read on
+  // `clock`->CoarseNow(). `clock` must outlive this object.
+  FailureCounts(absl::Duration idle_horizon, Clock* clock);
+  FailureCounts(const FailureCounts&) = delete;
+  FailureCounts& operator=(const FailureCounts&) = delete;
+
+  // The current time as this object measures it (ns, for the calls below).
+  int64_t Now() const { return absl::ToUnixNanos(clock_->CoarseNow()); }
+
+  // Clears `slot`, making room for it (a key was just stored there). Under the lock.
+  void Reset(uint32_t slot);
+
+  // The failures recorded for `slot` since its last Forget; 0 once idle past the horizon.
+  int64_t Failures(uint32_t slot, int64_t now) const {
+    const Entry& e = At(slot);
+    const int64_t failures = e.failures.load(std::memory_order_relaxed);
+    if (failures == 0 || Lapsed(e.last.load(std::memory_order_relaxed), now)) return 0;
+    return failures;
+  }
+
+  // Records one failure at `now`; returns the failures before it. Under the lock.
+  int64_t Record(uint32_t slot, int64_t now) {
+    Entry& e = At(slot);
+    const int64_t before = Failures(slot, now);
+    e.failures.store(before < INT64_MAX ? before + 1 : before, std::memory_order_relaxed);
+    e.last.store(now, std::memory_order_relaxed);
+    return before;
+  }
+
+  // Clears the count. Under the lock.
+  void Forget(uint32_t slot) { At(slot).failures.store(0, std::memory_order_relaxed); }
+
+  // Whether `slot` holds a count that has not lapsed: its key must stay in the table
+  // even while idle (an eviction would forget the failures before the horizon).
+  bool Held(uint32_t slot, int64_t now) const { return Failures(slot, now) != 0; }
+
+ private:
+  struct Entry {
+    std::atomic<int64_t> failures{0};
+    std::atomic<int64_t> last{0};
+  };
+  static constexpr uint32_t kChunk = 4096;  // entries per chunk, like KeyTable's
+
+  bool Lapsed(int64_t last, int64_t now) const {
+    return horizon_ns_ != INT64_MAX && now - last > horizon_ns_;
+  }
+  Entry& At(uint32_t slot) const {
+    return dir_.load(std::memory_order_acquire)[slot / kChunk][slot % kChunk];
+  }
+
+  Clock* const clock_;
+  const int64_t horizon_ns_;  // INT64_MAX: never
+  // Chunks and the directory only grow (as in KeyTable), so lock-free readers of a slot
+  // that existed when they were handed it never see memory move or go.
+  std::vector<std::unique_ptr<Entry[]>> chunks_;
+  std::vector<std::unique_ptr<Entry*[]>> dirs_;
+  std::atomic<Entry* const*> dir_{nullptr};
+  size_t dir_capacity_ = 0;
+};
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_INTERNAL_FAILURE_COUNTS_H_

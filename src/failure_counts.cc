@@ -1,0 +1,35 @@
+#include "kwq/internal/failure_counts.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace kwq::internal {
+
+FailureCounts::FailureCounts(absl::Duration idle_horizon, Clock* clock)
+    : clock_(clock),
+      horizon_ns_(idle_horizon == absl::InfiniteDuration()
+                      ? INT64_MAX
+                      : absl::ToInt64Nanoseconds(idle_horizon)) {}
+
+void FailureCounts::Reset(uint32_t slot) {
+  const size_t chunk = slot / kChunk;
+  while (chunks_.size() <= chunk) {
+    const size_t n = chunks_.size();
+    chunks_.push_back(std::make_unique<Entry[]>(kChunk));
+    if (n == dir_capacity_) {
+      dir_capacity_ = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
+      auto dir = std::make_unique<Entry*[]>(dir_capacity_);
+      for (size_t i = 0; i <= n; ++i) dir[i] = chunks_[i].get();
+      dir_.store(dir.get(), std::memory_order_release);
+      dirs_.push_back(std::move(dir));
+    } else {
+      // Not yet visible to readers: no slot of this chunk has been handed out.
+      dirs_.back()[n] = chunks_[n].get();
+    }
+  }
+  Entry& e = At(slot);
+  e.failures.store(0, std::memory_order_relaxed);
+  e.last.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace kwq::internal
