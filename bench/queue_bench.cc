@@ -11,7 +11,9 @@
 #include "benchmark/benchmark.h"
 #include "kwq/delaying_queue.h"
 #include "kwq/queue.h"
+#include "kwq/rate_limiting_queue.h"
 #include "kwq/sharded_queue.h"
+#include "testing/not_counting.h"
 
 namespace kwq {
 namespace {
@@ -94,6 +96,29 @@ void BM_DelayingAddGetDoneHot(benchmark::State& state) {
   AddGetDoneHot<DelayingQueue<std::string>>(state);
 }
 BENCHMARK(BM_DelayingAddGetDoneHot);
+
+// A reconcile that fails and retries at once, on one key: Get, NumRequeues,
+// AddRateLimited(lease->item()) with a zero delay (ExponentialFailure(0, 0)), Done.
+// Arg: 1 = the queue keeps the failure count (the built-in limiters), 0 = the limiter
+// does, called with the item (testing::NotCounting, as for a user limiter).
+void BM_RetryLeasedItemHot(benchmark::State& state) {
+  std::unique_ptr<RateLimiter<std::string>> limiter =
+      std::move(*ExponentialFailureRateLimiter<std::string>::Create(
+          {.base = absl::ZeroDuration(), .max = absl::ZeroDuration()}));
+  if (state.range(0) == 0) {
+    limiter = std::make_unique<testing::NotCounting<std::string>>(std::move(limiter));
+  }
+  RateLimitingQueue<std::string> q(std::move(limiter));
+  q.Add("default/object-1");
+  int64_t requeues = 0;
+  for (auto _ : state) {
+    auto lease = q.TryGet();
+    requeues += q.NumRequeues(lease->item());
+    q.AddRateLimited(lease->item());
+  }
+  benchmark::DoNotOptimize(requeues);
+}
+BENCHMARK(BM_RetryLeasedItemHot)->Arg(1)->Arg(0);
 
 // A deduplicated Add (the key is already waiting).
 void BM_AddDuplicate(benchmark::State& state) {

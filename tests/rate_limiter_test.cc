@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <set>
@@ -816,6 +817,95 @@ void ExpectInvalid(const absl::Status& status, const std::string& name, const st
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(status.message(), HasSubstr(name));
   EXPECT_THAT(status.message(), HasSubstr(value));
+}
+
+// Counting: which limiters let a queue keep the per-item counts, and WhenCounted(n) is
+// exactly the delay When gives an item's failure n (a fresh limiter of each kind, twice:
+// one called with the item, one with the count).
+TEST(CountingTest, DescribesWhichLimitersCanLeaveTheirCountsToTheCaller) {
+  FakeClock clock;
+  FakeClock other_clock;
+  auto exp = Must(ExponentialFailureRateLimiter<std::string>::Create(
+      ExpOptions{.clock = &clock, .idle_horizon = absl::Seconds(10)}));
+  auto c = exp->Counting();
+  EXPECT_TRUE(c.by_count && c.reports_count);
+  EXPECT_EQ(c.idle_horizon, absl::Seconds(10));
+  EXPECT_EQ(c.clock, &clock);
+
+  auto bucket = Must(BucketRateLimiter<std::string>::Create(BucketOptions{.clock = &clock}));
+  c = bucket->Counting();
+  EXPECT_TRUE(c.by_count);
+  EXPECT_FALSE(c.reports_count);
+
+  c = DefaultControllerRateLimiter<std::string>(&clock)->Counting();
+  EXPECT_TRUE(c.by_count && c.reports_count);
+  EXPECT_EQ(c.idle_horizon, absl::Seconds(2000));
+  EXPECT_EQ(c.clock, &clock);
+
+  auto same = [&](absl::Duration horizon, Clock* on) {
+    std::vector<std::unique_ptr<RateLimiter<std::string>>> children;
+    children.push_back(Must(ExponentialFailureRateLimiter<std::string>::Create(
+        ExpOptions{.clock = &clock, .idle_horizon = absl::Seconds(10)})));
+    children.push_back(
+        Must(FastSlowRateLimiter<std::string>::Create(FastSlowOptions{.fast = absl::Milliseconds(1),
+                                                                      .slow = absl::Seconds(1),
+                                                                      .max_fast_attempts = 2,
+                                                                      .clock = on,
+                                                                      .idle_horizon = horizon})));
+    return Must(MaxOfRateLimiter<std::string>::Create(std::move(children)))->Counting().by_count;
+  };
+  EXPECT_TRUE(same(absl::Seconds(10), &clock));
+  EXPECT_FALSE(same(absl::Seconds(20), &clock));  // one count cannot lapse at two horizons
+  EXPECT_FALSE(same(absl::Seconds(10), &other_clock));
+
+  c = Must(WithMaxWaitRateLimiter<std::string>::Create(std::move(exp), absl::Seconds(1)))
+          ->Counting();
+  EXPECT_TRUE(c.by_count && c.reports_count);
+  EXPECT_FALSE(testing::HintRecorder<std::string>().Counting().by_count);  // the default
+}
+
+TEST(CountingTest, WhenCountedIsWhenOfTheNthFailure) {
+  FakeClock clock;
+  using Factory = std::function<std::unique_ptr<RateLimiter<std::string>>()>;
+  const std::vector<std::pair<std::string, Factory>> kinds = {
+      {"exponential",
+       [&] {
+         return Must(ExponentialFailureRateLimiter<std::string>::Create(
+             ExpOptions{.base = absl::Milliseconds(1), .max = absl::Seconds(1), .clock = &clock}));
+       }},
+      {"exponential with jitter",
+       [&] {
+         return Must(ExponentialFailureRateLimiter<std::string>::Create(
+             ExpOptions{.base = absl::Milliseconds(1),
+                        .max = absl::Seconds(1),
+                        .jitter = 0.5,
+                        .jitter_seed = 42,
+                        .clock = &clock}));
+       }},
+      {"fast/slow",
+       [&] {
+         return Must(
+             FastSlowRateLimiter<std::string>::Create(FastSlowOptions{.fast = absl::Milliseconds(1),
+                                                                      .slow = absl::Seconds(1),
+                                                                      .max_fast_attempts = 3,
+                                                                      .clock = &clock}));
+       }},
+      {"default", [&] { return DefaultControllerRateLimiter<std::string>(&clock); }},
+      {"max wait",
+       [&] {
+         return Must(WithMaxWaitRateLimiter<std::string>::Create(
+             DefaultControllerRateLimiter<std::string>(&clock), absl::Milliseconds(50)));
+       }},
+  };
+  for (const auto& [name, make] : kinds) {
+    auto by_item = make();
+    auto by_count = make();
+    // 120 failures: past the default bucket's burst of 100 and the exponential cap.
+    for (int n = 0; n < 120; ++n) {
+      ASSERT_EQ(by_count->WhenCounted(n), by_item->When("x")) << name << " failure " << n;
+    }
+    EXPECT_EQ(by_count->TrackedItems(), 0u) << name;
+  }
 }
 
 TEST(InvalidParametersTest, Exponential) {

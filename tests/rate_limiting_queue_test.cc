@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "testing/hint_recorder.h"
+#include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
@@ -73,6 +74,81 @@ TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {
   q.AddRateLimited("a");
   q.AddRateLimited("b");
   EXPECT_EQ(rec.Get("retries"), 2);
+}
+
+// With a counting limiter the queue keeps the failure counts itself (the limiter's table
+// stays empty) and the delays are the limiter's, whether the item is passed back as the
+// leased object (found by address) or as a copy (looked up).
+TEST_F(RateLimitingQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
+  RateLimitingQueue<std::string> q(Exponential(), {.clock = &clock_, .timers = timers_.get()});
+  q.Add("a");
+  for (int failure = 0; failure < 4; ++failure) {
+    auto lease = q.TryGet();
+    ASSERT_TRUE(lease.has_value()) << failure;
+    ASSERT_EQ(**lease, "a");
+    const std::string copy = **lease;
+    EXPECT_EQ(q.NumRequeues(lease->item()), failure);
+    EXPECT_EQ(q.NumRequeues(copy), failure);
+    if (failure % 2 == 0) {
+      q.AddRateLimited(lease->item());
+    } else {
+      q.AddRateLimited(copy);
+    }
+    lease->Done();
+    const absl::Duration delay = absl::Milliseconds(10) * (1 << failure);
+    clock_.Advance(delay - absl::Nanoseconds(1));
+    EXPECT_FALSE(q.TryGet().has_value()) << failure;
+    clock_.Advance(absl::Nanoseconds(1));
+  }
+  EXPECT_EQ(q.rate_limiter().TrackedItems(), 0u);
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(q.NumRequeues(**lease), 4);
+  q.Forget(lease->item());
+  EXPECT_EQ(q.NumRequeues(**lease), 0);
+  q.AddRateLimited("a");  // the first delay again
+  lease->Done();
+  clock_.Advance(absl::Milliseconds(10));
+  EXPECT_TRUE(q.TryGet().has_value());
+  EXPECT_EQ(q.NumRequeues("unknown"), 0);
+  q.Forget("unknown");  // a no-op
+}
+
+TEST_F(RateLimitingQueueTest, QueueKeptCountsLapseAfterTheIdleHorizon) {
+  RateLimitingQueue<std::string> q(std::move(*ExponentialFailureRateLimiter<std::string>::Create(
+                                       {.base = absl::Milliseconds(10),
+                                        .max = absl::Seconds(1),
+                                        .clock = &clock_,
+                                        .idle_horizon = absl::Seconds(10)})),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  q.AddRateLimited("a");  // still waiting: the earlier ready time stays
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(q.NumRequeues("a"), 2);  // idle for exactly the horizon: kept
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+  ASSERT_TRUE(q.TryGet().has_value());
+  q.AddRateLimited("a");  // counts from zero again: the base delay
+  EXPECT_EQ(q.NumRequeues("a"), 1);
+  clock_.Advance(absl::Milliseconds(10));
+  EXPECT_TRUE(q.TryGet().has_value());
+}
+
+// A key that failed and went idle without a Forget keeps its count while thousands of
+// idle keys are evicted around it (eviction would forget it before the horizon).
+TEST_F(RateLimitingQueueTest, IdleKeyWithACountIsNotEvicted) {
+  RateLimitingQueue<std::string> q(Exponential(), {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle, one failure
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 20000; ++i) q.Add(absl::StrCat("k", round, "-", i));
+    int n = 0;
+    while (q.TryGet().has_value()) ++n;
+    ASSERT_EQ(n, 20000);
+  }
+  EXPECT_EQ(q.NumRequeues("a"), 1);
 }
 
 using testing::HintRecorder;
@@ -141,15 +217,22 @@ TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
 }
 
 // Several workers run the reconcile loop of the ratelimited scenario on a real clock, with
-// more items than the limiters' prefetch threshold, so hints, prefetches (try-locks on the
-// limiter), NumRequeues, When, Forget and AddAfter race (TSan checks them in make test).
+// more items than the limiters' prefetch threshold. With the counts in the queue (true),
+// NumRequeues, AddRateLimited and Forget of leased items race on the queue's counts and
+// waiting entries; with them in the limiter (false), hints, prefetches (try-locks on the
+// limiter), NumRequeues, When, Forget and AddAfter race (TSan checks both in make test).
 // Every item is retried exactly twice and then forgotten; none is lost or handed to two
 // workers at once.
-TEST(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {
+class RateLimitingQueueRealTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {
   constexpr int kItems = 10'000;  // past FailureTable's kPrefetchMin (8192)
   constexpr int kWorkers = 4;
-  auto limiter = std::move(*ExponentialFailureRateLimiter<std::string>::Create(
-      {.base = absl::Microseconds(1), .max = absl::Microseconds(100)}));
+  std::unique_ptr<RateLimiter<std::string>> limiter =
+      std::move(*ExponentialFailureRateLimiter<std::string>::Create(
+          {.base = absl::Microseconds(1), .max = absl::Microseconds(100)}));
+  if (!GetParam())
+    limiter = std::make_unique<testing::NotCounting<std::string>>(std::move(limiter));
   RateLimitingQueue<std::string> q(std::move(limiter));
   std::vector<std::string> keys;
   for (int i = 0; i < kItems; ++i) keys.push_back(absl::StrCat("default/object-", i));
@@ -186,6 +269,8 @@ TEST(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {
   for (int i = 0; i < kItems; ++i) ASSERT_EQ(runs[i].load(), 3) << keys[i];
   EXPECT_EQ(q.rate_limiter().TrackedItems(), 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(CountsInQueueOrLimiter, RateLimitingQueueRealTest, ::testing::Bool());
 
 }  // namespace
 }  // namespace kwq
