@@ -872,6 +872,10 @@ class Queue {
   const Options options_;
   const int max_pollers_;         // Gets that may poll at length at once (Spin), >= 1
   const uint64_t id_ = NextId();  // unique among the queues of this process
+  // Per-key failure counts (EnableFailureCounts), or nullptr; set before the queue is
+  // shared, then only read (here, on a line nobody writes: the producer reads it on
+  // every insert).
+  std::unique_ptr<internal::FailureCounts> counts_;
 
   // Fields are grouped by the thread that writes them, one group per cache line (or
   // more), so a line the producer writes on every Add is not one a polling worker keeps
@@ -888,15 +892,16 @@ class Queue {
   internal::SlotFifo overflow_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> stored_{0};  // table_.size(), written under mu_
   std::atomic<int64_t> added_{0};   // dirty marks ever made, written under mu_
-  // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number.
-  internal::IndexedHeap waiting_ ABSL_GUARDED_BY(mu_);
-  std::atomic<int64_t> delayed_{0};  // waiting_.size(), written under mu_
   // Also under mu_, written rarely (by workers going to sleep, shutdown, drain).
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;   // Gets blocked on ready_cv_
   int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t aborts_ ABSL_GUARDED_BY(mu_) = 0;  // ShutDown() calls: each ends the drains waiting
+  // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number (last
+  // in this group, so that a plain Queue's fields keep their lines).
+  internal::IndexedHeap waiting_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> delayed_{0};  // waiting_.size(), written under mu_
 
   // Read by polling workers; written only when the ring overflows.
   alignas(64) std::atomic<size_t> overflow_hint_{0};  // overflow_.size(), written under mu_
@@ -923,8 +928,6 @@ class Queue {
   std::atomic<uint64_t> next_hash_{0};
   bool hint_next_ = false;
   bool track_hand_outs_ = false;  // set before the queue is shared
-  // Per-key failure counts (EnableFailureCounts), or nullptr; set before the queue is shared.
-  std::unique_ptr<internal::FailureCounts> counts_;
 
   // Workers, when they start or stop polling (read by the producer before a wake-up).
   alignas(64) std::atomic<int> spinners_{0};  // Gets polling at length in Spin
