@@ -821,7 +821,9 @@ void ExpectInvalid(const absl::Status& status, const std::string& name, const st
 
 // Counting: which limiters let a queue keep the per-item counts, and WhenCounted(n) is
 // exactly the delay When gives an item's failure n (a fresh limiter of each kind, twice:
-// one called with the item, one with the count).
+// one called with the item, one with the count). The per-item limiters' When is their
+// WhenCounted of the recorded count, so for them this pins the count (their formulas are
+// pinned by the When tests above); the composites and the bucket have separate bodies.
 TEST(CountingTest, DescribesWhichLimitersCanLeaveTheirCountsToTheCaller) {
   FakeClock clock;
   FakeClock other_clock;

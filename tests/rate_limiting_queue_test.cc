@@ -151,6 +151,69 @@ TEST_F(RateLimitingQueueTest, IdleKeyWithACountIsNotEvicted) {
   EXPECT_EQ(q.NumRequeues("a"), 1);
 }
 
+// absl::Hash that counts its calls (for tests that a path hashes nothing).
+struct CountingHash {
+  static inline std::atomic<int> calls{0};
+  size_t operator()(const std::string& s) const {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    return absl::Hash<std::string>{}(s);
+  }
+};
+
+// The leased item passed back is found by its address: NumRequeues, AddRateLimited,
+// Forget and AddAfter hash nothing (a copy of the item is hashed, once per call).
+TEST_F(RateLimitingQueueTest, TheLeasedItemPassedBackIsNotHashed) {
+  using Q = RateLimitingQueue<std::string, CountingHash>;
+  Q q(std::move(*ExponentialFailureRateLimiter<std::string, CountingHash>::Create(
+          {.base = absl::Milliseconds(10), .max = absl::Seconds(1), .clock = &clock_})),
+      {.clock = &clock_, .timers = timers_.get()});
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  CountingHash::calls = 0;
+  EXPECT_EQ(q.NumRequeues(lease->item()), 0);
+  q.AddRateLimited(lease->item());
+  q.AddAfter(lease->item(), absl::Milliseconds(5));
+  EXPECT_EQ(q.NumRequeues(**lease), 1);
+  q.Forget(lease->item());
+  EXPECT_EQ(CountingHash::calls.load(), 0);
+  const std::string copy = **lease;
+  EXPECT_EQ(q.NumRequeues(copy), 0);
+  EXPECT_EQ(CountingHash::calls.load(), 1);
+  lease->Done();
+  clock_.Advance(absl::Milliseconds(5));
+  EXPECT_TRUE(q.TryGet().has_value());  // the earlier of the two delays
+}
+
+// A lapsed count is gone for good, as the limiter's table erases a lapsed entry: moving
+// the clock back does not revive it.
+TEST_F(RateLimitingQueueTest, ALapsedCountStaysGoneWhenTheClockMovesBack) {
+  RateLimitingQueue<std::string> q(std::move(*ExponentialFailureRateLimiter<std::string>::Create(
+                                       {.base = absl::Milliseconds(10),
+                                        .max = absl::Seconds(1),
+                                        .clock = &clock_,
+                                        .idle_horizon = absl::Seconds(10)})),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  const absl::Time t0 = clock_.Now();
+  q.AddRateLimited("a");
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+  clock_.SetTime(t0 + absl::Seconds(5));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+}
+
+// After ShutDown an AddRateLimited queues nothing but still counts the failure of a known
+// item, as a limiter called with the item would.
+TEST_F(RateLimitingQueueTest, AddRateLimitedAfterShutDownStillCounts) {
+  RateLimitingQueue<std::string> q(Exponential(), {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  q.ShutDown();
+  q.AddRateLimited("a");
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  EXPECT_EQ(q.Waiting(), 0u);
+  EXPECT_FALSE(q.TryGet().has_value());
+}
+
 using testing::HintRecorder;
 using testing::StoredHash;
 

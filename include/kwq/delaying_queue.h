@@ -94,6 +94,7 @@ class DelayingQueue {
     const uint32_t hash = slot == Table::kNone ? Table::HashOf(item) : 0;  // outside the lock
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
+    if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
                              : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
@@ -189,13 +190,19 @@ class DelayingQueue {
     bool wake = false;
     {
       internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
-      if (stopping_) return;
+      internal::FailureCounts& counts = *queue_.counts_;
+      if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
+      if (stopping_) {
+        // Still counts the failure, as a limiter called with the item would.
+        if (slot == Table::kNone) slot = queue_.FindLocked(item);
+        if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now()));
+        return;
+      }
       bool fresh = false;
       if (slot == Table::kNone) {
         slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
         if (slot == Table::kNone) return;
       }
-      internal::FailureCounts& counts = *queue_.counts_;
       const absl::Duration delay = delay_for(counts.Record(slot, counts.Now()));
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
@@ -211,12 +218,15 @@ class DelayingQueue {
   // lapsed, or for an unknown item). Takes no lock for the item being processed.
   int64_t FailuresOf(const T& item) {
     internal::FailureCounts& counts = *queue_.counts_;
-    if (const uint32_t slot = LeasedSlotOf(item); slot != Table::kNone) {
-      return counts.Failures(slot, counts.Now());
+    uint32_t slot = LeasedSlotOf(item);
+    if (slot != Table::kNone) {
+      bool lapsed = false;
+      const int64_t failures = counts.Failures(slot, counts.Now(), &lapsed);
+      if (!lapsed) return failures;
     }
     internal::MutexLock lock(&queue_.mu_);
-    const uint32_t slot = queue_.FindLocked(item);
-    return slot == Table::kNone ? 0 : counts.Failures(slot, counts.Now());
+    if (slot == Table::kNone) slot = queue_.FindLocked(item);
+    return slot == Table::kNone ? 0 : counts.FailuresLocked(slot, counts.Now());
   }
 
   // With failure counts: clears `item`'s count. Takes no lock for the item being
@@ -224,7 +234,10 @@ class DelayingQueue {
   void ForgetFailures(const T& item) {
     internal::FailureCounts& counts = *queue_.counts_;
     uint32_t slot = LeasedSlotOf(item);
-    if (slot != Table::kNone && counts.Failures(slot, counts.Now()) == 0) return;
+    bool lapsed = false;
+    if (slot != Table::kNone && counts.Failures(slot, counts.Now(), &lapsed) == 0 && !lapsed) {
+      return;
+    }
     internal::MutexLock lock(&queue_.mu_);
     if (slot == Table::kNone) slot = queue_.FindLocked(item);
     if (slot != Table::kNone) counts.Forget(slot);

@@ -453,6 +453,15 @@ class Queue {
     return table_.Find(item);
   }
 
+  // Whether `slot` (one handed out, see LeasedSlotOf) still holds a key. False only when
+  // a caller used an item after its lease ended and the key was evicted meanwhile (a
+  // debug assertion fires); the key may then be gone, so the caller drops the call.
+  bool LiveLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool live = State(slot).load(std::memory_order_relaxed) & Table::kLive;
+    KWQ_DCHECK(live, "kwq queue: an item passed back after its lease ended");
+    return live;
+  }
+
   // Queues the live `slot` now, as Add would (`fresh`: inserted by this caller). Returns
   // whether a blocked Get must be signalled (ready_cv_) after the unlock.
   bool AddSlotLocked(uint32_t slot, bool fresh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -675,7 +684,9 @@ class Queue {
       // Backstop for when workers do not keep up with eviction, every kEvictBatch inserts
       // (IdleEstimate reads the workers' finished_ counter: a cache miss on a line they
       // keep writing). Before the insert: the new slot is idle until MarkDirtyLocked.
-      if (++inserts_ % kEvictBatch == 0 && IdleEstimate() > 2 * kMaxIdle) {
+      if (++inserts_ % kEvictBatch == 0 &&
+          IdleEstimate() >
+              std::max(2 * kMaxIdle, evict_floor_.load(std::memory_order_relaxed) + kEvictBatch)) {
         EvictLocked(kEvictBatch * kEvictScan, 2 * kMaxIdle);
       }
       slot = table_.Insert(std::forward<K>(item), hash, 0);
@@ -793,6 +804,7 @@ class Queue {
     uint32_t group[kGroup];
     const int64_t now = counts_ ? counts_->Now() : 0;
     int64_t excess = IdleEstimate() - keep;
+    bool erased = false;
     while (scan > 0 && excess > 0) {
       int n = 0;
       for (; scan > 0 && n < kGroup && n < excess; --scan) {
@@ -807,8 +819,14 @@ class Queue {
         }
       }
       for (int i = 0; i < n; ++i) table_.Erase(group[i]);
+      erased |= n > 0;
       stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
       excess = IdleEstimate() - keep;
+    }
+    // Only keys with live failure counts are idle yet not erasable: without counts a pass
+    // that found nothing just met busy keys, and the next one moves on.
+    if (counts_) {
+      evict_floor_.store(erased || excess <= 0 ? 0 : IdleEstimate(), std::memory_order_relaxed);
     }
   }
 
@@ -817,7 +835,9 @@ class Queue {
   // spare; the producer only evicts as a backstop, see FindOrInsertLocked). Trying on
   // every hand-out would bounce the producer's lock word between CPUs.
   void EvictFromWorker() {
-    if (IdleEstimate() > kMaxIdle + kEvictBatch && mu_.TryLock()) {
+    if (IdleEstimate() >
+            std::max(kMaxIdle, evict_floor_.load(std::memory_order_relaxed)) + kEvictBatch &&
+        mu_.TryLock()) {
       EvictLocked(4 * kEvictBatch, kMaxIdle);
       mu_.Unlock();
     }
@@ -902,6 +922,10 @@ class Queue {
   // in this group, so that a plain Queue's fields keep their lines).
   internal::IndexedHeap waiting_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> delayed_{0};  // waiting_.size(), written under mu_
+  // With failure counts: the idle estimate at which the last eviction pass found nothing
+  // to erase (idle keys with live counts stay), else 0. Eviction waits until idle keys
+  // exceed it by a batch, instead of rescanning the same kept keys. Written under mu_.
+  std::atomic<int64_t> evict_floor_{0};
 
   // Read by polling workers; written only when the ring overflows.
   alignas(64) std::atomic<size_t> overflow_hint_{0};  // overflow_.size(), written under mu_

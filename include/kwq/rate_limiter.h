@@ -142,6 +142,11 @@ class PerItemRateLimiter : public RateLimiter<T, Hash, Eq> {
     return table_.size();
   }
 
+  typename RateLimiter<T, Hash, Eq>::FailureCounting Counting() const override {
+    return {
+        .by_count = true, .reports_count = true, .idle_horizon = idle_horizon_, .clock = clock_};
+  }
+
   void Prefetch(uint32_t hash) override {
     if (!mu_.TryLock()) return;  // a hint is not worth a wait
     table_.Prefetch(hash);
@@ -153,11 +158,6 @@ class PerItemRateLimiter : public RateLimiter<T, Hash, Eq> {
       : clock_(clock != nullptr ? clock : RealClock::Default()),
         idle_horizon_(idle_horizon),
         table_(idle_horizon) {}
-
-  typename RateLimiter<T, Hash, Eq>::FailureCounting Counting() const override {
-    return {
-        .by_count = true, .reports_count = true, .idle_horizon = idle_horizon_, .clock = clock_};
-  }
 
   // Records one failure of `item` and returns the failures recorded before it.
   int64_t RecordFailure(const T& item) {

@@ -6,7 +6,9 @@
 // table instead of in the limiter's own hash table. Indexed by the queue's slot numbers,
 // so a retry of the item being processed finds its count without hashing the item. A
 // count not added to for longer than the idle horizon reads as zero, as in the limiter's
-// table. Internal: used by Queue.
+// table, and is cleared by the next call under the lock that sees it so (the table erases
+// such an entry). Times are whole nanoseconds of the clock's CoarseNow. Internal: used by
+// Queue.
 //
 // Thread safety: Reset, Record and Forget run under the owning queue's table lock;
 // Failures and Held may also run without it, for a slot that cannot be erased meanwhile
@@ -40,11 +42,18 @@ class FailureCounts {
   // Clears `slot`, making room for it (a key was just stored there). Under the lock.
   void Reset(uint32_t slot);
 
-  // The failures recorded for `slot` since its last Forget; 0 once idle past the horizon.
-  int64_t Failures(uint32_t slot, int64_t now) const {
+  // The failures recorded for `slot` since its last Forget; 0 once idle past the horizon
+  // (then `*lapsed`, if given, is set: a caller holding the lock should Forget the count,
+  // as the limiter's table erases a lapsed entry, so that a clock moved back later does
+  // not revive it).
+  int64_t Failures(uint32_t slot, int64_t now, bool* lapsed = nullptr) const {
     const Entry& e = At(slot);
     const int64_t failures = e.failures.load(std::memory_order_relaxed);
-    if (failures == 0 || Lapsed(e.last.load(std::memory_order_relaxed), now)) return 0;
+    if (failures == 0) return 0;
+    if (Lapsed(e.last.load(std::memory_order_relaxed), now)) {
+      if (lapsed != nullptr) *lapsed = true;
+      return 0;
+    }
     return failures;
   }
 
@@ -59,6 +68,14 @@ class FailureCounts {
 
   // Clears the count. Under the lock.
   void Forget(uint32_t slot) { At(slot).failures.store(0, std::memory_order_relaxed); }
+
+  // Failures, clearing a lapsed count. Under the lock.
+  int64_t FailuresLocked(uint32_t slot, int64_t now) {
+    bool lapsed = false;
+    const int64_t failures = Failures(slot, now, &lapsed);
+    if (lapsed) Forget(slot);
+    return failures;
+  }
 
   // Whether `slot` holds a count that has not lapsed: its key must stay in the table
   // even while idle (an eviction would forget the failures before the horizon).
