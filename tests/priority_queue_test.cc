@@ -297,6 +297,42 @@ TEST_F(PriorityQueueTest, DefaultRateLimiterIsClientGos) {
   EXPECT_EQ(Drain(*q_), (Strings{"a"}));
 }
 
+// With a counting limiter the queue keeps the failure counts (the limiter's table stays
+// empty), finds a leased item passed back by address, and keeps an idle key whose count
+// has not lapsed while thousands of idle keys are erased around it.
+TEST_F(PriorityQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
+  PQ::Options options = Opts();
+  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_});
+  auto q = Make(std::move(options));
+  q->Add("a");
+  for (int failure = 0; failure < 3; ++failure) {
+    auto lease = q->TryGet();
+    ASSERT_TRUE(lease.has_value()) << failure;
+    EXPECT_EQ(q->NumRequeues(lease->item()), failure);
+    EXPECT_TRUE(q->AddRateLimited(lease->item()));
+    lease->Done();
+    clock_.Advance(absl::Seconds(1 << failure) - absl::Nanoseconds(1));
+    EXPECT_TRUE(Drain(*q).empty()) << failure;
+    clock_.Advance(absl::Nanoseconds(1));
+  }
+  EXPECT_EQ(q->rate_limiter().TrackedItems(), 0u);
+  {
+    auto lease = q->TryGet();  // "a", idle after this with 3 failures
+    ASSERT_TRUE(lease.has_value());
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 20000; ++i) q->Add(absl::StrCat("k", round, "-", i));
+    ASSERT_EQ(Drain(*q).size(), 20000u);
+  }
+  EXPECT_EQ(q->NumRequeues("a"), 3);
+  q->Forget("a");
+  EXPECT_EQ(q->NumRequeues("a"), 0);
+  q->ShutDown();
+  q->AddRateLimited("a");  // queues nothing, still counts (as the limiter would)
+  EXPECT_EQ(q->NumRequeues("a"), 1);
+}
+
 // ---- in flight ----
 
 TEST_F(PriorityQueueTest, AddWhileProcessingIsQueuedOnceAtDoneWithLargestPriority) {

@@ -75,6 +75,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -97,6 +98,8 @@
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/failure_counts.h"
+#include "kwq/internal/hand_out_record.h"
 #include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/key_table.h"
 #include "kwq/internal/lease.h"
@@ -208,7 +211,7 @@ class PriorityQueue {
       {
         internal::MutexLock lock(&mu_);
         const uint64_t ready_before = next_seq_;
-        const absl::Time now = NowForAddLocked(prep.after);
+        const absl::Time now = NowForAddLocked(ClockNeed(prep));
         added = AddLocked(std::forward<K>(item), prep, opts.priority, now);
         wake = WakeLocked(next_seq_ - ready_before);
       }
@@ -240,7 +243,7 @@ class PriorityQueue {
     absl::Duration longest = absl::ZeroDuration();
     for (const auto& item : items) {
       preps.push_back(Prepare(item, opts));
-      longest = std::max(longest, preps.back().after);
+      longest = std::max(longest, ClockNeed(preps.back()));
     }
     size_t added = 0;
     WakeKind wake;
@@ -267,7 +270,7 @@ class PriorityQueue {
   size_t AddWithOpts(const AddOpts& opts, Items&&... items) {
     const std::array<Prep, sizeof...(Items)> preps{Prepare(items, opts)...};
     absl::Duration longest = absl::ZeroDuration();
-    for (const Prep& prep : preps) longest = std::max(longest, prep.after);
+    for (const Prep& prep : preps) longest = std::max(longest, ClockNeed(prep));
     size_t added = 0;
     WakeKind wake;
     {
@@ -283,10 +286,31 @@ class PriorityQueue {
   }
 
   // The rate limiter's Forget: clears `item`'s failure history (call it on success).
-  // Does not touch a waiting entry of the item.
-  void Forget(const T& item) { limiter_->Forget(item); }
-  // The rate limiter's NumRequeues: failures recorded for `item` since its last Forget.
-  int NumRequeues(const T& item) { return limiter_->NumRequeues(item); }
+  // Does not touch a waiting entry of the item. With a counting limiter the queue keeps
+  // the counts (as RateLimitingQueue does, see kwq/rate_limiting_queue.h).
+  void Forget(const T& item) {
+    if (!counts_) {
+      limiter_->Forget(item);
+      return;
+    }
+    internal::MutexLock lock(&mu_);
+    const uint32_t slot = SlotOfLocked(item);
+    if (slot != kNone) counts_->Forget(slot);
+  }
+  // The rate limiter (thread-safe). With a counting limiter the queue keeps the failure
+  // counts, so the limiter's own NumRequeues and TrackedItems report nothing for its items.
+  Limiter& rate_limiter() { return *limiter_; }
+
+  // The rate limiter's NumRequeues: failures recorded for `item` since its last Forget
+  // (saturates at INT_MAX).
+  int NumRequeues(const T& item) {
+    if (!counts_) return limiter_->NumRequeues(item);
+    internal::MutexLock lock(&mu_);
+    const uint32_t slot = SlotOfLocked(item);
+    if (slot == kNone) return 0;
+    return static_cast<int>(
+        std::min<int64_t>(counts_->FailuresLocked(slot, counts_->Now()), INT_MAX));
+  }
 
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
   // queue is shut down and nothing is ready.
@@ -424,8 +448,9 @@ class PriorityQueue {
   struct Prep {
     uint32_t hash;
     uint64_t group;
-    absl::Duration after;  // including the rate limiter's delay
+    absl::Duration after;  // including the rate limiter's delay (unless counted)
     bool rate_limited;
+    bool counted;  // rate-limited with the queue's failure counts: the delay comes under mu_
   };
 
   // Per stored key.
@@ -493,6 +518,10 @@ class PriorityQueue {
         aging_(options.aging != absl::InfiniteDuration()),
         aging_ns_(absl::ToInt64Nanoseconds(options.aging)),
         timers_(options.timers) {
+    const typename Limiter::FailureCounting counting = limiter_->Counting();
+    if (counting.by_count && counting.reports_count && counting.clock != nullptr) {
+      counts_ = std::make_unique<internal::FailureCounts>(counting.idle_horizon, counting.clock);
+    }
     if (options.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
           options.metrics, options.name, options.clock, options.timers, &mu_);
@@ -510,14 +539,41 @@ class PriorityQueue {
   }
 
   Prep Prepare(const T& item, const AddOpts& opts) {
-    Prep prep{Table::HashOf(item), group_fn_ ? group_fn_(item) : 0, opts.after, opts.rate_limited};
-    if (opts.rate_limited) {
+    Prep prep{Table::HashOf(item), group_fn_ ? group_fn_(item) : 0, opts.after, opts.rate_limited,
+              opts.rate_limited && counts_ != nullptr};
+    if (opts.rate_limited && !prep.counted) {
       prep.after = std::max(prep.after, limiter_->When(item));
       if (!hint_limiter_.load(std::memory_order_relaxed)) {
         hint_limiter_.store(true, std::memory_order_relaxed);
       }
     }
     return prep;
+  }
+
+  // How far ahead an add looks, for NowForAddLocked: a counted rate-limited add learns
+  // its delay only under the lock, so it always needs the clock.
+  static absl::Duration ClockNeed(const Prep& prep) {
+    return prep.counted ? absl::InfiniteDuration() : prep.after;
+  }
+
+  // The slot of `item`: found by address when it is the item this queue last handed to
+  // the calling thread (kwq/internal/hand_out_record.h), else looked up; kNone if absent.
+  uint32_t SlotOfLocked(const T& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint32_t slot = LeasedSlotLocked(item);
+    return slot != kNone ? slot : table_.Find(item);
+  }
+  // The same with the item's hash (Table::HashOf) already computed.
+  uint32_t SlotOfLocked(const T& item, uint32_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint32_t slot = LeasedSlotLocked(item);
+    return slot != kNone ? slot : table_.Find(item, hash);
+  }
+  uint32_t LeasedSlotLocked(const T& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint32_t last = hand_outs_.LastSlot();
+    if (last != internal::HandOutRecord::kNone && (table_.state(last) & Table::kLive) &&
+        &table_.item(last) == &item) {
+      return last;
+    }
+    return kNone;
   }
 
   // After a hand-out, once rate-limited adds are in use: names the item that would be
@@ -546,13 +602,20 @@ class PriorityQueue {
   template <typename K>
   bool AddLocked(K&& item, const Prep& prep, int priority, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (shutting_down_) return false;
+    if (shutting_down_) {
+      // A counted failure still counts, as a limiter called with the item would count it.
+      if (prep.counted) {
+        if (const uint32_t known = SlotOfLocked(item, prep.hash); known != kNone) {
+          limiter_->WhenCounted(counts_->Record(known, counts_->Now()));
+        }
+      }
+      return false;
+    }
     if (prep.rate_limited && metrics_) metrics_->OnRetry();
-    const bool immediate = prep.after <= absl::ZeroDuration();
-    const int64_t due = immediate ? 0 : ToKey(now + prep.after);
-    uint32_t slot = table_.Find(item, prep.hash);
+    uint32_t slot = prep.counted ? SlotOfLocked(item, prep.hash) : table_.Find(item, prep.hash);
     if (slot == Table::kNone) {
       slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
+      if (counts_) counts_->Reset(slot);
       if (slot >= info_.size()) info_.resize(table_.slot_limit());
       info_[slot] = SlotInfo{.priority = priority,
                              .group = kNone,
@@ -561,6 +624,12 @@ class PriorityQueue {
                              .group_key = prep.group,
                              .due = 0};
     }
+    absl::Duration after = prep.after;
+    if (prep.counted) {
+      after = std::max(after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now())));
+    }
+    const bool immediate = after <= absl::ZeroDuration();
+    const int64_t due = immediate ? 0 : ToKey(now + after);
     SlotInfo& info = info_[slot];
     const uint8_t state = table_.state(slot);
     if (state & kQueued) {  // waiting with no delay: keep its ready time, raise priority
@@ -853,6 +922,7 @@ class PriorityQueue {
     ++in_flight_;
     if (metrics_) metrics_->OnGet(slot);
     HintNextLocked();
+    if (counts_) hand_outs_.Record(slot);
     return Lease(this, slot, &table_.item(slot), info_[slot].priority);
   }
 
@@ -904,20 +974,32 @@ class PriorityQueue {
     // Erased 16 at a time once that many are over the limit, with their index entries
     // prefetched first so the cache misses overlap (see Queue::EvictLocked).
     constexpr size_t kGroup = 16;
-    if (idle_.size() < kMaxIdle + kGroup) return;
+    if (idle_.size() < std::max(kMaxIdle, idle_floor_) + kGroup) return;
     uint32_t group[kGroup];
     size_t n = 0;
-    while (idle_.size() > kMaxIdle && n < kGroup) {
+    const int64_t now = counts_ ? counts_->Now() : 0;
+    // A key with a failure count that has not lapsed stays: back to the end of the list.
+    // At most 2 * kGroup looks per call, and after a pass that erased nothing the next
+    // waits for a batch more idle keys (idle_floor_), so kept keys are not rescanned on
+    // every Done.
+    for (size_t looked = 0; idle_.size() > kMaxIdle && n < kGroup && looked < 2 * kGroup;
+         ++looked) {
       const uint32_t old = idle_.front();
       idle_.pop_front();
       uint8_t& old_state = table_.state(old);
       old_state &= ~kIdleListed;
       if (!(old_state & (kQueued | kDelayed | kProcessing))) {
+        if (counts_ && counts_->Held(old, now)) {
+          old_state |= kIdleListed;
+          idle_.push_back(old);
+          continue;
+        }
         table_.Prefetch(old);
         group[n++] = old;
       }
     }
     for (size_t i = 0; i < n; ++i) table_.Erase(group[i]);
+    idle_floor_ = n == 0 ? idle_.size() : 0;
   }
 
   // Before a Get sleeps, it polls (without the lock) for a short while, as Queue's.
@@ -1022,6 +1104,11 @@ class PriorityQueue {
   // Set by the first rate-limited add: from then on hand-outs name the next item to the
   // limiter (HintNextLocked). Until then a hand-out pays one relaxed load for it.
   std::atomic<bool> hint_limiter_{false};
+  // With a counting limiter (RateLimiter::Counting): each key's failure count, by slot
+  // (entries are reset when a key is stored and read under mu_); else nullptr. And the
+  // hand-outs to each thread, so a leased item passed back is found by address.
+  std::unique_ptr<internal::FailureCounts> counts_;
+  const internal::HandOutRecord hand_outs_;
   const std::function<uint64_t(const T&)> group_fn_;  // I, may be empty
   const bool aging_;                                  // I: aging is on
   const int64_t aging_ns_;                            // I
@@ -1033,6 +1120,7 @@ class PriorityQueue {
   Table table_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotInfo> info_ ABSL_GUARDED_BY(mu_);  // per slot
   std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);   // kIdleListed slots, oldest first
+  size_t idle_floor_ ABSL_GUARDED_BY(mu_) = 0;       // see KeepIdleLocked
 
   // Ready items: levels_ by priority (level_heap_ holds the non-empty ones, by -priority),
   // each with a ring of groups_, each its items by ready sequence (see Group).

@@ -61,6 +61,7 @@
 #include "kwq/internal/check.h"
 #include "kwq/internal/failure_counts.h"
 #include "kwq/internal/fence.h"
+#include "kwq/internal/hand_out_record.h"
 #include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/key_table.h"
 #include "kwq/internal/lease.h"
@@ -480,9 +481,9 @@ class Queue {
   // without a lock: a handed-out slot number stays below the table's limit, and the
   // directory read by ItemOf never shrinks.
   uint32_t LeasedSlotOf(const T& item) {
-    const HandOut& last = last_hand_out_;
-    if (last.queue_id != id_ || ItemOf(last.slot) != &item) return Table::kNone;
-    return last.slot;
+    const uint32_t slot = hand_outs_.LastSlot();
+    if (slot == internal::HandOutRecord::kNone || ItemOf(slot) != &item) return Table::kNone;
+    return slot;
   }
 
   // For RateLimitingQueue (through DelayingQueue): from now on every hand-out publishes
@@ -776,7 +777,7 @@ class Queue {
       internal::MutexLock lock(&metrics_mu_);
       metrics_->OnGet(slot);
     }
-    if (track_hand_outs_) last_hand_out_ = HandOut{id_, slot};
+    if (track_hand_outs_) hand_outs_.Record(slot);
     return Lease(this, slot, ItemOf(slot));
   }
 
@@ -877,21 +878,10 @@ class Queue {
     if (draining_ > 0 && DrainedLocked()) drained_cv_.SignalAll();
   }
 
-  // The last hand-out to a thread (EnableHandOutTracking), naming the queue by id_: an
-  // address could be a later queue's.
-  struct HandOut {
-    uint64_t queue_id = 0;
-    uint32_t slot = 0;
-  };
-  static inline thread_local HandOut last_hand_out_;
-  static uint64_t NextId() {
-    static std::atomic<uint64_t> next{1};
-    return next.fetch_add(1, std::memory_order_relaxed);
-  }
-
   const Options options_;
-  const int max_pollers_;         // Gets that may poll at length at once (Spin), >= 1
-  const uint64_t id_ = NextId();  // unique among the queues of this process
+  const int max_pollers_;  // Gets that may poll at length at once (Spin), >= 1
+  // Hand-outs to each thread (EnableHandOutTracking), for LeasedSlotOf.
+  const internal::HandOutRecord hand_outs_;
   // Per-key failure counts (EnableFailureCounts), or nullptr; set before the queue is
   // shared, then only read (here, on a line nobody writes: the producer reads it on
   // every insert).
