@@ -12,7 +12,15 @@ FailureCounts::FailureCounts(absl::Duration idle_horizon, Clock* clock)
                       : absl::ToInt64Nanoseconds(idle_horizon)) {}
 
 void FailureCounts::Reset(uint32_t slot) {
-  const size_t chunk = slot / kChunk;
+  Reserve(slot + 1);
+  Entry& e = At(slot);
+  e.failures.store(0, std::memory_order_relaxed);
+  e.last.store(0, std::memory_order_relaxed);
+}
+
+void FailureCounts::Reserve(uint32_t limit) {
+  if (limit == 0) return;
+  const size_t chunk = (limit - 1) / kChunk;
   while (chunks_.size() <= chunk) {
     const size_t n = chunks_.size();
     chunks_.push_back(std::make_unique<Entry[]>(kChunk));
@@ -27,9 +35,6 @@ void FailureCounts::Reset(uint32_t slot) {
       dirs_.back()[n] = chunks_[n].get();
     }
   }
-  Entry& e = At(slot);
-  e.failures.store(0, std::memory_order_relaxed);
-  e.last.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace kwq::internal

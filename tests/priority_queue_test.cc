@@ -333,6 +333,20 @@ TEST_F(PriorityQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
   EXPECT_EQ(q->NumRequeues("a"), 1);
 }
 
+// The counts start with the first rate-limited add (a queue that never rate-limits keeps
+// none), covering keys stored before it.
+TEST_F(PriorityQueueTest, CountingStartsAtTheFirstRateLimitedAdd) {
+  for (int i = 0; i < 10000; ++i) q_->Add(absl::StrCat("k", i));
+  EXPECT_EQ(q_->NumRequeues("k9000"), 0);
+  q_->Forget("k9000");          // nothing counted yet: a no-op
+  q_->AddRateLimited("k9000");  // already queued: merges, and counts
+  q_->AddRateLimited("new");
+  EXPECT_EQ(q_->NumRequeues("k9000"), 1);
+  EXPECT_EQ(q_->NumRequeues("new"), 1);
+  EXPECT_EQ(q_->NumRequeues("k1"), 0);
+  EXPECT_EQ(q_->rate_limiter().TrackedItems(), 0u);
+}
+
 // ---- in flight ----
 
 TEST_F(PriorityQueueTest, AddWhileProcessingIsQueuedOnceAtDoneWithLargestPriority) {

@@ -22,9 +22,14 @@ class RateLimitingQueueTest : public ::testing::Test {
   FakeClock clock_;
   std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock_});
 
-  std::unique_ptr<RateLimiter<std::string>> Exponential() {
-    return std::move(*ExponentialFailureRateLimiter<std::string>::Create(
-        {.base = absl::Milliseconds(10), .max = absl::Seconds(1), .clock = &clock_}));
+  // ExponentialFailure(10 ms, 1 s) on clock_, with the default idle horizon or `horizon`.
+  std::unique_ptr<RateLimiter<std::string>> Exponential(
+      std::optional<absl::Duration> horizon = std::nullopt) {
+    return std::move(
+        *ExponentialFailureRateLimiter<std::string>::Create({.base = absl::Milliseconds(10),
+                                                             .max = absl::Seconds(1),
+                                                             .clock = &clock_,
+                                                             .idle_horizon = horizon}));
   }
 };
 
@@ -115,11 +120,7 @@ TEST_F(RateLimitingQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
 }
 
 TEST_F(RateLimitingQueueTest, QueueKeptCountsLapseAfterTheIdleHorizon) {
-  RateLimitingQueue<std::string> q(std::move(*ExponentialFailureRateLimiter<std::string>::Create(
-                                       {.base = absl::Milliseconds(10),
-                                        .max = absl::Seconds(1),
-                                        .clock = &clock_,
-                                        .idle_horizon = absl::Seconds(10)})),
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
                                    {.clock = &clock_, .timers = timers_.get()});
   q.AddRateLimited("a");
   q.AddRateLimited("a");  // still waiting: the earlier ready time stays
@@ -188,11 +189,7 @@ TEST_F(RateLimitingQueueTest, TheLeasedItemPassedBackIsNotHashed) {
 // A lapsed count is gone for good, as the limiter's table erases a lapsed entry: moving
 // the clock back does not revive it.
 TEST_F(RateLimitingQueueTest, ALapsedCountStaysGoneWhenTheClockMovesBack) {
-  RateLimitingQueue<std::string> q(std::move(*ExponentialFailureRateLimiter<std::string>::Create(
-                                       {.base = absl::Milliseconds(10),
-                                        .max = absl::Seconds(1),
-                                        .clock = &clock_,
-                                        .idle_horizon = absl::Seconds(10)})),
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
                                    {.clock = &clock_, .timers = timers_.get()});
   const absl::Time t0 = clock_.Now();
   q.AddRateLimited("a");

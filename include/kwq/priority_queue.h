@@ -289,11 +289,12 @@ class PriorityQueue {
   // Does not touch a waiting entry of the item. With a counting limiter the queue keeps
   // the counts (as RateLimitingQueue does, see kwq/rate_limiting_queue.h).
   void Forget(const T& item) {
-    if (!counts_) {
+    if (!Counted()) {
       limiter_->Forget(item);
       return;
     }
     internal::MutexLock lock(&mu_);
+    if (!counts_) return;  // nothing counted yet
     const uint32_t slot = SlotOfLocked(item);
     if (slot != kNone) counts_->Forget(slot);
   }
@@ -304,8 +305,9 @@ class PriorityQueue {
   // The rate limiter's NumRequeues: failures recorded for `item` since its last Forget
   // (saturates at INT_MAX).
   int NumRequeues(const T& item) {
-    if (!counts_) return limiter_->NumRequeues(item);
+    if (!Counted()) return limiter_->NumRequeues(item);
     internal::MutexLock lock(&mu_);
+    if (!counts_) return 0;  // nothing counted yet
     const uint32_t slot = SlotOfLocked(item);
     if (slot == kNone) return 0;
     return static_cast<int>(
@@ -514,14 +516,11 @@ class PriorityQueue {
   PriorityQueue(Options options, Clock* clock)
       : clock_(clock),
         limiter_(std::move(options.rate_limiter)),
+        counting_(limiter_->Counting()),
         group_fn_(std::move(options.group)),
         aging_(options.aging != absl::InfiniteDuration()),
         aging_ns_(absl::ToInt64Nanoseconds(options.aging)),
         timers_(options.timers) {
-    const typename Limiter::FailureCounting counting = limiter_->Counting();
-    if (counting.by_count && counting.reports_count && counting.clock != nullptr) {
-      counts_ = std::make_unique<internal::FailureCounts>(counting.idle_horizon, counting.clock);
-    }
     if (options.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
           options.metrics, options.name, options.clock, options.timers, &mu_);
@@ -540,7 +539,7 @@ class PriorityQueue {
 
   Prep Prepare(const T& item, const AddOpts& opts) {
     Prep prep{Table::HashOf(item), group_fn_ ? group_fn_(item) : 0, opts.after, opts.rate_limited,
-              opts.rate_limited && counts_ != nullptr};
+              opts.rate_limited && Counted()};
     if (opts.rate_limited && !prep.counted) {
       prep.after = std::max(prep.after, limiter_->When(item));
       if (!hint_limiter_.load(std::memory_order_relaxed)) {
@@ -548,6 +547,18 @@ class PriorityQueue {
       }
     }
     return prep;
+  }
+
+  // Whether the queue keeps the failure counts (the limiter counts by failure number).
+  bool Counted() const {
+    return counting_.by_count && counting_.reports_count && counting_.clock != nullptr;
+  }
+
+  // Starts keeping failure counts, at the first counted rate-limited add (a queue that
+  // never rate-limits pays nothing for them).
+  void StartCountingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    counts_ = std::make_unique<internal::FailureCounts>(counting_.idle_horizon, counting_.clock);
+    counts_->Reserve(table_.slot_limit());
   }
 
   // How far ahead an add looks, for NowForAddLocked: a counted rate-limited add learns
@@ -604,7 +615,7 @@ class PriorityQueue {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) {
       // A counted failure still counts, as a limiter called with the item would count it.
-      if (prep.counted) {
+      if (prep.counted && counts_) {
         if (const uint32_t known = SlotOfLocked(item, prep.hash); known != kNone) {
           limiter_->WhenCounted(counts_->Record(known, counts_->Now()));
         }
@@ -626,6 +637,7 @@ class PriorityQueue {
     }
     absl::Duration after = prep.after;
     if (prep.counted) {
+      if (!counts_) StartCountingLocked();
       after = std::max(after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now())));
     }
     const bool immediate = after <= absl::ZeroDuration();
@@ -1104,10 +1116,11 @@ class PriorityQueue {
   // Set by the first rate-limited add: from then on hand-outs name the next item to the
   // limiter (HintNextLocked). Until then a hand-out pays one relaxed load for it.
   std::atomic<bool> hint_limiter_{false};
-  // With a counting limiter (RateLimiter::Counting): each key's failure count, by slot
-  // (entries are reset when a key is stored and read under mu_); else nullptr. And the
-  // hand-outs to each thread, so a leased item passed back is found by address.
-  std::unique_ptr<internal::FailureCounts> counts_;
+  const typename Limiter::FailureCounting counting_;  // I: limiter_->Counting()
+  // With a counting limiter (Counted()), from the first rate-limited add on: each key's
+  // failure count, by slot (reset when a key is stored); else nullptr. And the hand-outs
+  // to each thread, so a leased item passed back is found by address.
+  std::unique_ptr<internal::FailureCounts> counts_ ABSL_GUARDED_BY(mu_);
   const internal::HandOutRecord hand_outs_;
   const std::function<uint64_t(const T&)> group_fn_;  // I, may be empty
   const bool aging_;                                  // I: aging is on

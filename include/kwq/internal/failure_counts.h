@@ -42,6 +42,10 @@ class FailureCounts {
   // Clears `slot`, making room for it (a key was just stored there). Under the lock.
   void Reset(uint32_t slot);
 
+  // Makes room for every slot below `limit` (zero counts), for an owner that starts
+  // counting after keys were stored. Under the lock.
+  void Reserve(uint32_t limit);
+
   // The failures recorded for `slot` since its last Forget; 0 once idle past the horizon
   // (then `*lapsed`, if given, is set: a caller holding the lock should Forget the count,
   // as the limiter's table erases a lapsed entry, so that a clock moved back later does
