@@ -908,14 +908,6 @@ class Queue {
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t aborts_ ABSL_GUARDED_BY(mu_) = 0;  // ShutDown() calls: each ends the drains waiting
-  // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number (last
-  // in this group, so that a plain Queue's fields keep their lines).
-  internal::IndexedHeap waiting_ ABSL_GUARDED_BY(mu_);
-  std::atomic<int64_t> delayed_{0};  // waiting_.size(), written under mu_
-  // With failure counts: the idle estimate at which the last eviction pass found nothing
-  // to erase (idle keys with live counts stay), else 0. Eviction waits until idle keys
-  // exceed it by a batch, instead of rescanning the same kept keys. Written under mu_.
-  std::atomic<int64_t> evict_floor_{0};
 
   // Read by polling workers; written only when the ring overflows.
   alignas(64) std::atomic<size_t> overflow_hint_{0};  // overflow_.size(), written under mu_
@@ -952,6 +944,17 @@ class Queue {
   // Guards the recorder's per-slot data; taken last. Its methods are called under it.
   alignas(64) internal::Mutex metrics_mu_;
   std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
+
+  // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number. A
+  // group of their own, after the hot ones: added to the producer's group they moved every
+  // later field by a line, which changes which lines the CPU's adjacent-line prefetcher
+  // pairs (pc_2w and fifo_1t measured a few ns worse).
+  alignas(64) internal::IndexedHeap waiting_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> delayed_{0};  // waiting_.size(), written under mu_
+  // With failure counts: the idle estimate at which the last eviction pass found nothing
+  // to erase (idle keys with live counts stay), else 0. Eviction waits until idle keys
+  // exceed it by a batch, instead of rescanning the same kept keys. Written under mu_.
+  std::atomic<int64_t> evict_floor_{0};
 };
 
 }  // namespace kwq
