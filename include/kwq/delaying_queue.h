@@ -203,7 +203,7 @@ class DelayingQueue {
         slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
         if (slot == Table::kNone) return;
       }
-      const absl::Duration delay = delay_for(counts.Record(slot, counts.Now()));
+      const absl::Duration delay = delay_for(counts.Record(slot, counts.NowGiven(clock_, now)));
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
       } else if (queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay))) {
