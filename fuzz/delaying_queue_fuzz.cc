@@ -1,7 +1,7 @@
-// Fuzzer for DelayingQueue<int> on a FakeClock: random Add / AddAfter / CancelAfter /
-// TryGet / Done / clock moves. When due items become ready depends on the timer's
-// coalescing, and a delayed add merges into a waiting entry (earliest ready time wins),
-// so rather than model the order it checks what holds whatever the timing:
+// Fuzzer for DelayingQueue<int> on a FakeClock: random Add / AddAfter (of a key, or of a
+// leased item passed back) / CancelAfter / TryGet / Done / clock moves. When due items become ready
+// depends on the timer's coalescing, and a delayed add merges into a waiting entry (earliest ready
+// time wins), so rather than model the order it checks what holds whatever the timing:
 //   - a key is never handed out while its previous lease is active;
 //   - nothing is lost: every add is owed a hand-out after it; a successful CancelAfter
 //     releases what delayed adds of the key were owed; a plain add of a waiting key
@@ -10,6 +10,7 @@
 // (Ready-time exactness is pinned by tests/delaying_queue_test.cc on exact scenarios.)
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -33,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i + 2 < size; i += 3) {
     const int key = data[i + 1] % 12;
     const int arg = data[i + 2];
-    switch (data[i] % 7) {
+    switch (data[i] % 8) {
       case 0:
         q.Add(key);
         owed_plain.insert(key);
@@ -60,6 +61,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
+        break;
+      case 7:
+        // A retry of an item being processed, passed back as the leased object (the last
+        // hand-out's is found by its address, the others by value).
+        if (!leases.empty()) {
+          const auto it = std::next(leases.begin(), arg % leases.size());
+          const absl::Duration d = absl::Milliseconds(key % 3 == 0 ? 0 : arg % 40);
+          q.AddAfter(it->second.item(), d);
+          (d <= absl::ZeroDuration() ? owed_plain : owed_delayed).insert(it->first);
+        }
         break;
     }
   }
