@@ -44,7 +44,7 @@ fuzz: setup
 	  -DKWQ_SANITIZE=address,undefined -DKWQ_FUZZ=ON -DKWQ_BUILD_TESTS=OFF -DKWQ_BUILD_BENCHMARKS=OFF \
 	  -DKWQ_BUILD_TOOLS=OFF >/dev/null
 	cmake --build build/fuzz -j$(JOBS)
-	for f in queue_fuzz context_fuzz delaying_queue_fuzz rate_limiter_fuzz workqueue_fuzz priority_sharded_fuzz; do \
+	for f in queue_fuzz context_fuzz delaying_queue_fuzz rate_limiter_fuzz rate_limiting_queue_fuzz workqueue_fuzz priority_sharded_fuzz; do \
 	  mkdir -p build/fuzz/corpus/$$f && \
 	  if ./build/fuzz/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	      build/fuzz/corpus/$$f fuzz/corpus/$$f > build/fuzz/$$f.log 2>&1; then \

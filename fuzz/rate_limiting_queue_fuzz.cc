@@ -1,0 +1,122 @@
+// Fuzzer for RateLimitingQueue<int> with ExponentialFailure(1 ms, 64 ms, idle horizon
+// 30 ms) on a FakeClock. The queue keeps the failure counts beside its keys (the limiter
+// counts by failure number), so this checks them against a model: random Add /
+// AddRateLimited and Forget (of a key, or of a leased item passed back, found by address)
+// / NumRequeues / TryGet / Done / clock moves / a churn of thousands of other keys (idle
+// keys are then evicted around the counted ones). Checks:
+//   - NumRequeues is the model's count: failures since the last Forget, 0 once none was
+//     added for longer than the horizon;
+//   - a key is never handed out while its previous lease is active;
+//   - nothing is lost: once every delay has passed and the queue is drained, every key
+//     added or retried since its last hand-out has been handed out.
+
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <set>
+
+#include "fuzz_check.h"
+#include "kwq/rate_limiting_queue.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  constexpr absl::Duration kHorizon = absl::Milliseconds(30);
+  constexpr int kChurnBase = 1000;  // churn keys are >= this; the fuzzed ones below 12
+  kwq::FakeClock clock;
+  auto timers = *kwq::TimerService::Create({.clock = &clock});
+  auto limiter = *kwq::ExponentialFailureRateLimiter<int>::Create({.base = absl::Milliseconds(1),
+                                                                   .max = absl::Milliseconds(64),
+                                                                   .clock = &clock,
+                                                                   .idle_horizon = kHorizon});
+  kwq::RateLimitingQueue<int> q(std::move(limiter), {.clock = &clock, .timers = timers.get()});
+
+  struct Count {
+    int64_t failures = 0;
+    absl::Time last;
+  };
+  std::map<int, Count> model;
+  auto failures = [&](int k) -> int64_t {
+    auto it = model.find(k);
+    if (it == model.end() || clock.Now() - it->second.last > kHorizon) return 0;
+    return it->second.failures;
+  };
+  std::set<int> owed;  // added or retried since their last hand-out
+  std::map<int, kwq::RateLimitingQueue<int>::Lease> leases;
+  auto handed_out = [&](int k) {
+    FUZZ_CHECK(!leases.count(k));  // never two leases of one key
+    owed.erase(k);
+  };
+
+  for (size_t i = 0; i + 2 < size; i += 3) {
+    const int key = data[i + 1] % 12;
+    const int arg = data[i + 2];
+    // With arg odd and a lease active, the operation passes that lease's item back.
+    const int* leased = nullptr;
+    if (arg % 2 == 1 && !leases.empty()) {
+      leased = &std::next(leases.begin(), (arg / 2) % leases.size())->second.item();
+    }
+    const int k = leased != nullptr ? *leased : key;
+    switch (data[i] % 8) {
+      case 0:
+        q.Add(key);
+        owed.insert(key);
+        break;
+      case 1:
+      case 2: {
+        const int64_t before = failures(k);
+        if (leased != nullptr) {
+          q.AddRateLimited(*leased);
+        } else {
+          q.AddRateLimited(k);
+        }
+        model[k] = Count{before + 1, clock.Now()};
+        owed.insert(k);
+        break;
+      }
+      case 3:
+        if (leased != nullptr) {
+          q.Forget(*leased);
+        } else {
+          q.Forget(k);
+        }
+        if (model.count(k)) model[k].failures = 0;
+        break;
+      case 4:
+        FUZZ_CHECK(q.NumRequeues(leased != nullptr ? *leased : k) == failures(k));
+        if (auto lease = q.TryGet()) {
+          const int got = **lease;
+          handed_out(got);
+          leases.emplace(got, std::move(*lease));
+        }
+        break;
+      case 5:
+        if (!leases.empty()) leases.erase(std::next(leases.begin(), arg % leases.size()));
+        break;
+      case 6:
+        clock.Advance(absl::Milliseconds(arg % 25));
+        break;
+      case 7:
+        if (arg < 250) {
+          FUZZ_CHECK(q.NumRequeues(k) == failures(k));
+          break;
+        }
+        // Churn: thousands of keys through the queue, so idle keys are evicted.
+        for (int c = 0; c < 5000; ++c) q.Add(kChurnBase + c);
+        while (auto lease = q.TryGet()) {
+          if (**lease < kChurnBase) handed_out(**lease);  // a fuzzed key: Done at once
+        }
+        for (int f = 0; f < 12; ++f) FUZZ_CHECK(q.NumRequeues(f) == failures(f));
+        break;
+    }
+  }
+  leases.clear();
+  clock.Advance(absl::Seconds(1));
+  for (int n = 0; n < 10000; ++n) {
+    auto lease = q.TryGet();
+    if (!lease) break;
+    if (**lease < kChurnBase) handed_out(**lease);
+  }
+  FUZZ_CHECK(owed.empty());
+  FUZZ_CHECK(q.Waiting() == 0);
+  FUZZ_CHECK(q.Len() == 0);
+  return 0;
+}
