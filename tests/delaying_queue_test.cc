@@ -262,6 +262,27 @@ TEST_F(DelayingQueueTest, WaitingItemsSurviveIdleKeyEviction) {
   EXPECT_EQ(ready, want);
 }
 
+// A delayed add moves up to two already due items along the way (a reconcile loop's
+// retries then move its own due retries rather than wait for the timer thread). The
+// timers here run on a clock that never moves, so only the adds can move anything.
+TEST(DelayingQueuePiggybackTest, DelayedAddMovesDueItemsAlongTheWay) {
+  FakeClock clock;
+  FakeClock frozen;
+  auto timers = *TimerService::Create({.clock = &frozen});
+  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+  for (const char* key : {"a", "b", "c"}) q.AddAfter(key, absl::Seconds(1));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(q.Len(), 0u);  // due, but nothing has moved them
+  q.AddAfter("d", absl::Seconds(1));
+  EXPECT_EQ(q.Len(), 2u);  // "a" and "b", in ready-time order
+  EXPECT_EQ(q.Waiting(), 2u);
+  q.AddAfter("d", absl::Seconds(5));  // changes nothing about "d", still moves "c"
+  EXPECT_EQ(q.Len(), 3u);
+  std::vector<std::string> order;
+  while (auto lease = q.TryGet()) order.push_back(lease->item());
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "c"}));
+}
+
 TEST(DelayingQueueRealTest, AddAfterFromManyThreadsLosesNothing) {
   DelayingQueue<int> q;
   constexpr int kThreads = 4, kPerThread = 500;

@@ -24,7 +24,9 @@
 //     itself (one batch of up to 16; the timer, due by then, moves the rest), also while
 //     it polls before sleeping (reading the next ready time without the lock); one that
 //     has to block first re-arms the timer for the exact next ready time (coalescing is
-//     only for when no worker waits).
+//     only for when no worker waits). Every AddAfter (and AddRateLimited) also moves up
+//     to two due items along the way, so a reconcile loop's retries move its own due
+//     retries.
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
 //
 // Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)
@@ -89,7 +91,8 @@ class DelayingQueue {
       Add(std::forward<K>(item));
       return;
     }
-    const int64_t ready = ToKey(clock_->Now() + delay);
+    const absl::Time now = clock_->Now();
+    const int64_t ready = ToKey(now + delay);
     const uint32_t slot = LeasedSlotOf(item);
     const uint32_t hash = slot == Table::kNone ? Table::HashOf(item) : 0;  // outside the lock
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
@@ -98,9 +101,9 @@ class DelayingQueue {
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
                              : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
-    if (!changed) return;
-    ArmLocked();
-    PublishLocked();
+    const bool promoted = PromoteSomeLocked(now);
+    if (changed) ArmLocked();
+    if (changed || promoted) PublishLocked();
   }
 
   // Removes `item`'s waiting entry. Returns true when there was one.
@@ -206,9 +209,11 @@ class DelayingQueue {
       const absl::Duration delay = delay_for(counts.Record(slot, counts.NowGiven(clock_, now)));
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
-      } else if (queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay))) {
-        ArmLocked();
-        PublishLocked();
+      } else {
+        const bool changed = queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay));
+        const bool promoted = PromoteSomeLocked(now);
+        if (changed) ArmLocked();
+        if (changed || promoted) PublishLocked();
       }
     }
     if (wake) queue_.ready_cv_.Signal();
@@ -257,6 +262,18 @@ class DelayingQueue {
   static absl::Time FromKey(int64_t key) {
     if (key == kNever) return absl::InfiniteFuture();
     return absl::FromUnixNanos(key);
+  }
+
+  // A delayed add also queues up to kPiggyback waiting items that are already due at `now`
+  // (the clock was read anyway). A thread that keeps adding delayed items (a reconcile
+  // loop retrying) then moves its own due retries, whose state lines are in its cache,
+  // instead of the timer thread pulling each line across while it holds the lock the
+  // adder waits for. Returns true when it moved any.
+  bool PromoteSomeLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    const int64_t now_key = ToKey(now);
+    if (heap().empty() || heap().TopKey() > now_key) return false;
+    bool more;
+    return queue_.PromoteDueLocked(now_key, kPiggyback, &more) > 0;
   }
 
   // Queue::LeasedSlotOf for a key of type T (an item of another type names no slot).
@@ -412,6 +429,8 @@ class DelayingQueue {
   // microseconds); in `delay` the producer then slept 200-400 times in 45 ms of adds
   // and paid a wake-up each time (docs/design.md).
   static constexpr absl::Duration kAddSpin = absl::Microseconds(25);
+  // Due items a delayed add moves along the way (PromoteSomeLocked).
+  static constexpr size_t kPiggyback = 2;
   // A polling Get reads the clock every this many polls (each poll is a pause).
   static constexpr int kDueCheckEvery = 8;
 
