@@ -416,12 +416,26 @@ class Queue {
         break;
       }
       const uint32_t slot = waiting_.TopId();
-      RemoveWaitingLocked(slot);
+      waiting_.Pop();
       ++taken;
+      if (metrics_) metrics_->OnDelayed(-1);
+      if (shutting_down_) {
+        State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+        continue;
+      }
+      // One read-modify-write ends the wait and marks the item dirty (workers change the
+      // other bits meanwhile, hence the loop).
+      uint8_t old = State(slot).load(std::memory_order_relaxed);
+      while (!State(slot).compare_exchange_weak(
+          old, static_cast<uint8_t>((old & ~kWaiting) | kDirty), std::memory_order_acq_rel,
+          std::memory_order_relaxed)) {
+      }
+      if (old & kDirty) continue;  // already waiting to run: merges, as an Add would
       bool pushed = false;
-      MarkDirtyLocked(slot, /*fresh=*/false, &pushed);
+      QueueMarkedLocked(slot, old, &pushed);
       pushed_any |= pushed;
     }
+    if (taken > 0) delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
     if (pushed_any && waiters_ > signaled_) {
       signaled_ = waiters_;
       PublishSleepersLocked();
@@ -718,6 +732,13 @@ class Queue {
         RemoveWaitingLocked(slot);
       if (old & kDirty) return false;
     }
+    return QueueMarkedLocked(slot, old, pushed);
+  }
+
+  // The rest of an add once `slot` is marked dirty (its state was `old`, not dirty):
+  // counts it and, unless a lease is active (its Done will), queues it. Returns true.
+  bool QueueMarkedLocked(uint32_t slot, uint8_t old, bool* pushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     added_.store(added_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (!(old & kProcessing)) {
       PushLocked(slot);
