@@ -101,9 +101,7 @@ class DelayingQueue {
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
                              : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
-    const bool promoted = PromoteSomeLocked(now);
-    if (changed) ArmLocked();
-    if (changed || promoted) PublishLocked();
+    AfterWaitingLocked(changed, now);
   }
 
   // Removes `item`'s waiting entry. Returns true when there was one.
@@ -210,10 +208,7 @@ class DelayingQueue {
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
       } else {
-        const bool changed = queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay));
-        const bool promoted = PromoteSomeLocked(now);
-        if (changed) ArmLocked();
-        if (changed || promoted) PublishLocked();
+        AfterWaitingLocked(queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay)), now);
       }
     }
     if (wake) queue_.ready_cv_.Signal();
@@ -274,6 +269,14 @@ class DelayingQueue {
     if (heap().empty() || heap().TopKey() > now_key) return false;
     bool more;
     return queue_.PromoteDueLocked(now_key, kPiggyback, &more) > 0;
+  }
+
+  // After a delayed add made (`changed`) or kept an item's waiting entry at `now`: moves
+  // due items along the way, re-arms the timer for a new entry and republishes the hints.
+  void AfterWaitingLocked(bool changed, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    const bool promoted = PromoteSomeLocked(now);
+    if (changed) ArmLocked();
+    if (changed || promoted) PublishLocked();
   }
 
   // Queue::LeasedSlotOf for a key of type T (an item of another type names no slot).
