@@ -67,8 +67,9 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
     }
   }
 
-  // DelayingQueue's Get, TryGet and Get(ctx). Each hand-out also names the item next in
-  // line to the limiter (RateLimiter::Prefetch), so that with a large failure table the
+  // DelayingQueue's Get, TryGet and Get(ctx). With a limiter that keeps its own counts
+  // (not counting, see above), each hand-out also names the item next in line to the
+  // limiter (RateLimiter::Prefetch), so that with a large failure table the
   // NumRequeues/When/Forget for that item finds its entry in the cache.
   std::optional<Lease> Get() { return WithPrefetch(Base::Get()); }
   std::optional<Lease> TryGet() { return WithPrefetch(Base::TryGet()); }
