@@ -22,7 +22,8 @@
 //   - Get returns a move-only Lease whose destructor calls Done, so a forgotten Done
 //     cannot hang a drain.
 //   - Each key is stored once: the three sets of client-go (queue, dirty, processing) are
-//     state bits beside one copy of the key (see kwq/internal/key_table.h).
+//     state bits beside one copy of the key (see kwq/internal/key_table.h), and so are a
+//     DelayingQueue's waiting items and a RateLimitingQueue's failure counts.
 //
 // Thread safety: every member may be called from any thread. A Lease must not outlive its
 // queue, and no call may be in progress when it is destroyed: after ShutDownWithDrain
