@@ -16,6 +16,7 @@
 
 #include "fuzz_check.h"
 #include "kwq/delaying_queue.h"
+#include "leases.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kwq::FakeClock clock;
@@ -23,10 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kwq::DelayingQueue<int> q({.clock = &clock, .timers = timers.get()});
   std::set<int> owed_plain;    // keys added without delay, not handed out since
   std::set<int> owed_delayed;  // keys added with a delay, not handed out since
-  std::map<int, kwq::DelayingQueue<int>::Lease> leases;
+  Leases<kwq::DelayingQueue<int>::Lease> leases;
 
   auto handed_out = [&](int k) {
-    FUZZ_CHECK(!leases.count(k));  // never two leases of one key
+    leases.CheckNotLeased(k);  // never two leases of one key
     owed_plain.erase(k);
     owed_delayed.erase(k);
   };
@@ -51,13 +52,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 4:
         if (auto lease = q.TryGet()) {
-          const int k = **lease;
-          handed_out(k);
-          leases.emplace(k, std::move(*lease));
+          handed_out(**lease);
+          leases.Keep(std::move(*lease));
         }
         break;
       case 5:
-        if (!leases.empty()) leases.erase(std::next(leases.begin(), arg % leases.size()));
+        leases.DoneOne(arg);
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
@@ -65,16 +65,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 7:
         // A retry of an item being processed, passed back as the leased object (the last
         // hand-out's is found by its address, the others by value).
-        if (!leases.empty()) {
-          const auto it = std::next(leases.begin(), arg % leases.size());
+        if (const auto* lease = leases.Pick(arg)) {
           const absl::Duration d = absl::Milliseconds(key % 3 == 0 ? 0 : arg % 40);
-          q.AddAfter(it->second.item(), d);
-          (d <= absl::ZeroDuration() ? owed_plain : owed_delayed).insert(it->first);
+          q.AddAfter(lease->item(), d);
+          (d <= absl::ZeroDuration() ? owed_plain : owed_delayed).insert(lease->item());
         }
         break;
     }
   }
-  leases.clear();
+  leases.Clear();
   clock.Advance(absl::Seconds(1));
   for (int n = 0; n < 1000; ++n) {
     auto lease = q.TryGet();

@@ -17,6 +17,7 @@
 
 #include "fuzz_check.h"
 #include "kwq/rate_limiting_queue.h"
+#include "leases.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr absl::Duration kHorizon = absl::Milliseconds(30);
@@ -40,9 +41,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return it->second.failures;
   };
   std::set<int> owed;  // added or retried since their last hand-out
-  std::map<int, kwq::RateLimitingQueue<int>::Lease> leases;
+  Leases<kwq::RateLimitingQueue<int>::Lease> leases;
   auto handed_out = [&](int k) {
-    FUZZ_CHECK(!leases.count(k));  // never two leases of one key
+    leases.CheckNotLeased(k);  // never two leases of one key
     owed.erase(k);
   };
 
@@ -51,8 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int arg = data[i + 2];
     // With arg odd and a lease active, the operation passes that lease's item back.
     const int* leased = nullptr;
-    if (arg % 2 == 1 && !leases.empty()) {
-      leased = &std::next(leases.begin(), (arg / 2) % leases.size())->second.item();
+    if (arg % 2 == 1) {
+      if (const auto* lease = leases.Pick(arg / 2)) leased = &lease->item();
     }
     const int k = leased != nullptr ? *leased : key;
     switch (data[i] % 8) {
@@ -83,13 +84,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 4:
         FUZZ_CHECK(q.NumRequeues(leased != nullptr ? *leased : k) == failures(k));
         if (auto lease = q.TryGet()) {
-          const int got = **lease;
-          handed_out(got);
-          leases.emplace(got, std::move(*lease));
+          handed_out(**lease);
+          leases.Keep(std::move(*lease));
         }
         break;
       case 5:
-        if (!leases.empty()) leases.erase(std::next(leases.begin(), arg % leases.size()));
+        leases.DoneOne(arg);
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
     }
   }
-  leases.clear();
+  leases.Clear();
   clock.Advance(absl::Seconds(1));
   for (int n = 0; n < 10000; ++n) {
     auto lease = q.TryGet();
