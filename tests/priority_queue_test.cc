@@ -24,6 +24,16 @@
 #include "testing/recording_metrics.h"
 
 namespace kwq {
+
+// Tests' access to the number of keys a PriorityQueue stores.
+struct internal::QueuePeer {
+  template <typename Q>
+  static size_t StoredKeys(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.table_.size();
+  }
+};
+
 namespace {
 
 using PQ = PriorityQueue<std::string>;
@@ -335,6 +345,33 @@ TEST_F(PriorityQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
 
 // The counts start with the first rate-limited add (a queue that never rate-limits keeps
 // none), covering keys stored before it.
+// As RateLimitingQueue's (SEMANTICS.md: a caller that never Forgets does not leak): keys
+// that failed and went idle stay while their counts are live and go once they lapse.
+TEST_F(PriorityQueueTest, KeysWhoseCountsLapsedAreEvicted) {
+  constexpr int kFailed = 20000;
+  PQ::Options options = Opts();
+  options.rate_limiter =
+      *ExponentialFailureRateLimiter<std::string>::Create({.base = absl::Milliseconds(10),
+                                                           .max = absl::Seconds(1),
+                                                           .clock = &clock_,
+                                                           .idle_horizon = absl::Seconds(10)});
+  auto q = Make(std::move(options));
+  for (int i = 0; i < kFailed; ++i) q->AddRateLimited(absl::StrCat("failed-", i));
+  clock_.Advance(absl::Milliseconds(10));
+  auto churn = [&q](int round) {  // 5,000 keys through the queue, idle afterwards
+    for (int i = 0; i < 5000; ++i) q->Add(absl::StrCat("churn-", round, "-", i));
+    while (q->TryGet().has_value()) {
+    }
+  };
+  churn(0);  // also hands out the failed keys (Done, no Forget)
+  churn(1);
+  EXPECT_GE(internal::QueuePeer::StoredKeys(*q), static_cast<size_t>(kFailed));
+  clock_.Advance(absl::Seconds(11));
+  for (int round = 2; round < 8; ++round) churn(round);
+  EXPECT_LT(internal::QueuePeer::StoredKeys(*q), 6000u);
+  EXPECT_EQ(q->NumRequeues("failed-0"), 0);
+}
+
 TEST_F(PriorityQueueTest, CountingStartsAtTheFirstRateLimitedAdd) {
   for (int i = 0; i < 10000; ++i) q_->Add(absl::StrCat("k", i));
   EXPECT_EQ(q_->NumRequeues("k9000"), 0);

@@ -15,6 +15,15 @@
 #include "testing/recording_metrics.h"
 
 namespace kwq {
+
+// Tests' access to the number of keys a delaying queue stores (its Queue's table).
+struct internal::QueuePeer {
+  template <typename T, typename H, typename E>
+  static int64_t StoredKeys(DelayingQueue<T, H, E>& q) {
+    return q.queue_.stored_.load();
+  }
+};
+
 namespace {
 
 class RateLimitingQueueTest : public ::testing::Test {
@@ -209,6 +218,31 @@ TEST_F(RateLimitingQueueTest, AddRateLimitedAfterShutDownStillCounts) {
   EXPECT_EQ(q.NumRequeues("a"), 2);
   EXPECT_EQ(q.Waiting(), 0u);
   EXPECT_FALSE(q.TryGet().has_value());
+}
+
+// SEMANTICS.md: the failure table is bounded, entries "may be evicted once idle longer
+// than a configurable horizon, so a caller that never Forgets does not leak". With the
+// counts beside the keys: keys that failed and went idle without a Forget stay while
+// their counts are live, and are evicted once the counts lapse.
+TEST_F(RateLimitingQueueTest, KeysWhoseCountsLapsedAreEvicted) {
+  constexpr int kFailed = 20000;
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  for (int i = 0; i < kFailed; ++i) q.AddRateLimited(absl::StrCat("failed-", i));
+  clock_.Advance(absl::Milliseconds(10));
+  auto churn = [&q](int round) {  // 5,000 keys through the queue, idle afterwards
+    for (int i = 0; i < 5000; ++i) q.Add(absl::StrCat("churn-", round, "-", i));
+    while (q.TryGet().has_value()) {
+    }
+  };
+  churn(0);  // also hands out the failed keys (Done, no Forget)
+  churn(1);
+  EXPECT_GE(internal::QueuePeer::StoredKeys(q), kFailed);  // counts live: kept
+  clock_.Advance(absl::Seconds(11));
+  churn(2);
+  churn(3);
+  EXPECT_LT(internal::QueuePeer::StoredKeys(q), 6000);  // lapsed: evicted down to ~4096
+  EXPECT_EQ(q.NumRequeues("failed-0"), 0);
 }
 
 using testing::HintRecorder;

@@ -73,6 +73,8 @@ class DelayingQueue {
   // the queue down.
   ~DelayingQueue() { ShutDown(); }
 
+  friend struct internal::QueuePeer;  // tests: the keys stored
+
   DelayingQueue(const DelayingQueue&) = delete;
   DelayingQueue& operator=(const DelayingQueue&) = delete;
 

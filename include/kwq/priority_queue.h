@@ -113,6 +113,10 @@
 
 namespace kwq {
 
+namespace internal {
+struct QueuePeer;  // tests' access to internal state
+}  // namespace internal
+
 // How an add is queued (controller-runtime's AddOpts).
 struct AddOpts {
   // Higher runs first. Any int; an add of a waiting item keeps the larger priority.
@@ -150,7 +154,8 @@ class PriorityQueue {
   // The right to process one item (kwq/internal/lease.h): move-only; item(), *, ->,
   // priority(), Done() (idempotent, also run by the destructor), active().
   using Lease = internal::Lease<PriorityQueue, T>;
-  friend Lease;  // calls Finish
+  friend Lease;                       // calls Finish
+  friend struct internal::QueuePeer;  // tests: the keys stored
 
   // Builds a queue. Errors (InvalidArgument): aging <= 0; `timers` not running on
   // `clock` (a FakeClock needs a TimerService built on it; with both unset the queue

@@ -99,7 +99,7 @@ struct QueueOptions {
 };
 
 namespace internal {
-struct QueuePeer;  // tests' access to the wake-up state
+struct QueuePeer;  // tests' access to internal state (wake-ups, stored keys)
 }  // namespace internal
 
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
