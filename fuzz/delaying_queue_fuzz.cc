@@ -51,10 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (q.CancelAfter(key)) owed_delayed.erase(key);
         break;
       case 4:
-        if (auto lease = q.TryGet()) {
-          handed_out(**lease);
-          leases.Keep(std::move(*lease));
-        }
+        leases.Take(q.TryGet(), handed_out);
         break;
       case 5:
         leases.DoneOne(arg);

@@ -1,4 +1,4 @@
-// Leases<Lease>: the leases a queue fuzzer holds, by key (int). Take records a hand-out,
+// Leases<Lease>: the leases a queue fuzzer holds, by key (int). Take keeps a hand-out,
 // checking that no key is leased twice (a queue's exclusivity promise); DoneOne ends a
 // lease chosen by a fuzz byte; Pick names one. Shared by the delaying and rate-limiting
 // queue fuzzers.
@@ -23,6 +23,16 @@ class Leases {
   void Keep(Lease lease) {
     const int key = *lease;
     leases_.emplace(key, std::move(lease));
+  }
+
+  // A hand-out (TryGet's result): if there is one, checks its key is not leased, calls
+  // `handed_out(key)` and keeps the lease.
+  template <typename F>
+  void Take(std::optional<Lease> lease, F handed_out) {
+    if (!lease) return;
+    CheckNotLeased(**lease);
+    handed_out(**lease);
+    Keep(std::move(*lease));
   }
 
   // Ends the lease chosen by `arg`, if any (its Done runs).

@@ -83,10 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 4:
         FUZZ_CHECK(q.NumRequeues(leased != nullptr ? *leased : k) == failures(k));
-        if (auto lease = q.TryGet()) {
-          handed_out(**lease);
-          leases.Keep(std::move(*lease));
-        }
+        leases.Take(q.TryGet(), handed_out);
         break;
       case 5:
         leases.DoneOne(arg);
