@@ -3,6 +3,8 @@
 #include <chrono>
 #include <thread>
 
+#include "internal/tsc_timeline.h"
+
 #if defined(__x86_64__)
 #include <x86intrin.h>
 #endif
@@ -19,6 +21,8 @@ int64_t SteadyNanos() {
 double NanosPerTick() {
 #if defined(__x86_64__)
   static const double ns_per_tick = [] {
+    // RealClock's timeline measures the same counter's rate; without it, measure here.
+    if (const double rate = SystemTscNanosPerTick(); rate > 0) return rate;
     const int64_t t0 = SteadyNanos();
     const uint64_t c0 = __rdtsc();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

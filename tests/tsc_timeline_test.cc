@@ -1,0 +1,276 @@
+#include "internal/tsc_timeline.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kwq/clock.h"
+
+namespace kwq::internal {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kSec = 1'000'000'000;
+
+// A counter and a reference clock moved by hand.
+struct FakeTime {
+  std::atomic<uint64_t> ticks{1'000'000};
+  std::atomic<int64_t> ns{5 * kSec};
+  std::function<void()> after_next_read;  // single-threaded tests only
+
+  // Moves the counter by `ns_elapsed / ns_per_tick` ticks and the reference by `ns_elapsed`.
+  void Advance(int64_t ns_elapsed, double ns_per_tick) {
+    ticks += static_cast<uint64_t>(std::llround(static_cast<double>(ns_elapsed) / ns_per_tick));
+    ns += ns_elapsed;
+  }
+};
+
+struct FakeSource {
+  FakeTime* time;
+  uint64_t Ticks() const { return AfterRead(time->ticks.load()); }
+  uint64_t OrderedTicks() const { return time->ticks.load(); }
+  int64_t KernelNanos() const { return AfterRead(time->ns.load()); }
+
+  // Runs the hook once, after the read (a reader preempted right after it, say).
+  template <typename V>
+  V AfterRead(V value) const {
+    if (time->after_next_read) std::exchange(time->after_next_read, nullptr)();
+    return value;
+  }
+};
+
+using FakeTimeline = TscTimeline<FakeSource>;
+constexpr double kRate = 0.4;  // ns per tick: a 2.5 GHz counter
+
+// Runs a timeline through its calibration; returns its reading right after.
+int64_t Calibrate(FakeTime& time, FakeTimeline& timeline) {
+  timeline.Now();
+  time.Advance(11 * kMs, kRate);
+  timeline.Now();
+  return timeline.Now();
+}
+
+TEST(TscTimelineTest, ReturnsTheReferenceWhileCalibratingThenCountsTicks) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
+  EXPECT_EQ(timeline.Now(), time.ns.load());
+  time.Advance(5 * kMs, kRate);
+  EXPECT_EQ(timeline.Now(), time.ns.load());
+  EXPECT_EQ(timeline.NanosPerTick(), 0);
+  time.Advance(6 * kMs, kRate);
+  EXPECT_EQ(timeline.Now(), time.ns.load());  // this read switches to the counter
+  EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9);
+  const int64_t start = timeline.Now();
+  EXPECT_EQ(start, time.ns.load());  // continuous with the reference
+  // Now only the counter moves: the timeline follows it, not the (frozen) reference.
+  time.ticks += 1000;
+  EXPECT_NEAR(timeline.Now(), start + 400, 1);  // the rate is rounded to 2^-32 ns
+  time.ticks += 2'500'000;                      // 1 ms
+  EXPECT_NEAR(timeline.Now(), start + 400 + kMs, 1);
+}
+
+TEST(TscTimelineTest, ResyncsAfterTheIntervalAndStaysOnTheReference) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  int64_t last = Calibrate(time, timeline);
+  for (int i = 0; i < 10'000; ++i) {  // 10 s in 1 ms steps
+    time.Advance(kMs, kRate);
+    const int64_t now = timeline.Now();
+    ASSERT_GE(now, last);
+    ASSERT_NEAR(now, time.ns.load(), 2) << "at step " << i;
+    last = now;
+  }
+}
+
+// The reference changes its rate by 200 ppm (an NTP frequency correction): the timeline
+// drifts by at most the change times the resync interval, then is steered back, and
+// never goes back.
+TEST(TscTimelineTest, FollowsAChangeOfTheReferenceRateWithoutGoingBack) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  int64_t last = Calibrate(time, timeline);
+  const double faster = kRate * (1 + 200e-6);
+  int64_t worst = 0;
+  for (int i = 0; i < 8'000; ++i) {  // 8 s in 1 ms steps
+    time.Advance(kMs, faster);
+    const int64_t now = timeline.Now();
+    ASSERT_GE(now, last);
+    last = now;
+    const int64_t error = std::abs(now - time.ns.load());
+    worst = std::max(worst, error);
+    if (i >= 4'000) {
+      ASSERT_LE(error, 1'000) << "still off after 4 s, at step " << i;
+    }
+  }
+  EXPECT_LE(worst, 2 * 200 * 1'000 + 1'000);  // 200 ppm of one or two intervals
+  EXPECT_GT(worst, 10'000);                   // the change did show (the test measures something)
+}
+
+TEST(TscTimelineTest, StepsForwardWhenFarBehindTheReference) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time},
+                        {.calibrate_ns = 10 * kMs, .resync_ns = kSec, .step_ns = kMs});
+  Calibrate(time, timeline);
+  time.ns += 50 * kMs;  // the reference jumps ahead (a suspended VM, say)
+  time.Advance(kSec + kMs, kRate);
+  const int64_t now = timeline.Now();  // resyncs
+  EXPECT_NEAR(now, time.ns.load(), 2);
+}
+
+TEST(TscTimelineTest, SlewsButNeverStepsBackWhenAheadOfTheReference) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time},
+                        {.calibrate_ns = 10 * kMs, .resync_ns = kSec, .max_slew_ppm = 500});
+  int64_t last = Calibrate(time, timeline);
+  time.ticks += 25'000'000;  // the counter jumps 10 ms ahead of the reference
+  for (int i = 0; i < 4'000; ++i) {
+    time.Advance(kMs, kRate);
+    const int64_t now = timeline.Now();
+    ASSERT_GE(now, last) << "at step " << i;
+    last = now;
+  }
+  // 10 ms ahead, less at most 500 ppm of the 4 s since: still at least 8 ms ahead, and
+  // catching up (at least one second of slewing done). The window with the jump in it
+  // does not count as a change of the counter's rate.
+  const int64_t ahead = last - time.ns.load();
+  EXPECT_GE(ahead, 8 * kMs - 1'000);
+  EXPECT_LE(ahead, 10 * kMs - 400'000);
+}
+
+TEST(TscTimelineTest, ACounterThatGoesBackDoesNotTakeTheTimelineBack) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  int64_t last = Calibrate(time, timeline);
+  time.Advance(100 * kMs, kRate);
+  last = timeline.Now();
+  time.ticks -= 500'000'000;  // 200 ms back (a migrated VM with an unsynchronised counter)
+  for (int i = 0; i < 2'000; ++i) {
+    time.Advance(kMs, kRate);
+    const int64_t now = timeline.Now();
+    ASSERT_GE(now, last) << "at step " << i;
+    last = now;
+  }
+  EXPECT_NEAR(last, time.ns.load(), 2 * kMs);  // back on the reference's rate
+}
+
+// A reader that loaded the parameters, then read the reference (while calibrating) or
+// the counter, and lost the CPU while another read published new parameters, must not
+// return what it computed: it would be earlier than that other read.
+TEST(TscTimelineTest, AReadThatRacedACalibrationRetries) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
+  timeline.Now();  // the first pair
+  int64_t other = 0;
+  time.after_next_read = [&] {
+    time.Advance(11 * kMs, kRate);
+    timeline.Now();  // reads the reference and calibrates: the counter takes over
+    other = timeline.Now();
+  };
+  const int64_t now = timeline.Now();
+  ASSERT_GT(other, 0);
+  EXPECT_GE(now, other);
+}
+
+TEST(TscTimelineTest, AReadThatRacedAResyncRetries) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time},
+                        {.calibrate_ns = 10 * kMs, .resync_ns = kSec, .step_ns = kMs});
+  Calibrate(time, timeline);
+  int64_t other = 0;
+  time.after_next_read = [&] {
+    time.ns += 50 * kMs;  // the reference jumps ahead: the resync steps forward
+    time.Advance(kSec + kMs, kRate);
+    other = timeline.Now();
+  };
+  const int64_t now = timeline.Now();
+  ASSERT_GT(other, 0);
+  EXPECT_GE(now, other);
+}
+
+TEST(TscTimelineTest, ACounterReadAheadOfTheParametersReadsTheBase) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
+  const int64_t base = Calibrate(time, timeline);
+  time.ticks -= 10;  // as if rdtsc ran a few nanoseconds before the parameter loads
+  EXPECT_EQ(timeline.Now(), base);
+}
+
+#if defined(__x86_64__)
+// The real counter, every read ordered after the loads before it (as the kernel reads it).
+struct OrderedSystemSource : SystemTimeSource {
+  uint64_t Ticks() const { return OrderedTicks(); }
+};
+
+// Readers on 3 threads race with resyncs every 20 us. Returns the number of readings
+// earlier than one of the same thread's before it (`self`), and earlier by more than
+// `slack` ns than one another thread made before it (`other`, through `latest`).
+template <typename Source>
+void CountReversals(int64_t slack, int64_t* self, int64_t* other) {
+  TscTimeline<Source> timeline(Source(), {.calibrate_ns = 20'000, .resync_ns = 20'000});
+  std::atomic<int64_t> latest{0}, self_reversals{0}, other_reversals{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&] {
+      int64_t last = 0;
+      for (int i = 0; i < 100'000; ++i) {
+        const int64_t seen = latest.load(std::memory_order_acquire);
+        const int64_t now = timeline.Now();
+        if (now < last) self_reversals.fetch_add(1);
+        if (now < seen - slack) other_reversals.fetch_add(1);
+        last = now;
+        int64_t cur = latest.load(std::memory_order_relaxed);
+        while (cur < now && !latest.compare_exchange_weak(cur, now, std::memory_order_release)) {
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_GT(timeline.NanosPerTick(), 0);
+  EXPECT_NEAR(static_cast<double>(timeline.Now()),
+              static_cast<double>(SystemTimeSource().KernelNanos()), 1e6);
+  *self = self_reversals.load();
+  *other = other_reversals.load();
+}
+
+// The sequence lock and the hand-over between parameters: with an ordered counter, no
+// reading is earlier than any reading that happened before it, on any thread. (TSan
+// checks the sequence lock's accesses.)
+TEST(TscTimelineTest, OrderedCounterIsMonotonicAcrossThreadsThroughResyncs) {
+  int64_t self = 0, other = 0;
+  CountReversals<OrderedSystemSource>(/*slack=*/0, &self, &other);
+  EXPECT_EQ(self, 0);
+  EXPECT_EQ(other, 0);
+}
+
+// What RealClock reads: the unordered rdtsc may run before a load that precedes it, so a
+// reading ordered after another thread's (here by an acquire load) may be earlier than
+// it by that load's latency; measured up to 25 ns on the development VM. Never by more
+// than a microsecond, and never earlier than the same thread's previous reading.
+TEST(TscTimelineTest, UnorderedCounterIsMonotonicPerThread) {
+  int64_t self = 0, other = 0;
+  CountReversals<SystemTimeSource>(/*slack=*/1'000, &self, &other);
+  EXPECT_EQ(self, 0);
+  EXPECT_EQ(other, 0);
+}
+#endif
+
+TEST(RealClockTest, TscReadingStaysOnClockMonotonic) {
+  // Whichever way RealClock reads, it is on CLOCK_MONOTONIC's timeline.
+  RealClock* clock = RealClock::Default();
+  for (int i = 0; i < 20; ++i) {
+    const int64_t before = SystemTimeSource().KernelNanos();
+    const int64_t now = absl::ToUnixNanos(clock->Now());
+    const int64_t after = SystemTimeSource().KernelNanos();
+    ASSERT_GE(now, before - 50'000);  // within 50 us (calibration and slew error)
+    ASSERT_LE(now, after + 50'000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+}  // namespace kwq::internal
