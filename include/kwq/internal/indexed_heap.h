@@ -12,7 +12,8 @@
 #define KWQ_INTERNAL_INDEXED_HEAP_H_
 
 #include <cstdint>
-#include <vector>
+
+#include "kwq/internal/pod_vector.h"
 
 namespace kwq::internal {
 
@@ -113,8 +114,8 @@ class IndexedHeap {
     Place(p, e);
   }
 
-  std::vector<Entry> heap_;
-  std::vector<uint32_t> pos_;  // id -> index in heap_, or kAbsent
+  PodVector<Entry> heap_;
+  PodVector<uint32_t> pos_;  // id -> index in heap_, or kAbsent
   uint64_t seq_ = 0;
 };
 
