@@ -12,6 +12,14 @@
 #include "kwq/clock.h"
 
 namespace kwq::internal {
+
+struct TscTimelinePeer {
+  template <typename Timeline>
+  static Mutex& mu(Timeline& timeline) {
+    return timeline.mu_;
+  }
+};
+
 namespace {
 
 constexpr int64_t kMs = 1'000'000;
@@ -190,6 +198,20 @@ TEST(TscTimelineTest, AReadThatRacedAResyncRetries) {
   const int64_t now = timeline.Now();
   ASSERT_GT(other, 0);
   EXPECT_GE(now, other);
+}
+
+// A thread that took the resync lock and never let go (preempted for long, or a child
+// forked while another thread held it) must not stop the clock for everyone else.
+TEST(TscTimelineTest, KeepsCountingWhileTheResyncLockIsHeldForever) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  const int64_t start = Calibrate(time, timeline);
+  Mutex& mu = TscTimelinePeer::mu(timeline);
+  mu.Lock();
+  time.ticks += 25'000'000'000;  // 10 s of counter: ten resyncs overdue
+  const int64_t now = timeline.Now();
+  mu.Unlock();
+  EXPECT_NEAR(now, start + 10 * kSec, 10);
 }
 
 TEST(TscTimelineTest, ACounterReadAheadOfTheParametersReadsTheBase) {

@@ -76,6 +76,8 @@ struct SystemTimeSource {
   }
 };
 
+struct TscTimelinePeer;  // tests
+
 template <typename Source>
 class TscTimeline {
  public:
@@ -115,8 +117,11 @@ class TscTimeline {
         return base_ns;
       }
       if (TrySync()) continue;
-      // Another thread is taking a pair; the old parameters are still good for a while.
-      if (ns < 2 * static_cast<uint64_t>(options_.resync_ns)) return base_ns + ns;
+      // Another thread is taking a pair. Until it publishes, the old parameters stay good
+      // (they drift from the kernel's rate by ppm), however long that takes: a thread
+      // holding the lock may never publish (it was preempted, or this is a child forked
+      // while it held the lock). Only a counter that went back has to wait.
+      if (static_cast<int64_t>(elapsed) >= 0) return base_ns + ns;
       Backoff(attempt);
     }
   }
@@ -127,6 +132,7 @@ class TscTimeline {
   }
 
  private:
+  friend struct TscTimelinePeer;
   static constexpr uint64_t kReorderNs = 1000;
   static constexpr int64_t kUnset = INT64_MIN;
   static constexpr int64_t kGoodSpreadNs = 1000;
