@@ -1,5 +1,6 @@
 #include "kwq/clock.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
@@ -49,8 +50,22 @@ struct SystemTimeline {  // never built: TscUsable() is false
 #endif
 
 // The process's timeline, or null when the TSC is not used. Never destroyed.
+SystemTimeline* MakeTimeline() {
+#if defined(__x86_64__)
+  if (!TscUsable()) return nullptr;
+  static SystemTimeline* const timeline = new SystemTimeline();
+  // A child forked while another thread resyncs would find the write section open (every
+  // Now() spinning) or the lock taken for ever: hold the lock across fork().
+  pthread_atfork([] { timeline->BeforeFork(); }, [] { timeline->AfterFork(); },
+                 [] { timeline->AfterFork(); });
+  return timeline;
+#else
+  return nullptr;
+#endif
+}
+
 SystemTimeline* Timeline() {
-  static SystemTimeline* const timeline = TscUsable() ? new SystemTimeline() : nullptr;
+  static SystemTimeline* const timeline = MakeTimeline();
   return timeline;
 }
 

@@ -1,16 +1,27 @@
 #include "kwq/clock.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "internal/tsc_timeline.h"
 
 namespace kwq {
 namespace {
 
+// Waits out the TSC calibration (about 10 ms from program start), so that the RealClock
+// tests below run on the path RealClock takes for the rest of a program's life.
+void AfterCalibration() { internal::SystemTscNanosPerTick(); }
+
 TEST(RealClockTest, IsMonotonic) {
+  AfterCalibration();
   RealClock* clock = RealClock::Default();
   absl::Time last = clock->Now();
   for (int i = 0; i < 10000; ++i) {
@@ -21,6 +32,7 @@ TEST(RealClockTest, IsMonotonic) {
 }
 
 TEST(RealClockTest, CoarseNowIsNeverAheadOfNowAndAtMostATickBehind) {
+  AfterCalibration();
   RealClock* clock = RealClock::Default();
   absl::Time last = clock->CoarseNow();
   for (int i = 0; i < 10000; ++i) {
@@ -43,6 +55,27 @@ TEST(RealClockTest, KwqClockKernelKeepsClockGettime) {
   const char* env = std::getenv("KWQ_CLOCK");
   if (env == nullptr || std::string(env) != "kernel") GTEST_SKIP() << "KWQ_CLOCK unset";
   EXPECT_FALSE(RealClock::ReadsTsc());
+}
+
+// RealClock reads the TSC exactly where the kernel's clocksource is the TSC, the CPU
+// says it is invariant, and KWQ_CLOCK does not say otherwise: a probe that silently
+// fails would leave every TSC test passing on clock_gettime.
+TEST(RealClockTest, ReadsTheTscWhereTheKernelDoes) {
+  std::ifstream file("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+  std::string source;
+  file >> source;
+  bool invariant = false;
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  invariant = __get_cpuid(0x80000007, &eax, &ebx, &ecx, &edx) != 0 && (edx & (1u << 8)) != 0;
+#endif
+  const char* env = std::getenv("KWQ_CLOCK");
+  const bool kernel_forced = env != nullptr && std::string(env) == "kernel";
+  EXPECT_EQ(RealClock::ReadsTsc(), source == "tsc" && invariant && !kernel_forced)
+      << "clocksource " << source << ", invariant TSC " << invariant;
+  if (RealClock::ReadsTsc()) {
+    EXPECT_GT(internal::SystemTscNanosPerTick(), 0);
+  }
 }
 
 TEST(FakeClockTest, CoarseNowIsNow) {

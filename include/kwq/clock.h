@@ -33,7 +33,8 @@ class ClockObserver {
   virtual void OnClockMoved(absl::Time now) = 0;
 };
 
-// A source of time. Implementations must be monotonic unless documented otherwise.
+// A source of time. Implementations must be monotonic (for each thread's readings)
+// unless documented otherwise.
 class Clock {
  public:
   virtual ~Clock() = default;
@@ -42,13 +43,14 @@ class Clock {
   virtual absl::Time Now() const = 0;
 
   // A cheaper, coarser reading for bookkeeping that tolerates a few milliseconds of error
-  // (the rate limiters' idle horizons): never later than a Now() that follows it, and at
-  // most the clock's coarse resolution behind it (RealClock: CLOCK_MONOTONIC_COARSE, one
-  // kernel tick, typically 1-4 ms, at under a third of Now's cost; Now() itself when Now
-  // reads the TSC, which costs about as little). Monotonic like Now,
-  // as far as the kernel keeps it so (older kernels could step the coarse clock back by
-  // nanoseconds while NTP adjusted its rate; the rate limiters tolerate a clock that
-  // goes back). The default returns Now(), so manual clocks stay exact. Never blocks.
+  // (the rate limiters' idle horizons): never later than a Now() that follows it on the
+  // same thread, and at most the clock's coarse resolution behind it (RealClock on
+  // clock_gettime: CLOCK_MONOTONIC_COARSE, one kernel tick, typically 1-4 ms, at under a
+  // third of Now's cost; RealClock on the TSC: Now() itself, which costs about as
+  // little). Monotonic like Now, as far as the kernel keeps it so (older kernels could
+  // step the coarse clock back by nanoseconds while NTP adjusted its rate; the rate
+  // limiters tolerate a clock that goes back). The default returns Now(), so manual
+  // clocks stay exact. Never blocks.
   virtual absl::Time CoarseNow() const { return Now(); }
 
   // Blocks the calling thread until Now() >= deadline. Returns at once for a deadline in
@@ -72,13 +74,18 @@ class Clock {
 
 // The monotonic system clock: CLOCK_MONOTONIC's timeline (std::chrono::steady_clock's on
 // Linux). Where the kernel itself computes CLOCK_MONOTONIC from an invariant TSC (its
-// clocksource is "tsc"), Now() reads the TSC and scales it in user space, about 12 ns
-// against clock_gettime's 21 ns on the development VM; the scale is calibrated against
-// clock_gettime over the first 10 ms of use (Now() returns clock_gettime until then) and
-// re-synchronised every second, steered like an NTP slew so that the timeline stays
-// continuous and within about a microsecond of the kernel's. Setting the environment
-// variable KWQ_CLOCK=kernel (read once, at the first Now) keeps clock_gettime.
-// docs/design.md ("A TSC-read RealClock") has the measurements.
+// clocksource is "tsc"), Now() reads the TSC and scales it in user space, about 9 ns
+// against clock_gettime's 24 on the development VM. The scale is calibrated against
+// clock_gettime over the first 10 ms after the program starts (Now() returns
+// clock_gettime until then) and re-synchronised every second, steered like an NTP slew
+// so that the timeline stays continuous and within about a microsecond of the kernel's.
+// Each thread's readings are monotonic; a reading ordered after another thread's (by a
+// lock) may be earlier than it by a few tens of nanoseconds, because the rdtsc is not
+// fenced (fencing cost more than clock_gettime). The environment variable
+// KWQ_CLOCK=kernel, read once before main() runs, keeps clock_gettime, as does a kernel
+// on another clocksource at start-up (the choice is not revisited). Not
+// async-signal-safe on the TSC path. docs/design.md ("A TSC-read RealClock") has the
+// details and measurements.
 class RealClock final : public Clock {
  public:
   // The process-wide instance; never destroyed.

@@ -14,24 +14,37 @@
 //     Now() returns clock_gettime itself; then the rate over that window is adopted and
 //     the TSC timeline starts where the kernel's is.
 //   - Resync: once `resync_ns` has passed since the last pair, the next reader takes a
-//     new pair (one thread, under a try-lock; the others keep extrapolating). The new rate
-//     is the kernel's over the last window, steered so that the timeline meets the
-//     kernel's `resync_ns` later (like an NTP slew, at most `max_slew_ppm` off the
-//     kernel's rate), starting from where the old parameters had got to, so the timeline
-//     is continuous. It steps forward only when more than `step_ns` behind the kernel's
-//     (after a suspend, say); it never steps back.
+//     new pair (one thread, under a try-lock; the others keep extrapolating, up to twice
+//     `resync_ns`). The new rate is the kernel's over the last window, steered so that
+//     the timeline meets the kernel's `resync_ns` later (like an NTP slew, at most
+//     `max_slew_ppm` off the kernel's rate; up to 5% slower when more than `step_ns`
+//     ahead, as after a suspend, when the TSC ran and CLOCK_MONOTONIC did not), starting
+//     from where the old parameters had got to, so the timeline is continuous. It steps
+//     forward when more than `step_ns` behind the kernel's; it does not step back (but
+//     see "counter that goes back" below).
 //
-// Guarantees: monotonic for every thread, also across threads ordered by happens-before
-// (the writer opens the sequence lock before it reads the TSC at which the new
-// parameters take over); within about a microsecond of CLOCK_MONOTONIC while the kernel
-// slews its own rate by less than max_slew_ppm. An rdtsc that the CPU executes ahead of
-// the parameter loads (rdtsc is not ordered with loads) reads the base time rather than
-// a time before it.
+// Guarantees: each thread's readings are monotonic. Across threads, a reading ordered
+// after another (by a lock or an acquire load) is no earlier than it as far as the TSC
+// reads are ordered: the writer opens the sequence lock before it reads the TSC at which
+// the new parameters take over, but a reader's rdtsc is unordered (Ticks(); fencing it
+// cost more than clock_gettime) and may run before the load that ordered it, so such a
+// reading can be earlier by that load's latency (tens of nanoseconds). Within about a
+// microsecond of CLOCK_MONOTONIC while the kernel keeps its rate; a change of the
+// kernel's rate by r shows as up to r * resync_ns, steered out over the next interval.
+// An rdtsc that runs ahead of the parameter loads reads the base time rather than a
+// time before it. A counter that goes back (an unsynchronised TSC, which the kernel
+// would have rejected as a clocksource) restarts the timeline at the later of the old
+// base and the kernel's time, which can be before readings the old parameters gave.
 //
 // `Source` supplies Ticks() (the counter, unordered), OrderedTicks() (ordered after
 // earlier loads and stores) and KernelNanos() (the reference clock); tests pass fakes.
-// Thread-safe. Now() never blocks, except that a reader finding a resync in progress
-// (a write section of a few tens of nanoseconds) spins, yielding now and then.
+// Thread-safe. Now() does not block, except that a reader that finds a resync in
+// progress (a write section of a few tens of nanoseconds), or whose parameters are over
+// twice resync_ns old or behind its counter while another thread holds the resync lock,
+// spins (yielding) until they are republished. Not async-signal-safe: a signal handler
+// that interrupts its own thread's write section would spin for ever. Fork: the owner
+// of a process-wide timeline holds the resync lock across fork() (BeforeFork,
+// AfterFork), so a child never starts with a write section open or the lock taken.
 
 #ifndef KWQ_SRC_INTERNAL_TSC_TIMELINE_H_
 #define KWQ_SRC_INTERNAL_TSC_TIMELINE_H_
@@ -109,22 +122,33 @@ class TscTimeline {
         Backoff(attempt);
         continue;
       }
-      const uint64_t elapsed = ticks - base_ticks;
-      const uint64_t ns = Scale(elapsed, mult);
-      if (ABSL_PREDICT_TRUE(ns < static_cast<uint64_t>(options_.resync_ns))) return base_ns + ns;
-      // An rdtsc executed ahead of the loads above, a few nanoseconds before base_ticks.
-      if (static_cast<int64_t>(elapsed) < 0 && Scale(0 - elapsed, mult) < kReorderNs) {
-        return base_ns;
+      const int64_t elapsed = static_cast<int64_t>(ticks - base_ticks);
+      if (ABSL_PREDICT_TRUE(elapsed >= 0)) {
+        const uint64_t ns = Scale(static_cast<uint64_t>(elapsed), mult);
+        if (ABSL_PREDICT_TRUE(ns < static_cast<uint64_t>(options_.resync_ns))) {
+          return base_ns + static_cast<int64_t>(ns);
+        }
+        if (TrySync()) continue;
+        // Another thread is taking a pair: the old parameters stay good (they drift from
+        // the kernel's rate by ppm) up to kExtrapolateResyncs intervals, which also
+        // bounds how far a counter that ran through a suspend can carry the timeline.
+        if (ns < kExtrapolateResyncs * static_cast<uint64_t>(options_.resync_ns)) {
+          return base_ns + static_cast<int64_t>(ns);
+        }
+      } else {
+        // An rdtsc executed ahead of the loads above, a few nanoseconds before base_ticks.
+        if (Scale(0 - static_cast<uint64_t>(elapsed), mult) < kReorderNs) return base_ns;
+        if (TrySync()) continue;  // the counter went back
       }
-      if (TrySync()) continue;
-      // Another thread is taking a pair. Until it publishes, the old parameters stay good
-      // (they drift from the kernel's rate by ppm), however long that takes: a thread
-      // holding the lock may never publish (it was preempted, or this is a child forked
-      // while it held the lock). Only a counter that went back has to wait.
-      if (static_cast<int64_t>(elapsed) >= 0) return base_ns + ns;
       Backoff(attempt);
     }
   }
+
+  // For the owner of a process-wide timeline, around fork() (pthread_atfork): holds the
+  // resync lock, so that no write section is open and the child can take the lock.
+  // (Unannotated: the lock is taken in one pthread_atfork handler and released in another.)
+  void BeforeFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void AfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
 
   // The kernel's rate in nanoseconds per tick, 0 before calibration.
   double NanosPerTick() const {
@@ -137,10 +161,25 @@ class TscTimeline {
   static constexpr int64_t kUnset = INT64_MIN;
   static constexpr int64_t kGoodSpreadNs = 1000;
   static constexpr int64_t kHandoverNs = 2;
+  static constexpr uint64_t kExtrapolateResyncs = 2;
+  // A calibration window is used once the two pairs' uncertainty is this small against
+  // it (a preempted pair extends the window instead of setting a wrong rate).
+  static constexpr int64_t kCalibrationPpm = 20;
+  // How much slower than the kernel the timeline may run when far ahead of it.
+  static constexpr int64_t kFarAheadSlewPpm = 50'000;
 
-  // (ticks * mult) >> 32 without overflow.
+  // (ticks * mult) >> 32, saturating at UINT64_MAX.
   static uint64_t Scale(uint64_t ticks, uint64_t mult) {
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(ticks) * mult) >> 32);
+    const unsigned __int128 ns = (static_cast<unsigned __int128>(ticks) * mult) >> 32;
+    return ns > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(ns);
+  }
+  // Scale for a signed tick difference, saturating at +-2^62 ns (146 years).
+  static int64_t SignedScale(int64_t ticks, uint64_t mult) {
+    constexpr uint64_t kLimit = uint64_t{1} << 62;
+    const uint64_t ns = std::min(
+        Scale(ticks < 0 ? 0 - static_cast<uint64_t>(ticks) : static_cast<uint64_t>(ticks), mult),
+        kLimit);
+    return ticks < 0 ? -static_cast<int64_t>(ns) : static_cast<int64_t>(ns);
   }
 
   static void Backoff(int attempt) {
@@ -154,8 +193,8 @@ class TscTimeline {
   }
 
   void MaybeCalibrate(int64_t kernel) {
-    const int64_t start = calibration_start_ns_.load(std::memory_order_relaxed);
-    if (start == kUnset || kernel - start >= options_.calibrate_ns) TrySync();
+    const int64_t next = next_calibration_ns_.load(std::memory_order_relaxed);
+    if (next == kUnset || kernel >= next) TrySync();
   }
 
   // Takes a pair and republishes if no other thread is at it. Returns whether it got the
@@ -172,36 +211,37 @@ class TscTimeline {
   struct Pair {
     uint64_t ticks;
     int64_t ns;
+    int64_t spread;  // between the two reference reads
   };
   Pair ReadPair() const {
-    Pair best{};
-    int64_t best_spread = INT64_MAX;
-    for (int i = 0; i < 5 && best_spread > kGoodSpreadNs; ++i) {
+    Pair best{0, 0, INT64_MAX};
+    for (int i = 0; i < 5 && best.spread > kGoodSpreadNs; ++i) {
       const int64_t before = source_.KernelNanos();
       const uint64_t ticks = source_.Ticks();
       const int64_t after = source_.KernelNanos();
-      if (after - before < best_spread) {
-        best_spread = after - before;
-        best = {ticks, before + (after - before) / 2};
-      }
+      if (after - before < best.spread)
+        best = {ticks, before + (after - before) / 2, after - before};
     }
     return best;
   }
 
-  // The kernel's rate over the window since the last pair. A window that is too short, or
-  // over which the counter went back, keeps the last rate; so does one off the last rate
-  // by more than 0.1% (an invariant TSC keeps its frequency and NTP moves the kernel's by
-  // ppm: the counter jumped), unless three windows in a row say so.
-  void MeasureRate(const Pair& pair) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The kernel's rate over the window since the last pair. A window over which the
+  // counter went back keeps the last rate; so does one off the last rate by more than
+  // 0.1% (an invariant TSC keeps its frequency and NTP moves the kernel's by ppm: the
+  // counter jumped), unless three windows in a row say so. Returns false when the window
+  // is too short to measure: it goes on from the same pair.
+  bool MeasureRate(const Pair& pair) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t ticks = static_cast<int64_t>(pair.ticks - last_.ticks);  // < 0: went back
-    if (ticks <= 0 || pair.ns - last_.ns < options_.calibrate_ns) return;
+    if (ticks <= 0) return true;
+    if (pair.ns - last_.ns < options_.calibrate_ns) return false;
     const uint64_t rate = static_cast<uint64_t>(
         (static_cast<unsigned __int128>(pair.ns - last_.ns) << 32) / static_cast<uint64_t>(ticks));
-    if (rate == 0) return;  // a counter over 4 GHz per ns: not a TSC
+    if (rate == 0) return true;  // over 2^32 ticks per nanosecond: not a TSC
     const uint64_t off = rate > rate_ ? rate - rate_ : rate_ - rate;
-    if (rate_ != 0 && off > rate_ / 1000 && ++odd_windows_ < 3) return;
+    if (rate_ != 0 && off > rate_ / 1000 && ++odd_windows_ < 3) return true;
     rate_ = rate;
     odd_windows_ = 0;
+    return true;
   }
 
   void Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -209,9 +249,12 @@ class TscTimeline {
     const uint64_t old_base_ticks = base_ticks_.load(std::memory_order_relaxed);
     const int64_t old_base_ns = base_ns_.load(std::memory_order_relaxed);
     if (old_mult != 0) {  // fresh already (another thread synced since the caller looked)?
-      const uint64_t elapsed = source_.OrderedTicks() - old_base_ticks;
-      if (static_cast<int64_t>(elapsed) >= 0 &&
-          Scale(elapsed, old_mult) < static_cast<uint64_t>(options_.resync_ns)) {
+      // Half an interval: the caller's counter read and this one may disagree by a few
+      // ticks (another CPU's counter), and a caller that found the parameters stale must
+      // not find them fresh here for ever.
+      const int64_t elapsed = static_cast<int64_t>(source_.OrderedTicks() - old_base_ticks);
+      if (elapsed >= 0 && Scale(static_cast<uint64_t>(elapsed), old_mult) <
+                              static_cast<uint64_t>(options_.resync_ns / 2)) {
         return;
       }
     }
@@ -219,42 +262,63 @@ class TscTimeline {
     if (!have_pair_) {
       have_pair_ = true;
       last_ = pair;
-      calibration_start_ns_.store(pair.ns, std::memory_order_relaxed);
+      next_calibration_ns_.store(pair.ns + options_.calibrate_ns, std::memory_order_relaxed);
       return;
     }
-    if (old_mult == 0 && pair.ns - last_.ns < options_.calibrate_ns) return;
-    MeasureRate(pair);
-    last_ = pair;
+    if (old_mult == 0) {  // calibrating: a long enough window, measured well enough
+      const int64_t window = pair.ns - last_.ns;
+      if (window < options_.calibrate_ns ||
+          (last_.spread + pair.spread) / kCalibrationPpm > window / 1'000'000) {
+        next_calibration_ns_.store(pair.ns + options_.calibrate_ns, std::memory_order_relaxed);
+        return;
+      }
+    }
+    if (MeasureRate(pair)) last_ = pair;
     if (rate_ == 0) return;  // no usable window yet: stay on the reference
+
+    // Steering constants, outside the write section (they do not depend on its tick).
+    const __int128 rate = rate_;
+    const __int128 period_ticks = (static_cast<__int128>(options_.resync_ns) << 32) / rate;
+    const __int128 slew = rate * options_.max_slew_ppm / 1'000'000;
+    const __int128 far_slew = rate * kFarAheadSlewPpm / 1'000'000;
+    const int64_t max_reach = static_cast<int64_t>(kExtrapolateResyncs) * options_.resync_ns;
 
     // Open the write section before reading the tick at which the new parameters take
     // over: a reader that completes with the old ones read its ticks before it.
     const uint32_t seq = seq_.load(std::memory_order_relaxed);
     seq_.store(seq + 1, std::memory_order_seq_cst);  // a full barrier before the rdtsc
     const uint64_t ticks = source_.OrderedTicks();
-    const int64_t kernel = pair.ns + static_cast<int64_t>(Scale(ticks - pair.ticks, rate_));
-    int64_t base = kernel;
-    if (old_mult != 0) {
-      const uint64_t elapsed = ticks - old_base_ticks;
-      if (static_cast<int64_t>(elapsed) < 0) {
+    // Signed: the pair's unordered rdtsc may read after this one (another CPU's counter
+    // a few nanoseconds ahead, say).
+    int64_t kernel = pair.ns + SignedScale(static_cast<int64_t>(ticks - pair.ticks), rate_);
+    int64_t base;
+    if (old_mult == 0) {
+      // Calibrating readers returned the kernel's own readings, all taken before the
+      // write section opened; the pair's midpoint may lag them by half its spread.
+      kernel = std::max(kernel, source_.KernelNanos());
+      base = kernel;
+    } else {
+      const int64_t elapsed = static_cast<int64_t>(ticks - old_base_ticks);
+      if (elapsed < 0) {
         // The counter went back: the old parameters cannot tell how far they got, but
         // they tracked the kernel's timeline.
         base = std::max(old_base_ns, kernel);
       } else {
-        // kHandoverNs ahead of where the old parameters got to: both round down to whole
-        // nanoseconds, and a reader's unordered rdtsc may run a little after its
-        // sequence check (by tens of nanoseconds, times the <= 0.1% rate change).
-        const int64_t ours =
-            old_base_ns + static_cast<int64_t>(Scale(elapsed, old_mult)) + kHandoverNs;
+        // Where the old parameters got to (readers stop extrapolating at max_reach), plus
+        // kHandoverNs: both round down to whole nanoseconds, and a reader's unordered
+        // rdtsc may run a little after its sequence check (tens of nanoseconds, times
+        // the rate change, at most about 0.2% unless three windows agreed on a new rate).
+        const int64_t reached = static_cast<int64_t>(std::min<uint64_t>(
+            Scale(static_cast<uint64_t>(elapsed), old_mult), static_cast<uint64_t>(max_reach)));
+        const int64_t ours = old_base_ns + reached + kHandoverNs;
         base = ours < kernel - options_.step_ns ? kernel : ours;  // step forward only
       }
     }
-    // Steer: reach the kernel's timeline resync_ns from now, within max_slew_ppm.
-    const __int128 period_ticks = (static_cast<__int128>(options_.resync_ns) << 32) / rate_;
+    // Steer: reach the kernel's timeline resync_ns from now, within the slew limits.
     const __int128 gap = static_cast<__int128>(kernel) + options_.resync_ns - base;
-    __int128 mult = period_ticks > 0 ? (gap << 32) / period_ticks : rate_;
-    const __int128 slew = static_cast<__int128>(rate_) * options_.max_slew_ppm / 1'000'000;
-    mult = std::clamp<__int128>(mult, rate_ - slew, rate_ + slew);
+    __int128 mult = period_ticks > 0 ? (gap << 32) / period_ticks : rate;
+    const bool far_ahead = base - kernel > options_.step_ns;
+    mult = std::clamp<__int128>(mult, rate - (far_ahead ? far_slew : slew), rate + slew);
     // Release stores: not visible before the odd sequence number.
     base_ticks_.store(ticks, std::memory_order_release);
     base_ns_.store(base, std::memory_order_release);
@@ -270,11 +334,12 @@ class TscTimeline {
   std::atomic<uint64_t> mult_{0};  // ns per tick, 32.32 fixed point; 0 while calibrating
   std::atomic<uint64_t> base_ticks_{0};
   std::atomic<int64_t> base_ns_{0};
-  std::atomic<int64_t> calibration_start_ns_{kUnset};  // the first pair's kernel time
+  // Kernel time from which a calibrating reader tries to finish the calibration.
+  std::atomic<int64_t> next_calibration_ns_{kUnset};
   alignas(64) std::atomic<uint64_t> rate_view_{0};
   Mutex mu_;
   bool have_pair_ ABSL_GUARDED_BY(mu_) = false;
-  Pair last_ ABSL_GUARDED_BY(mu_){};
+  Pair last_ ABSL_GUARDED_BY(mu_){0, 0, 0};
   uint64_t rate_ ABSL_GUARDED_BY(mu_) = 0;  // the kernel's ns per tick, 32.32
   int odd_windows_ ABSL_GUARDED_BY(mu_) = 0;
 };
