@@ -71,6 +71,10 @@ struct TscTimelineOptions {
   int64_t resync_ns = 1'000'000'000;  // between (TSC, kernel) pairs
   int64_t max_slew_ppm = 500;         // how far the steered rate may leave the kernel's
   int64_t step_ns = 1'000'000;        // behind the kernel by more: step forward
+  // A calibration window is used once the two pairs' uncertainty (their spreads) is at
+  // most this fraction of it; otherwise the window is extended (a preempted pair must not
+  // set the rate).
+  int64_t calibration_error_ppm = 20;
 };
 
 // The real counter and the real reference (x86-64 only).
@@ -162,9 +166,6 @@ class TscTimeline {
   static constexpr int64_t kGoodSpreadNs = 1000;
   static constexpr int64_t kHandoverNs = 2;
   static constexpr uint64_t kExtrapolateResyncs = 2;
-  // A calibration window is used once the two pairs' uncertainty is this small against
-  // it (a preempted pair extends the window instead of setting a wrong rate).
-  static constexpr int64_t kCalibrationPpm = 20;
   // How much slower than the kernel the timeline may run when far ahead of it.
   static constexpr int64_t kFarAheadSlewPpm = 50'000;
 
@@ -268,7 +269,8 @@ class TscTimeline {
     if (old_mult == 0) {  // calibrating: a long enough window, measured well enough
       const int64_t window = pair.ns - last_.ns;
       if (window < options_.calibrate_ns ||
-          (last_.spread + pair.spread) / kCalibrationPpm > window / 1'000'000) {
+          static_cast<__int128>(last_.spread + pair.spread) * 1'000'000 >
+              static_cast<__int128>(window) * options_.calibration_error_ppm) {
         next_calibration_ns_.store(pair.ns + options_.calibrate_ns, std::memory_order_relaxed);
         return;
       }
