@@ -361,7 +361,7 @@ class DelayingQueue {
   // holds and cost that producer a futex wake-up at its unlock.
   bool PromoteBatch(bool about_to_wait, bool try_lock) {
     if (try_lock) {
-      if (!queue_.mu_.TryLock()) return false;
+      if (queue_.mu_.LockedHint() || !queue_.mu_.TryLock()) return false;
     } else {
       queue_.mu_.Lock();
     }

@@ -57,6 +57,16 @@ class ABSL_LOCKABLE Mutex {
   }
   void Unlock() ABSL_UNLOCK_FUNCTION() { pthread_mutex_unlock(&mu_); }
   bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return TryLockUnannotated(); }
+  // Whether the mutex looks taken, from a relaxed read of glibc's lock word (always
+  // false elsewhere, so the caller just tries). A poller reads it before TryLock: a
+  // failed trylock still takes the lock word's line from its holder.
+  bool LockedHint() const {
+#ifdef __GLIBC__
+    return __atomic_load_n(&mu_.__data.__lock, __ATOMIC_RELAXED) != 0;
+#else
+    return false;
+#endif
+  }
   // Documents (and tells the analysis) that the caller holds the lock. No run-time check.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
@@ -66,15 +76,7 @@ class ABSL_LOCKABLE Mutex {
   // TryLock without the annotation, for LockSpinning's body (whose own annotation covers
   // both ways of getting the lock).
   bool TryLockUnannotated() { return pthread_mutex_trylock(&mu_) == 0; }
-  // Whether the mutex looks taken, from a relaxed read of glibc's lock word (always
-  // false elsewhere, so the caller just tries).
-  bool LockedHint() const {
-#ifdef __GLIBC__
-    return __atomic_load_n(&mu_.__data.__lock, __ATOMIC_RELAXED) != 0;
-#else
-    return false;
-#endif
-  }
+
   void SpinThenLock(absl::Duration spin);  // src/internal/mutex.cc
   pthread_mutex_t mu_;
 };
