@@ -1,5 +1,8 @@
 #include "internal/tsc_timeline.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -289,6 +292,29 @@ TEST(TscTimelineTest, AWidePairExtendsTheCalibration) {
   // Within 100 ppm (the fake's reference moved 4 ms during the wide pairs' reads); the
   // 11 ms window would have been off by a third.
   EXPECT_NEAR(timeline.NanosPerTick(), kRate, kRate * 100e-6);
+}
+
+// What RealClock's pthread_atfork handlers do: the resync lock is held across fork(), and
+// the child releases its copy, so it can resync (without that, its parameters would go
+// stale for good and, past two intervals, every Now() would spin).
+TEST(TscTimelineTest, AChildReleasesTheResyncLockHeldAcrossFork) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  const int64_t start = Calibrate(time, timeline);
+  timeline.BeforeFork();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(10);  // a child that spins is killed, and fails the test
+    timeline.AfterFork();
+    time.Advance(3 * kSec, kRate);
+    const int64_t now = timeline.Now();
+    _exit(std::abs(now - time.ns.load()) <= 10 && now > start ? 0 : 1);
+  }
+  timeline.AfterFork();
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
 TEST(TscTimelineTest, ACounterReadAheadOfTheParametersReadsTheBase) {
