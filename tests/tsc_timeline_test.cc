@@ -197,6 +197,23 @@ TEST(TscTimelineTest, ACounterThatGoesBackDoesNotTakeTheTimelineBack) {
   EXPECT_NEAR(walk.last, time.ns.load(), 2 * kMs);  // back on the reference's rate
 }
 
+// A read of the timeline during which `meanwhile` runs (another thread's reads, say):
+// right after the read's first read of the counter or reference, or after `skip` more.
+// Returns what the read returned and what `meanwhile` did.
+struct Race {
+  int64_t read;
+  int64_t meanwhile;
+};
+Race ReadRacing(FakeTime& time, FakeTimeline& timeline, std::function<int64_t()> meanwhile,
+                int skip = 0) {
+  Race race{0, 0};
+  time.hook_after_reads = skip;
+  time.after_next_read = [&] { race.meanwhile = meanwhile(); };
+  race.read = timeline.Now();
+  EXPECT_GT(race.meanwhile, 0) << "the hook did not run";
+  return race;
+}
+
 // A reader that loaded the parameters, then read the reference (while calibrating) or
 // the counter, and lost the CPU while another read published new parameters, must not
 // return what it computed: it would be earlier than that other read.
@@ -204,15 +221,12 @@ TEST(TscTimelineTest, AReadThatRacedACalibrationRetries) {
   FakeTime time;
   FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
   timeline.Now();  // the first pair
-  int64_t other = 0;
-  time.after_next_read = [&] {
+  const Race race = ReadRacing(time, timeline, [&] {
     time.Advance(11 * kMs, kRate);
     timeline.Now();  // reads the reference and calibrates: the counter takes over
-    other = timeline.Now();
-  };
-  const int64_t now = timeline.Now();
-  ASSERT_GT(other, 0);
-  EXPECT_GE(now, other);
+    return timeline.Now();
+  });
+  EXPECT_GE(race.read, race.meanwhile);
 }
 
 TEST(TscTimelineTest, AReadThatRacedAResyncRetries) {
@@ -220,15 +234,12 @@ TEST(TscTimelineTest, AReadThatRacedAResyncRetries) {
   FakeTimeline timeline(FakeSource{&time},
                         {.calibrate_ns = 10 * kMs, .resync_ns = kSec, .step_ns = kMs});
   Calibrate(time, timeline);
-  int64_t other = 0;
-  time.after_next_read = [&] {
+  const Race race = ReadRacing(time, timeline, [&] {
     time.ns += 50 * kMs;  // the reference jumps ahead: the resync steps forward
     time.Advance(kSec + kMs, kRate);
-    other = timeline.Now();
-  };
-  const int64_t now = timeline.Now();
-  ASSERT_GT(other, 0);
-  EXPECT_GE(now, other);
+    return timeline.Now();
+  });
+  EXPECT_GE(race.read, race.meanwhile);
 }
 
 // A thread that took the resync lock and was preempted must not stop the clock for the
@@ -266,14 +277,12 @@ TEST(TscTimelineTest, TheSwitchToTheCounterDoesNotGoBack) {
   FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
   timeline.Now();
   time.Advance(11 * kMs, kRate);
-  int64_t other = 0;
-  // This read, then the pair's three (reference, counter, reference): then another reader.
-  time.hook_after_reads = 3;
-  time.after_next_read = [&] { other = timeline.Now(); };
-  timeline.Now();  // calibrates
-  ASSERT_GT(other, 0);
+  // This read (which calibrates), then the pair's three (reference, counter, reference):
+  // then another reader.
+  const Race race = ReadRacing(
+      time, timeline, [&] { return timeline.Now(); }, /*skip=*/3);
   EXPECT_GT(timeline.NanosPerTick(), 0);
-  EXPECT_GE(timeline.Now(), other);
+  EXPECT_GE(timeline.Now(), race.meanwhile);
 }
 
 // A calibration pair taken while preempted (a wide spread) does not set the rate: the
