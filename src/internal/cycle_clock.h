@@ -1,5 +1,6 @@
-// A cheap elapsed-time counter for hot paths: the x86 TSC (rdtsc, about 10 ns) calibrated
-// once against CLOCK_MONOTONIC, or steady_clock elsewhere. Used to time work executions
+// A cheap elapsed-time counter for hot paths: the x86 TSC (rdtsc, about 10 ns), its rate
+// taken from RealClock's TSC timeline (or measured against CLOCK_MONOTONIC once where
+// RealClock does not read the TSC), or steady_clock elsewhere. Used to time work executions
 // (a clock_gettime through the vDSO costs 20-30 ns on the development VM, and twice per
 // work item was a fifth of wq_tiny's time). Not for deadlines: it is not a kwq::Clock.
 

@@ -76,7 +76,6 @@ class ABSL_LOCKABLE Mutex {
   // TryLock without the annotation, for LockSpinning's body (whose own annotation covers
   // both ways of getting the lock).
   bool TryLockUnannotated() { return pthread_mutex_trylock(&mu_) == 0; }
-
   void SpinThenLock(absl::Duration spin);  // src/internal/mutex.cc
   pthread_mutex_t mu_;
 };
