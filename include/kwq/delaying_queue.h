@@ -316,7 +316,9 @@ class DelayingQueue {
   // per window rather than one per item (and adds at most kCoalesce of lateness to items
   // due inside the window; a Get that finds nothing ready promotes due items itself).
   void Fire() {
-    queue_.mu_.Lock();
+    // Spins rather than sleeps behind a producer (kAddSpin): a sleeping waiter costs the
+    // holder a wake-up call at its unlock.
+    queue_.mu_.LockSpinning(kAddSpin);
     if (stopping_) {
       queue_.mu_.Unlock();
       return;
@@ -330,7 +332,7 @@ class DelayingQueue {
       if (!more || stopping_) break;
       // Let an AddAfter or a Get in between batches.
       queue_.mu_.Unlock();
-      queue_.mu_.Lock();
+      queue_.mu_.LockSpinning(kAddSpin);
     }
     --firing_;
     ArmLocked();
@@ -429,10 +431,12 @@ class DelayingQueue {
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
   // Due items moved per lock hold (PromoteDueLocked).
   static constexpr size_t kMoveBatch = 16;
-  // How long AddAfter spins for the lock before it sleeps. A holder moving a batch of due
-  // items out of a large heap takes longer than the adaptive mutex's own spin (a few
-  // microseconds); in `delay` the producer then slept 200-400 times in 45 ms of adds
-  // and paid a wake-up each time (docs/design.md).
+  // How long AddAfter and the timer's Fire spin for the lock before they sleep. A holder
+  // moving a batch of due items out of a large heap takes longer than the adaptive mutex's
+  // own spin (a few microseconds); in `delay` the producer then slept 200-400 times in
+  // 45 ms of adds and paid a wake-up each time. The other way round, a Fire that slept
+  // behind a busy producer cost that producer a futex wake-up at its unlock, about 530
+  // per 200,000 adds (docs/design.md).
   static constexpr absl::Duration kAddSpin = absl::Microseconds(25);
   // Due items a delayed add moves along the way (PromoteSomeLocked).
   static constexpr size_t kPiggyback = 2;
