@@ -3,7 +3,15 @@
 // IndexedHeap: a 4-ary min-heap of small integer ids ordered by (int64 key, sequence),
 // with each id's position remembered so it can be removed or re-keyed in O(log n). Ties
 // on key pop in insertion (sequence) order. Not thread-safe. Internal: used by the
-// delaying queue (ids are KeyTable slots, keys are ready times) and the priority queue.
+// delaying queue (ids are KeyTable slots, keys are ready times), the priority queue and
+// the timer service.
+//
+// An entry is 16 bytes: the key, the id and a 32-bit sequence number. The sequence only
+// orders entries with equal keys, so when the counter runs out (after 2^32 pushes and
+// re-keys) the entries present are renumbered 0..n-1 in their current order, which keeps
+// every comparison, and so the heap, as it was. That costs O(n log n) once per 2^32 - n
+// operations, and keeps an item that waits through billions of pushes in its FIFO place
+// (a wrapping 32-bit comparison would not). A 64-bit sequence made entries 24 bytes.
 //
 // Why hand-written: std::priority_queue cannot remove or re-key an entry, and Debian's
 // Abseil and Boost offer no indexed heap with integer handles.
@@ -11,11 +19,17 @@
 #ifndef KWQ_INTERNAL_INDEXED_HEAP_H_
 #define KWQ_INTERNAL_INDEXED_HEAP_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
+#include "kwq/internal/check.h"
 #include "kwq/internal/pod_vector.h"
 
 namespace kwq::internal {
+
+struct IndexedHeapPeer;  // tests: the sequence counter
 
 class IndexedHeap {
  public:
@@ -28,16 +42,17 @@ class IndexedHeap {
   // Adds `id` (which must be absent) with `key`.
   void Push(uint32_t id, int64_t key) {
     if (id >= pos_.size()) pos_.resize(id + 1, kAbsent);
-    heap_.push_back(Entry{key, seq_++, id});
+    heap_.push_back(Entry{key, id, NextSeq()});
     pos_[id] = static_cast<uint32_t>(heap_.size() - 1);
     SiftUp(pos_[id]);
   }
 
   // Changes the key of a present `id`; it goes behind entries with the same key.
   void Update(uint32_t id, int64_t key) {
+    const uint32_t seq = NextSeq();  // may renumber: before the entry changes
     const uint32_t p = pos_[id];
     heap_[p].key = key;
-    heap_[p].seq = seq_++;
+    heap_[p].seq = seq;
     SiftUp(p);
     SiftDown(pos_[id]);
   }
@@ -74,11 +89,31 @@ class IndexedHeap {
   void Pop() { Remove(heap_[0].id); }
 
  private:
+  friend struct IndexedHeapPeer;
   struct Entry {
     int64_t key;
-    uint64_t seq;
     uint32_t id;
+    uint32_t seq;
   };
+  static_assert(sizeof(Entry) == 16);
+
+  // A sequence number above every present entry's.
+  uint32_t NextSeq() {
+    if (seq_ == UINT32_MAX) [[unlikely]]
+      Renumber();
+    return seq_++;
+  }
+  // Gives the present entries sequence numbers 0..n-1 in (key, sequence) order.
+  void Renumber() {
+    const size_t n = heap_.size();
+    KWQ_CHECK(n < UINT32_MAX / 2, "IndexedHeap: too many entries");
+    std::vector<uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0u);
+    std::sort(order.begin(), order.end(),
+              [this](uint32_t a, uint32_t b) { return Less(heap_[a], heap_[b]); });
+    for (uint32_t i = 0; i < n; ++i) heap_[order[i]].seq = i;
+    seq_ = static_cast<uint32_t>(n);
+  }
   static bool Less(const Entry& a, const Entry& b) {
     return a.key < b.key || (a.key == b.key && a.seq < b.seq);
   }
@@ -116,7 +151,7 @@ class IndexedHeap {
 
   PodVector<Entry> heap_;
   PodVector<uint32_t> pos_;  // id -> index in heap_, or kAbsent
-  uint64_t seq_ = 0;
+  uint32_t seq_ = 0;         // the next sequence number
 };
 
 }  // namespace kwq::internal
