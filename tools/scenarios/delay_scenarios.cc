@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,15 +25,19 @@ int64_t IndexOf(const std::string& key) {
   return i;
 }
 
-// Times the calling thread went to sleep (voluntary context switches), from
-// /proc/thread-self/status; -1 where it cannot be read.
-int64_t VoluntarySwitches() {
+// The calling thread's context switches of one kind, from /proc/thread-self/status:
+// `which` is "voluntary_ctxt_switches" (it went to sleep) or "nonvoluntary_ctxt_switches"
+// (it was preempted); -1 where it cannot be read.
+int64_t Switches(const char* which) {
   FILE* f = std::fopen("/proc/thread-self/status", "r");
   if (f == nullptr) return -1;
   char line[256];
   long long switches = -1;
   while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::sscanf(line, "voluntary_ctxt_switches: %lld", &switches) == 1) break;
+    if (std::strncmp(line, which, std::strlen(which)) == 0 &&
+        std::sscanf(line + std::strlen(which), ": %lld", &switches) == 1) {
+      break;
+    }
   }
   std::fclose(f);
   return switches;
@@ -57,22 +62,27 @@ std::string Delay(int64_t n) {
       late_us[i] = absl::ToDoubleMicroseconds(now - ready[i]);
     }
   });
-  const int64_t sleeps_before = VoluntarySwitches();
+  const int64_t sleeps_before = Switches("voluntary_ctxt_switches");
+  const int64_t preempted_before = Switches("nonvoluntary_ctxt_switches");
   Stopwatch sw;
   for (int64_t i = 0; i < n; ++i) {
     ready[i] = clock->Now() + delays[i];
     q.AddAfter(std::move(keys[i]), delays[i]);
   }
   const absl::Duration add_time = sw.Elapsed();
-  // How often the producer slept during its adds (on the delaying queue's lock, mostly).
-  const int64_t sleeps = sleeps_before < 0 ? -1 : VoluntarySwitches() - sleeps_before;
+  // How often the producer slept during its adds (on the delaying queue's lock, mostly),
+  // and how often another thread took its CPU.
+  const int64_t sleeps =
+      sleeps_before < 0 ? -1 : Switches("voluntary_ctxt_switches") - sleeps_before;
+  const int64_t preempted =
+      preempted_before < 0 ? -1 : Switches("nonvoluntary_ctxt_switches") - preempted_before;
   consumer.join();
   std::sort(late_us.begin(), late_us.end());
   return absl::StrFormat(
       "ns_per_addafter=%.1f late_p50_us=%.1f late_p99_us=%.1f late_max_us=%.1f n=%d "
-      "producer_sleeps=%d",
+      "producer_sleeps=%d producer_preempted=%d",
       absl::ToDoubleNanoseconds(add_time) / n, late_us[n / 2], late_us[n * 99 / 100],
-      late_us.back(), n, sleeps);
+      late_us.back(), n, sleeps, preempted);
 }
 
 // Rate-limiting queue with ExponentialFailure(1 us, 1 ms); one thread: Get; if the key
