@@ -13,6 +13,7 @@
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
+#include "testing/serial_check_metrics.h"
 
 namespace kwq {
 
@@ -365,6 +366,42 @@ TEST_P(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CountsInQueueOrLimiter, RateLimitingQueueRealTest, ::testing::Bool());
+
+// kwq/metrics.h lets a provider that serves one queue be thread-unsafe: every metric call
+// of a queue (adds, hand-outs, Dones, retries and the delayed gauge, from any thread) is
+// made under one lock. Workers retrying items call all of them at once from two threads;
+// under TSan an unserialised pair is a reported race on the provider's plain counter.
+TEST(RateLimitingQueueMetricsTest, OneQueuesMetricCallsAreSerialised) {
+  constexpr int kItems = 2000;
+  testing::SerialCheckProvider provider;
+  {
+    auto limiter = std::move(*ExponentialFailureRateLimiter<std::string>::Create(
+        {.base = absl::Microseconds(1), .max = absl::Microseconds(20)}));
+    RateLimitingQueue<std::string> q(std::move(limiter), {.metrics = &provider});
+    std::vector<std::string> keys;
+    for (int i = 0; i < kItems; ++i) keys.push_back(absl::StrCat("default/object-", i));
+    q.AddAll(keys);
+    std::atomic<int> forgotten{0};
+    const CancelableContext deadline = WithTimeout(Background(), absl::Seconds(30));
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.emplace_back([&] {
+        while (auto lease = q.Get(deadline.context)) {
+          if (q.NumRequeues(**lease) < 2) {
+            q.AddRateLimited(**lease);
+          } else {
+            q.Forget(**lease);
+            if (forgotten.fetch_add(1) + 1 == kItems) q.ShutDown();
+          }
+        }
+      });
+    }
+    for (auto& worker : workers) worker.join();
+    ASSERT_EQ(forgotten.load(), kItems);
+  }
+  EXPECT_GT(provider.calls(), 3 * kItems);
+  EXPECT_EQ(provider.overlaps(), 0);
+}
 
 }  // namespace
 }  // namespace kwq

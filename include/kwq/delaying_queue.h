@@ -168,10 +168,10 @@ class DelayingQueue {
     return queue_.ShutDownWithDrain();
   }
 
-  // The inner queue's metrics recorder, or nullptr (for RateLimitingQueue).
-  internal::QueueMetricsRecorder* metrics_recorder() { return queue_.metrics_recorder(); }
-
  protected:
+  // For RateLimitingQueue: counts a retry in the `retries` metric (Queue::RecordRetry).
+  void RecordRetry() { queue_.RecordRetry(); }
+
   // For RateLimitingQueue: Queue::EnableNextHashHint and Queue::TakeNextHash.
   void EnableNextHashHint() { queue_.EnableNextHashHint(); }
   std::optional<uint32_t> TakeNextHash() { return queue_.TakeNextHash(); }

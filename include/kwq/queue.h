@@ -295,9 +295,13 @@ class Queue {
     return shutting_down_;
   }
 
-  // The metrics recorder, or nullptr without a MetricsProvider. For the queue types
-  // built on Queue (their OnRetry/OnDelayed calls need no lock).
-  internal::QueueMetricsRecorder* metrics_recorder() { return metrics_.get(); }
+  // Counts one retry in the `retries` metric (RateLimitingQueue's AddRateLimited); nothing
+  // without a MetricsProvider. Takes the metrics lock, like every other metric update.
+  void RecordRetry() {
+    if (!metrics_) return;
+    internal::MutexLock lock(&metrics_mu_);
+    metrics_->OnRetry();
+  }
 
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
@@ -381,7 +385,7 @@ class Queue {
     }
     waiting_.Push(slot, ready);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
-    if (metrics_) metrics_->OnDelayed(+1);
+    RecordDelayedLocked(+1);
     return true;
   }
 
@@ -400,7 +404,7 @@ class Queue {
     waiting_.Remove(slot);
     State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
-    if (metrics_) metrics_->OnDelayed(-1);
+    RecordDelayedLocked(-1);
   }
 
   // Queues up to `max` waiting items due by `now` (one already queued merges, as an Add
@@ -419,7 +423,7 @@ class Queue {
       const uint32_t slot = waiting_.TopId();
       waiting_.Pop();
       ++taken;
-      if (metrics_) metrics_->OnDelayed(-1);
+      RecordDelayedLocked(-1);
       if (shutting_down_) {
         State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
         continue;
@@ -445,6 +449,13 @@ class Queue {
     return taken;
   }
 
+  // The `delayed` metric moves by `delta` (+1 / -1), under the metrics lock.
+  void RecordDelayedLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!metrics_) return;
+    internal::MutexLock lock(&metrics_mu_);
+    metrics_->OnDelayed(delta);
+  }
+
   // Ends every wait (DelayingQueue's shutdown).
   void DropWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = waiting_.size();
@@ -452,9 +463,7 @@ class Queue {
       State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
     });
     delayed_.store(0, std::memory_order_relaxed);
-    if (metrics_) {
-      for (size_t i = 0; i < n; ++i) metrics_->OnDelayed(-1);
-    }
+    for (size_t i = 0; i < n; ++i) RecordDelayedLocked(-1);
   }
 
   // For RateLimitingQueue with a counting limiter (RateLimiter::Counting): from now on

@@ -78,7 +78,7 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   // Adds `item` after the delay the limiter gives it, recording one failure.
   template <typename K>
   void AddRateLimited(K&& item) {
-    if (auto* m = this->metrics_recorder()) m->OnRetry();
+    this->RecordRetry();
     if (counted_) {
       this->AddAfterFailure(std::forward<K>(item),
                             [this](int64_t failures) { return limiter_->WhenCounted(failures); });

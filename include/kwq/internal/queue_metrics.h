@@ -2,8 +2,10 @@
 //
 // QueueMetricsRecorder: the client-go metric set for one queue, fed by slot number so the
 // templates in queue.h stay thin. Created only when the queue has a MetricsProvider.
-// Every On* method is called with the queue's lock held; the recorder's refresh timer
-// takes that lock itself. Internal.
+// Every On* method is called with `queue_mu` held (a Queue's metrics lock, a
+// PriorityQueue's only lock), and the recorder's refresh timer takes that lock itself, so
+// each metric object of a queue is used under one lock (kwq/metrics.h's promise).
+// Internal.
 
 #ifndef KWQ_INTERNAL_QUEUE_METRICS_H_
 #define KWQ_INTERNAL_QUEUE_METRICS_H_
