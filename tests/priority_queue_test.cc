@@ -32,6 +32,13 @@ struct internal::QueuePeer {
     internal::MutexLock lock(&q.mu_);
     return q.table_.size();
   }
+  // ShutDownWithDrain calls waiting: one counts itself in the hold of the lock in which it
+  // checks and goes to wait, so a non-zero count seen here means a drainer waits.
+  template <typename Q>
+  static int Draining(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.draining_;
+  }
 };
 
 namespace {
@@ -642,6 +649,27 @@ TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
   EXPECT_EQ(drained.load(), 3);
   EXPECT_EQ(seen, (Strings{"queued", "waiting"}));
   EXPECT_EQ(q_->Depth(), 0u);
+}
+
+// client-go's drain waits only for in-flight items; this one also waits for queued ones.
+TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForAQueuedItemWithNoLeaseActive) {
+  q_->Add("a");
+  std::atomic<bool> returned{false};
+  bool drained = false;
+  std::thread drainer([&] {
+    drained = q_->ShutDownWithDrain();
+    returned = true;
+  });
+  while (internal::QueuePeer::Draining(*q_) == 0 && !returned.load()) std::this_thread::yield();
+  EXPECT_FALSE(returned.load()) << "the drain returned while an item was queued";
+  auto lease = q_->Get();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+  EXPECT_FALSE(returned.load());
+  lease->Done();
+  drainer.join();
+  EXPECT_TRUE(drained);
+  EXPECT_FALSE(q_->Get().has_value());
 }
 
 TEST_F(PriorityQueueTest, DrainDoesNotReturnBeforeLeaseEndsAndDropsItsDelayedReAdd) {

@@ -352,9 +352,38 @@ struct internal::QueuePeer {
   static void SetPolling(Q& q, int polling) {
     q.spinners_.store(polling);
   }
+  // ShutDownWithDrain calls waiting: one counts itself in the hold of the lock in which it
+  // checks and goes to wait, so a non-zero count seen here means a drainer waits.
+  template <typename Q>
+  static int Draining(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.draining_;
+  }
 };
 
 namespace {
+
+// client-go's drain waits only for in-flight items; this one also waits for queued ones.
+TEST(QueueTest, ShutDownWithDrainWaitsForAQueuedItemWithNoLeaseActive) {
+  StringQueue q;
+  q.Add("a");
+  std::atomic<bool> returned{false};
+  bool drained = false;
+  std::thread drainer([&] {
+    drained = q.ShutDownWithDrain();
+    returned = true;
+  });
+  while (internal::QueuePeer::Draining(q) == 0 && !returned.load()) std::this_thread::yield();
+  EXPECT_FALSE(returned.load()) << "the drain returned while an item was queued";
+  auto lease = q.Get();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+  EXPECT_FALSE(returned.load());
+  lease->Done();
+  drainer.join();
+  EXPECT_TRUE(drained);
+  EXPECT_FALSE(q.Get().has_value());
+}
 
 // While a Get polls, Add leaves waking sleepers to the workers: one that takes an item
 // while more are ready wakes a sleeper. With a poller simulated (it never takes

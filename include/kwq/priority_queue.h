@@ -414,11 +414,13 @@ class PriorityQueue {
       internal::MutexLock lock(&mu_);
       timer = StopLocked();
       aborts = aborts_;  // a ShutDown() from now on ends this wait
-      ++draining_;
     }
     timer.CancelSync();
     ready_cv_.SignalAll();
     internal::MutexLock lock(&mu_);
+    // Counted in the hold that checks and waits, so a Done from here on signals, and a
+    // non-zero count seen under the lock means a drainer waits (tests rely on that).
+    ++draining_;
     while (queued_ + in_flight_ > 0 && aborts_ == aborts) drained_cv_.Wait(&mu_);
     --draining_;
     return queued_ + in_flight_ == 0;
