@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "testing/recording_metrics.h"
 
 namespace kwq {
 namespace {
@@ -33,6 +34,37 @@ TEST_F(DelayingQueueTest, ItemBecomesReadyAfterDelay) {
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
   EXPECT_EQ(q_.Waiting(), 0u);
+}
+
+// A waiting item is counted by the `delayed` metric, not by `depth`, from AddAfter until it
+// comes due, is cancelled or is dropped at shutdown.
+TEST(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
+  DelayingQueue<std::string> q({.metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.AddAfter("a", absl::Seconds(1));
+  q.AddAfter("a", absl::Milliseconds(500));  // moves the one entry
+  q.AddAfter("b", absl::Seconds(2));
+  EXPECT_EQ(rec.Get("delayed"), 2);
+  EXPECT_EQ(rec.Get("depth"), 0);
+  EXPECT_EQ(rec.Get("adds"), 0);
+  clock.Advance(absl::Milliseconds(500));  // "a" comes due
+  EXPECT_EQ(rec.Get("delayed"), 1);
+  EXPECT_EQ(rec.Get("depth"), 1);
+  EXPECT_EQ(rec.Get("adds"), 1);
+  EXPECT_TRUE(q.CancelAfter("b"));
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  q.AddAfter("c", absl::Seconds(3));
+  q.Add("c");  // ready now: its waiting entry goes
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  EXPECT_EQ(rec.Get("depth"), 2);
+  q.AddAfter("d", absl::Seconds(3));
+  EXPECT_EQ(rec.Get("delayed"), 1);
+  q.ShutDown();  // drops the waiting "d"
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  EXPECT_EQ(rec.Get("depth"), 2);
 }
 
 TEST_F(DelayingQueueTest, NonPositiveDelayAddsNow) {

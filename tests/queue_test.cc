@@ -291,6 +291,29 @@ TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
   EXPECT_EQ(rec.Get("unfinished"), 0);
 }
 
+// depth counts what client-go's does: queued items plus in-flight ones added again.
+TEST(QueueMetricsTest, DepthCountsAnInFlightItemAddedAgain) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
+  StringQueue q({.metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(rec.Get("depth"), 0);
+  q.Add("a");  // in flight: queued again after its Done
+  EXPECT_EQ(rec.Get("depth"), 1);
+  EXPECT_EQ(rec.Get("adds"), 2);
+  q.Add("a");  // already marked: merges
+  EXPECT_EQ(rec.Get("depth"), 1);
+  lease->Done();
+  EXPECT_EQ(rec.Get("depth"), 1);
+  auto again = q.TryGet();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(rec.Get("depth"), 0);
+}
+
 // ---- concurrency (TSan) ----
 
 // `polling_workers` > 1 lets several idle Gets poll at once; a producer skips the wake-up
