@@ -63,6 +63,37 @@ TEST_F(RateLimitingQueueTest, AddRateLimitedWaitsTheLimitersDelay) {
   EXPECT_TRUE(q.TryGet().has_value());
 }
 
+// A limiter that keeps its own counts (as a user's limiter does) is called with the item:
+// AddRateLimited(item) is AddAfter(item, When(item)), and NumRequeues and Forget reach it.
+TEST_F(RateLimitingQueueTest, ALimiterKeepingItsOwnCountsIsCalledWithTheItem) {
+  RateLimitingQueue<std::string> q(
+      std::make_unique<testing::NotCounting<std::string>>(Exponential()),
+      {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");  // 10 ms
+  EXPECT_EQ(q.NumRequeues("a"), 1);
+  EXPECT_EQ(q.rate_limiter().TrackedItems(), 1u);  // the count is the limiter's
+  clock_.Advance(absl::Milliseconds(10) - absl::Nanoseconds(1));
+  EXPECT_FALSE(q.TryGet().has_value());
+  clock_.Advance(absl::Nanoseconds(1));
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  q.AddRateLimited(lease->item());  // 20 ms
+  lease->Done();
+  clock_.Advance(absl::Milliseconds(20) - absl::Nanoseconds(1));
+  EXPECT_FALSE(q.TryGet().has_value());
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(q.TryGet().has_value());
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  q.Forget("a");
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+  EXPECT_EQ(q.rate_limiter().TrackedItems(), 0u);
+  q.AddRateLimited("a");  // the first delay again
+  clock_.Advance(absl::Milliseconds(10) - absl::Nanoseconds(1));
+  EXPECT_FALSE(q.TryGet().has_value());
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(q.TryGet().has_value());
+}
+
 TEST_F(RateLimitingQueueTest, ForgetResetsBackoff) {
   RateLimitingQueue<std::string> q(Exponential(), {.clock = &clock_, .timers = timers_.get()});
   q.AddRateLimited("a");
