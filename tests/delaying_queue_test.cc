@@ -1,6 +1,8 @@
 #include "kwq/delaying_queue.h"
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +12,15 @@
 #include "testing/recording_metrics.h"
 
 namespace kwq {
+
+struct internal::QueuePeer {
+  // Gets asleep on the queue's condition variable (polling ones are not counted).
+  template <typename Q>
+  static int Sleepers(Q& q) {
+    return q.queue_.sleepers_hint_.load();
+  }
+};
+
 namespace {
 
 class DelayingQueueTest : public ::testing::Test {
@@ -157,6 +168,18 @@ TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+// client-go's AddAfter blocks once 1000 adds wait for its goroutine; this one never
+// blocks on a buffer: with no consumer and the clock frozen, 20,000 distinct delayed adds
+// from one thread all return and all wait.
+TEST_F(DelayingQueueTest, AddAfterNeverBlocksOnABuffer) {
+  constexpr int kItems = 20'000;
+  for (int i = 0; i < kItems; ++i) q_.AddAfter(absl::StrCat("k", i), absl::Seconds(1 + i % 7));
+  EXPECT_EQ(q_.Waiting(), static_cast<size_t>(kItems));
+  EXPECT_EQ(q_.Len(), 0u);
+  clock_.Advance(absl::Seconds(7));
+  EXPECT_EQ(q_.Len(), static_cast<size_t>(kItems));
+}
+
 // Lateness does not grow with the number of items due at once: one firing makes all of
 // them ready (the timer moves them in batches, 16 per hold of the lock, but all in the
 // same firing), with no Get needed to move the rest.
@@ -175,14 +198,20 @@ TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
   q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
-  std::string got;
+  std::promise<std::string> got;
   std::thread worker([&] {
     auto lease = q_.Get();
-    if (lease) got = lease->item();
+    got.set_value(lease ? lease->item() : "");
   });
-  clock_.Advance(absl::Microseconds(10));  // not 50: hangs (test timeout) if coalesced
+  // Only once it sleeps: a polling Get reads the clock and would take "b" itself.
+  while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
+  clock_.Advance(absl::Microseconds(10));  // not 50
+  std::future<std::string> result = got.get_future();
+  const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!woken) q_.ShutDown();  // releases the worker
   worker.join();
-  EXPECT_EQ(got, "b");
+  ASSERT_TRUE(woken) << "the blocked Get was not woken at the exact ready time";
+  EXPECT_EQ(result.get(), "b");
 }
 
 TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {
