@@ -214,6 +214,28 @@ TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
   EXPECT_EQ(result.get(), "b");
 }
 
+// The other way round: a Get already asleep with nothing waiting, then an AddAfter right
+// after a firing. Coalescing (up to 50 us after a firing) is only for when no Get waits.
+TEST_F(DelayingQueueTest, AddAfterWithAGetAsleepArmsTheExactReadyTime) {
+  q_.AddAfter("a", absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));  // fires: the next firing would be coalesced
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  std::promise<std::string> got;
+  std::thread worker([&] {
+    auto lease = q_.Get();
+    got.set_value(lease ? lease->item() : "");
+  });
+  while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
+  q_.AddAfter("b", absl::Microseconds(10));
+  clock_.Advance(absl::Microseconds(10));  // not 50
+  std::future<std::string> result = got.get_future();
+  const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!woken) q_.ShutDown();  // releases the worker
+  worker.join();
+  ASSERT_TRUE(woken) << "the sleeping Get was not woken at the exact ready time";
+  EXPECT_EQ(result.get(), "b");
+}
+
 TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {
   q_.AddAfter("a", absl::Seconds(1));
   q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));

@@ -23,8 +23,10 @@
 //     due item (16 per hold of the lock). A Get that finds nothing ready moves due items
 //     itself (one batch of up to 16; the timer, due by then, moves the rest), also while
 //     it polls before sleeping (reading the next ready time without the lock); one that
-//     has to block first re-arms the timer for the exact next ready time (coalescing is
-//     only for when no worker waits). Every AddAfter (and AddRateLimited) also moves up
+//     has to block first re-arms the timer for the exact next ready time, and while a Get
+//     sleeps an AddAfter arms it for the exact time too: coalescing is only for when no
+//     Get sleeps, so an idle worker gets an item at its ready time plus the timer
+//     service's resolution. Every AddAfter (and AddRateLimited) also moves up
 //     to two due items along the way, so a reconcile loop's retries move its own due
 //     retries.
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
@@ -296,11 +298,13 @@ class DelayingQueue {
     return queue_.waiting_;
   }
 
-  // Arms (or moves) the one timer to the earliest ready time, but not within kCoalesce
-  // of the last firing, if that is earlier than the time it is armed for.
+  // Arms (or moves) the one timer to the earliest ready time, if that is earlier than the
+  // time it is armed for: not within kCoalesce of the last firing, unless a Get sleeps
+  // (unsignalled) on the queue, which nothing else would wake at the exact time.
   void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     if (heap().empty() || stopping_) return;
-    const int64_t next = std::max(heap().TopKey(), quiet_until_);
+    const bool get_asleep = queue_.waiters_ > queue_.signaled_;
+    const int64_t next = get_asleep ? heap().TopKey() : std::max(heap().TopKey(), quiet_until_);
     if (timer_ != 0) {
       if (next >= armed_for_) return;
       // If Reschedule fails the timer is firing right now; that Fire re-arms under the lock.
