@@ -39,6 +39,12 @@ struct internal::QueuePeer {
     internal::MutexLock lock(&q.mu_);
     return q.draining_;
   }
+  // Gets blocked on the queue's condition variable.
+  template <typename Q>
+  static int Waiters(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.waiters_;
+  }
 };
 
 namespace {
@@ -489,6 +495,29 @@ TEST_F(PriorityQueueTest, BatchAdd) {
   EXPECT_EQ(Drain(*q_), (Strings{"d1", "d2"}));
 }
 
+// The batch form with rate_limited: each item of the batch records a failure and waits
+// its own delay, at the batch's priority.
+TEST_F(PriorityQueueTest, BatchAddRateLimited) {
+  PQ::Options options = Opts();
+  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_});
+  auto q = Make(std::move(options));
+  q->AddRateLimited("b");  // b's 1st failure: 1 s
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_EQ(Drain(*q), (Strings{"b"}));
+  EXPECT_EQ(q->AddAll(Strings{"a", "b"}, {.priority = 4, .rate_limited = true}), 2u);
+  EXPECT_EQ(q->NumRequeues("a"), 1);
+  EXPECT_EQ(q->NumRequeues("b"), 2);
+  EXPECT_EQ(q->Waiting(), 2u);
+  q->Add("low");
+  clock_.Advance(absl::Seconds(1));  // a's 1 s
+  EXPECT_EQ(Drain(*q), (Strings{"a", "low"}));
+  clock_.Advance(absl::Seconds(1));  // b's 2 s
+  EXPECT_EQ(q->Waiting(), 0u);
+  q->Add("low");
+  EXPECT_EQ(Drain(*q), (Strings{"b", "low"}));  // b kept the batch's priority
+}
+
 // ---- aging ----
 
 TEST_F(PriorityQueueTest, AgedLowPriorityItemGoesBeforeNewerHighPriorityOnes) {
@@ -626,6 +655,8 @@ TEST_F(PriorityQueueTest, ShutDownWakesEveryBlockedGet) {
     });
   }
   started.wait();
+  // All four asleep, so ShutDown has to wake them.
+  while (internal::QueuePeer::Waiters(*q_) < 4) std::this_thread::yield();
   q_->ShutDown();
   for (auto& w : workers) w.join();
   EXPECT_EQ(returned.load(), 4);

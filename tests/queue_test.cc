@@ -18,6 +18,26 @@
 #include "testing/recording_metrics.h"
 
 namespace kwq {
+
+// Test access to the Queue's wake-up and drain state (friend of Queue).
+struct internal::QueuePeer {
+  template <typename Q>
+  static int Sleepers(const Q& q) {
+    return q.sleepers_hint_.load();
+  }
+  template <typename Q>
+  static void SetPolling(Q& q, int polling) {
+    q.spinners_.store(polling);
+  }
+  // ShutDownWithDrain calls waiting: one counts itself in the hold of the lock in which it
+  // checks and goes to wait, so a non-zero count seen here means a drainer waits.
+  template <typename Q>
+  static int Draining(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.draining_;
+  }
+};
+
 namespace {
 
 using StringQueue = Queue<std::string>;
@@ -135,6 +155,8 @@ TEST(QueueTest, ShutDownWakesEveryBlockedGet) {
     });
   }
   started.wait();
+  // All four asleep (the one that polls at length too), so ShutDown has to wake them.
+  while (internal::QueuePeer::Sleepers(q) < 4) std::this_thread::yield();
   q.ShutDown();
   for (auto& w : workers) w.join();
   EXPECT_EQ(returned.load(), 4);
@@ -362,29 +384,6 @@ TEST(QueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) { ExpectNoOverlapAndN
 TEST(QueueStressTest, NoItemHandedToTwoWorkersAndNoneLostWithThreePollers) {
   ExpectNoOverlapAndNoneLost(3);
 }
-
-}  // namespace
-
-// Test access to the Queue's wake-up state (friend of Queue).
-struct internal::QueuePeer {
-  template <typename Q>
-  static int Sleepers(const Q& q) {
-    return q.sleepers_hint_.load();
-  }
-  template <typename Q>
-  static void SetPolling(Q& q, int polling) {
-    q.spinners_.store(polling);
-  }
-  // ShutDownWithDrain calls waiting: one counts itself in the hold of the lock in which it
-  // checks and goes to wait, so a non-zero count seen here means a drainer waits.
-  template <typename Q>
-  static int Draining(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.draining_;
-  }
-};
-
-namespace {
 
 // client-go's drain waits only for in-flight items; this one also waits for queued ones.
 TEST(QueueTest, ShutDownWithDrainWaitsForAQueuedItemWithNoLeaseActive) {
