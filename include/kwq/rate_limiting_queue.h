@@ -11,7 +11,8 @@
 //
 // Promises (pinned by tests/rate_limiting_queue_test.cc): AddRateLimited(item) is
 // AddAfter(item, limiter.When(item)) and counts one retry in the metrics; Forget and
-// NumRequeues are the limiter's; everything else is DelayingQueue's.
+// NumRequeues act on the failure counts, wherever they live (below); everything else is
+// DelayingQueue's.
 //
 // Where the failure counts live: with a limiter whose delay depends on an item only
 // through its failure count (RateLimiter::Counting: the exponential and fast/slow

@@ -3,10 +3,10 @@
 // ShardedQueue<T>: K independent Queue<T> shards chosen by key hash, for K CPU-pinned
 // workers that each consume their own shard without touching a shared lock.
 //
-//   kwq::ShardedQueue<std::string> q(/*shards=*/4);
-//   q.Add("default/web");                           // goes to shard hash(key) % 4
+//   auto q = *kwq::ShardedQueue<std::string>::Create(/*shards=*/4);
+//   q->Add("default/web");                           // goes to shard hash(key) % 4
 //   // worker w (pinned to CPU w):
-//   while (auto item = q.Get(w)) Reconcile(**item); // own shard first, then steals
+//   while (auto item = q->Get(w)) Reconcile(**item); // own shard first, then steals
 //
 // Promises (pinned by tests/sharded_queue_test.cc):
 //   - A key always lives in the same shard, so every Queue promise holds per key: queued

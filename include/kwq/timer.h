@@ -19,7 +19,8 @@
 //   - kPortable: a condition variable waiting until the next deadline. Works everywhere.
 //   - kAuto (default): io_uring when it can be set up, else portable, without error
 //     (seccomp, kernel.io_uring_disabled and old kernels are all handled).
-// The environment variable KWQ_TIMER_BACKEND=portable|io_uring overrides kAuto.
+// The environment variable KWQ_TIMER_BACKEND=auto|portable|io_uring overrides kAuto (auto
+// keeps it).
 //
 // With a manual clock (FakeClock) there is no thread at all: due timers run inside
 // FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
