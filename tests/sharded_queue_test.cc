@@ -1,15 +1,43 @@
 #include "kwq/sharded_queue.h"
 
 #include <atomic>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kwq/metrics.h"
 
 namespace kwq {
+
+// Test access to a shard's wake-up and drain state (friend of Queue).
+struct internal::QueuePeer {
+  // Gets asleep on the queue (not polling).
+  template <typename Q>
+  static int Sleepers(const Q& q) {
+    return q.sleepers_hint_.load();
+  }
+  // ShutDownWithDrain calls waiting: a drainer counts itself in the hold of the lock in
+  // which it checks and goes to wait, so a count seen here means that many wait.
+  template <typename Q>
+  static int Draining(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.draining_;
+  }
+};
+
 namespace {
+
+// The first key (0, 1, 2, ...) that lives in `shard`.
+template <typename Q>
+int KeyIn(Q& q, int shard) {
+  int key = 0;
+  while (q.ShardOf(key) != shard) ++key;
+  return key;
+}
 
 TEST(ShardedQueueTest, RejectsBadShardCounts) {
   EXPECT_EQ(ShardedQueue<int>::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
@@ -73,6 +101,117 @@ TEST(ShardedQueueTest, ShutDownWithDrainDrainsEveryShard) {
   for (auto& t : workers) t.join();
   EXPECT_EQ(seen.load(), 100);
   EXPECT_FALSE(q->Add(1));
+}
+
+// A second drainer must not end the first one's wait (each used to shut every shard
+// down, which ends the drains in progress as a ShutDown() would).
+TEST(ShardedQueueTest, ConcurrentDrainsDoNotEndEachOther) {
+  auto q = *ShardedQueue<int>::Create(2);
+  q->Add(KeyIn(*q, 0));
+  auto lease = q->TryGet(0);
+  ASSERT_TRUE(lease.has_value());
+  std::atomic<int> returned{0};
+  std::atomic<int> drained{0};
+  std::vector<std::thread> drainers;
+  for (int i = 0; i < 2; ++i) {
+    drainers.emplace_back([&] {
+      drained += q->ShutDownWithDrain();
+      ++returned;
+    });
+    // This drainer waits on shard 0 (the lease's) before the next one starts.
+    while (internal::QueuePeer::Draining(q->shard(0)) < i + 1 && returned.load() == 0) {
+      std::this_thread::yield();
+    }
+  }
+  EXPECT_EQ(returned.load(), 0) << "a drain returned while a lease was active";
+  lease->Done();
+  for (auto& d : drainers) d.join();
+  EXPECT_EQ(drained.load(), 2);
+}
+
+// ShutDown() ends a drain, including one waiting on a later shard, and it returns false.
+TEST(ShardedQueueTest, ShutDownEndsADrain) {
+  auto q = *ShardedQueue<int>::Create(3);
+  q->Add(KeyIn(*q, 2));
+  auto lease = q->TryGet(2);
+  ASSERT_TRUE(lease.has_value());
+  std::atomic<bool> returned{false};
+  bool drained = true;
+  std::thread drainer([&] {
+    drained = q->ShutDownWithDrain();
+    returned = true;
+  });
+  while (internal::QueuePeer::Draining(q->shard(2)) == 0) std::this_thread::yield();
+  q->ShutDown();
+  drainer.join();
+  EXPECT_FALSE(drained);
+  lease->Done();
+}
+
+// A worker asleep on its empty shard, woken by ShutDown, still takes what another shard
+// holds before it reports the end.
+TEST(ShardedQueueTest, GetStealsWhatIsLeftAfterShutDown) {
+  auto q = *ShardedQueue<int>::Create(2);
+  std::optional<int> got;
+  std::thread worker([&] {
+    if (auto lease = q->Get(0)) got = **lease;
+  });
+  while (internal::QueuePeer::Sleepers(q->shard(0)) == 0) std::this_thread::yield();
+  const int key = KeyIn(*q, 1);
+  q->Add(key);  // shard 1: does not wake the worker asleep on shard 0
+  q->ShutDown();
+  worker.join();
+  EXPECT_EQ(got, key);
+}
+
+// Get(w) tries shard w first, then the others from w + 1 on, wrapping around.
+TEST(ShardedQueueTest, GetScansFromItsOwnShardOnwards) {
+  auto q = *ShardedQueue<int>::Create(4);
+  const int in0 = KeyIn(*q, 0), in2 = KeyIn(*q, 2);
+  q->Add(in0);
+  q->Add(in2);
+  auto a = q->TryGet(2);  // its own shard
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(**a, in2);
+  a->Done();
+  q->Add(in2);
+  auto b = q->TryGet(1);  // 1 (empty), then 2
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(**b, in2);
+  auto c = q->TryGet(3);  // 3 (empty), then 0
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(**c, in0);
+}
+
+// With a metrics provider every shard reports under its own name, "<name>/<index>", also
+// when the queue has no name.
+TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
+  struct NameRecorder : MetricsProvider {  // records the names; makes no metric
+    std::vector<std::string> names;
+    std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view name) override {
+      names.emplace_back(name);
+      return nullptr;
+    }
+    std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+        std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override { return nullptr; }
+  } provider;
+  { auto q = *ShardedQueue<int>::Create(3, {.metrics = &provider}); }
+  EXPECT_EQ(provider.names, (std::vector<std::string>{"/0", "/1", "/2"}));
+  provider.names.clear();
+  { auto q = *ShardedQueue<int>::Create(2, {.name = "jobs", .metrics = &provider}); }
+  EXPECT_EQ(provider.names, (std::vector<std::string>{"jobs/0", "jobs/1"}));
 }
 
 TEST(ShardedQueueStressTest, NoKeyHeldByTwoWorkersWhileStealing) {

@@ -113,6 +113,8 @@ class Queue {
   friend Lease;  // calls Finish
   template <typename, typename, typename>
   friend class DelayingQueue;  // calls GetPromoting
+  template <typename, typename, typename>
+  friend class ShardedQueue;  // calls StopAdds and DrainUntil
   friend struct internal::QueuePeer;
 
   Queue() : Queue(Options{}) {}
@@ -275,20 +277,7 @@ class Queue {
   // ShutDown, then blocks until every queued and in-flight item is Done. Returns true
   // when the queue drained, false when a ShutDown() from another thread ended the wait.
   // Workers must keep calling Get to drain queued items.
-  bool ShutDownWithDrain() {
-    internal::MutexLock lock(&mu_);
-    shutting_down_ = true;
-    const uint64_t aborts = aborts_;  // a ShutDown() from now on ends this wait
-    ++draining_;
-    // From here on every Done counts itself under mu_, so it can signal drained_cv_
-    // before the drainer (who may destroy the queue) returns.
-    finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
-    ready_cv_.SignalAll();
-    while (!DrainedLocked() && aborts_ == aborts) drained_cv_.Wait(&mu_);
-    --draining_;
-    if (draining_ == 0) finished_.fetch_and(~kDrainFlag, std::memory_order_relaxed);
-    return DrainedLocked();
-  }
+  bool ShutDownWithDrain() { return DrainUntil(nullptr, 0); }
 
   bool ShuttingDown() const {
     internal::MutexLock lock(&mu_);
@@ -330,6 +319,35 @@ class Queue {
   // Polls of a Get that finds another one polling, before it sleeps (a short poll still
   // catches the next item of a busy producer, which saves it a wake-up call).
   static constexpr int kSecondSpinnerPolls = 32;
+
+  // For ShardedQueue, whose drain spans its shards. StopAdds starts a drain without
+  // waiting: adds are refused from now on and blocked Gets woken (ShutDown without ending
+  // the drains in progress).
+  void StopAdds() {
+    internal::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    ready_cv_.SignalAll();
+  }
+  // ShutDownWithDrain that also ends, returning false, once `*abort_gen` differs from
+  // `baseline` (nullptr: never). The caller changes *abort_gen before it shuts this queue
+  // down, which wakes the wait.
+  bool DrainUntil(const std::atomic<uint64_t>* abort_gen, uint64_t baseline) {
+    internal::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    const uint64_t aborts = aborts_;  // a ShutDown() from now on ends this wait
+    ++draining_;
+    // From here on every Done counts itself under mu_, so it can signal drained_cv_
+    // before the drainer (who may destroy the queue) returns.
+    finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
+    ready_cv_.SignalAll();
+    while (!DrainedLocked() && aborts_ == aborts &&
+           (abort_gen == nullptr || abort_gen->load(std::memory_order_acquire) == baseline)) {
+      drained_cv_.Wait(&mu_);
+    }
+    --draining_;
+    if (draining_ == 0) finished_.fetch_and(~kDrainFlag, std::memory_order_relaxed);
+    return DrainedLocked();
+  }
 
   // Get for DelayingQueue, which has a second source of items: while polling it also
   // polls `due()` (true when waiting items are due), and before taking an item again it

@@ -25,6 +25,7 @@
 #ifndef KWQ_SHARDED_QUEUE_H_
 #define KWQ_SHARDED_QUEUE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -71,18 +72,23 @@ class ShardedQueue {
   }
 
   // Ready item from shard `worker` % K, else stolen from another shard; blocks on shard
-  // `worker` when none is ready anywhere. nullopt once that shard is shut down and empty.
+  // `worker` when none is ready anywhere (items added to other shards meanwhile do not
+  // wake it). nullopt once that shard is shut down and empty and no other shard has a
+  // ready item left to steal.
   std::optional<Lease> Get(int worker) {
     const size_t home = Home(worker);
     if (auto lease = TryGetFrom(home)) return lease;
-    return shards_[home]->Get();
+    if (auto lease = shards_[home]->Get()) return lease;
+    return TryGetFrom(home);  // shut down: what the other shards still hold
   }
 
   // Like Get(worker), and also returns nullopt when `ctx` is done.
   std::optional<Lease> Get(int worker, const Context& ctx) {
     const size_t home = Home(worker);
     if (auto lease = TryGetFrom(home)) return lease;
-    return shards_[home]->Get(ctx);
+    if (auto lease = shards_[home]->Get(ctx)) return lease;
+    if (ctx.IsCancelled()) return std::nullopt;
+    return TryGetFrom(home);  // shut down: what the other shards still hold
   }
 
   // A ready item from shard `worker` % K or any other, without blocking.
@@ -101,15 +107,21 @@ class ShardedQueue {
   }
   Shard& shard(int index) { return *shards_[index]; }
 
+  // Shuts every shard down (Queue::ShutDown); ends every ShutDownWithDrain in progress.
   void ShutDown() {
+    aborts_.fetch_add(1, std::memory_order_acq_rel);  // before the shards wake the drains
     for (auto& s : shards_) s->ShutDown();
   }
-  // Shuts every shard down, then waits for each to drain. True when all drained.
+  // Stops adds on every shard, then waits for each to drain (queued and in-flight items,
+  // as Queue::ShutDownWithDrain). True when all drained; false when a ShutDown() from
+  // another thread ended the wait. Concurrent drains do not end each other.
   bool ShutDownWithDrain() {
-    ShutDown();
-    bool drained = true;
-    for (auto& s : shards_) drained &= s->ShutDownWithDrain();
-    return drained;
+    const uint64_t aborts = aborts_.load(std::memory_order_acquire);
+    for (auto& s : shards_) s->StopAdds();
+    for (auto& s : shards_) {
+      if (!s->DrainUntil(&aborts_, aborts)) return false;
+    }
+    return true;
   }
   bool ShuttingDown() const { return shards_[0]->ShuttingDown(); }
 
@@ -118,7 +130,7 @@ class ShardedQueue {
     shards_.reserve(shards);
     for (int i = 0; i < shards; ++i) {
       QueueOptions o = options;
-      if (!o.name.empty()) o.name = absl::StrCat(options.name, "/", i);
+      o.name = absl::StrCat(options.name, "/", i);  // each shard's metrics apart
       shards_.push_back(std::make_unique<Shard>(std::move(o)));
     }
   }
@@ -137,6 +149,8 @@ class ShardedQueue {
   }
 
   std::vector<std::unique_ptr<Shard>> shards_;  // I: the shards lock themselves
+  // ShutDown() calls so far: a drain that sees it change ends (DrainUntil).
+  std::atomic<uint64_t> aborts_{0};
 };
 
 }  // namespace kwq
