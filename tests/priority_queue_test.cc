@@ -21,6 +21,7 @@
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
 #include "testing/hint_recorder.h"
+#include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
@@ -518,7 +519,91 @@ TEST_F(PriorityQueueTest, BatchAddRateLimited) {
   EXPECT_EQ(Drain(*q), (Strings{"b", "low"}));  // b kept the batch's priority
 }
 
+// A limiter that keeps its own counts (a user's) is called with the item: the delay is its
+// When, and NumRequeues and Forget are its.
+TEST_F(PriorityQueueTest, ALimiterKeepingItsOwnCountsIsCalledWithTheItem) {
+  PQ::Options options = Opts();
+  options.rate_limiter = std::make_unique<testing::NotCounting<std::string>>(
+      *ExponentialFailureRateLimiter<std::string>::Create(
+          {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_}));
+  auto q = Make(std::move(options));
+  EXPECT_TRUE(q->AddRateLimited("a"));  // 1 s
+  EXPECT_EQ(q->Waiting(), 1u);
+  EXPECT_EQ(q->NumRequeues("a"), 1);
+  EXPECT_EQ(q->rate_limiter().TrackedItems(), 1u);  // the count is the limiter's
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_FALSE(q->TryGet().has_value());
+  clock_.Advance(absl::Milliseconds(1));
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+  q->Forget("a");
+  EXPECT_EQ(q->NumRequeues("a"), 0);
+  EXPECT_EQ(q->rate_limiter().TrackedItems(), 0u);
+}
+
 // ---- aging ----
+
+// A clock that counts its readings (and otherwise is `inner`).
+class CountingClock final : public Clock {
+ public:
+  explicit CountingClock(FakeClock* inner) : inner_(inner) {}
+  absl::Time Now() const override {
+    reads_.fetch_add(1);
+    return inner_->Now();
+  }
+  absl::Time CoarseNow() const override { return Now(); }
+  void SleepUntil(absl::Time deadline) override { inner_->SleepUntil(deadline); }
+  bool is_manual() const override { return true; }
+  bool AddObserver(ClockObserver* observer) override { return inner_->AddObserver(observer); }
+  void RemoveObserver(ClockObserver* observer) override { inner_->RemoveObserver(observer); }
+  int reads() const { return reads_.load(); }
+
+ private:
+  FakeClock* const inner_;
+  mutable std::atomic<int> reads_{0};
+};
+
+// With aging off (the default) handing out reads no clock.
+TEST(PriorityQueueClockTest, WithoutAgingGetNeverReadsTheClock) {
+  FakeClock fake;
+  CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  PQ::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  auto q = *PQ::Create(std::move(options));
+  q->Add("a");
+  q->Add("b", {.priority = 3});
+  q->Add("c");
+  const int before = clock.reads();
+  auto b = q->TryGet();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(**b, "b");
+  b->Done();
+  auto a = q->Get();
+  ASSERT_TRUE(a.has_value());
+  a->Done();
+  auto c = q->Get(Background());
+  ASSERT_TRUE(c.has_value());
+  c->Done();
+  EXPECT_EQ(clock.reads(), before);
+}
+
+// An item is aged once it has been ready for `aging`, not before: a quarter of a
+// nanosecond is rounded up, so two items ready at the same instant keep priority order.
+TEST_F(PriorityQueueTest, SubNanosecondAgingRoundsUp) {
+  PQ::Options options = Opts();
+  options.aging = absl::Nanoseconds(1) / 4;
+  auto q = Make(std::move(options));
+  q->Add("low", {.priority = 0});
+  q->Add("high", {.priority = 9});
+  EXPECT_EQ(Drain(*q), (Strings{"high", "low"}));
+  q->Add("low", {.priority = 0});
+  clock_.Advance(absl::Nanoseconds(1));
+  q->Add("high", {.priority = 9});
+  EXPECT_EQ(Drain(*q), (Strings{"low", "high"}));  // ready for 1 ns: aged
+}
 
 TEST_F(PriorityQueueTest, AgedLowPriorityItemGoesBeforeNewerHighPriorityOnes) {
   PQ::Options options = Opts();

@@ -21,6 +21,7 @@
 #include "kwq/clock.h"
 #include "kwq/internal/key_table.h"
 #include "testing/hint_recorder.h"
+#include "testing/not_counting.h"
 
 namespace kwq {
 namespace {
@@ -595,6 +596,22 @@ TEST(FastSlowTest, EvictsAfterDefaultHorizon) {
   EXPECT_EQ(limiter->TrackedItems(), 1u);
 }
 
+// The default horizon is max(2 x max(fast, slow), 1 minute): with slow = 100 s, 200 s.
+TEST(FastSlowTest, DefaultHorizonFollowsTheSlowDelay) {
+  FakeClock clock;
+  auto limiter = Must(FastSlowRateLimiter<int>::Create({.fast = absl::Milliseconds(1),
+                                                        .slow = absl::Seconds(100),
+                                                        .max_fast_attempts = 1,
+                                                        .clock = &clock}));
+  limiter->When(0);
+  EXPECT_EQ(limiter->Counting().idle_horizon, absl::Seconds(200));
+  clock.Advance(absl::Seconds(200));
+  EXPECT_EQ(limiter->NumRequeues(0), 1);  // kept for the whole horizon
+  EXPECT_EQ(limiter->When(0), absl::Seconds(100));
+  clock.Advance(absl::Seconds(200) + absl::Nanoseconds(1));
+  EXPECT_EQ(limiter->When(0), absl::Milliseconds(1));  // lapsed: the first failure again
+}
+
 // ---- BucketRateLimiter ----
 
 TEST(BucketTest, BurstThenRefillAtQps) {
@@ -859,6 +876,15 @@ TEST(CountingTest, DescribesWhichLimitersCanLeaveTheirCountsToTheCaller) {
   EXPECT_TRUE(same(absl::Seconds(10), &clock));
   EXPECT_FALSE(same(absl::Seconds(20), &clock));  // one count cannot lapse at two horizons
   EXPECT_FALSE(same(absl::Seconds(10), &other_clock));
+
+  // A child that keeps its own counts makes the MaxOf keep its own: else a queue would ask
+  // that child's WhenCounted (zero by default) and lose its delays.
+  std::vector<std::unique_ptr<RateLimiter<std::string>>> mixed;
+  mixed.push_back(
+      Must(ExponentialFailureRateLimiter<std::string>::Create(ExpOptions{.clock = &clock})));
+  mixed.push_back(std::make_unique<testing::NotCounting<std::string>>(
+      Must(ExponentialFailureRateLimiter<std::string>::Create(ExpOptions{.clock = &clock}))));
+  EXPECT_FALSE(Must(MaxOfRateLimiter<std::string>::Create(std::move(mixed)))->Counting().by_count);
 
   c = Must(WithMaxWaitRateLimiter<std::string>::Create(std::move(exp), absl::Seconds(1)))
           ->Counting();

@@ -62,9 +62,14 @@
 // Get returns a Lease (whose destructor calls Done) and reports the priority; TryGet,
 // Get(ctx), Depth, Waiting and InFlight as on Queue; aging, fairness and the drain.
 //
-// Thread safety: every member may be called from any thread. One mutex guards the queue
-// and is never held while calling the rate limiter or `group`; Get blocks on a condition
-// variable. Lock order: this queue's lock, then the clock's and the timer service's. A
+// Thread safety: every member may be called from any thread. One mutex guards the queue.
+// It is not held while calling `group`, or a rate limiter that keeps its own counts (its
+// When, Forget and NumRequeues); it is held while calling a counting limiter's
+// WhenCounted and any limiter's Prefetch (the queue keeps the count, so the delay of the
+// n-th failure is asked under the lock that recorded it). The built-in limiters' locks
+// there (a token bucket's, a jitter source's) are leaves; a custom limiter's WhenCounted
+// and Prefetch must not block or call this queue. Get blocks on a condition variable.
+// Lock order: this queue's lock, then a limiter's, the clock's and the timer service's. A
 // Lease must not outlive its queue, and no call may be in progress when it is destroyed:
 // after ShutDownWithDrain returns true the queue may be destroyed once every other
 // ShutDownWithDrain call and every Get has returned.
@@ -204,7 +209,8 @@ class PriorityQueue {
   // item was not waiting before (this call made it ready, delayed, or marked to run again
   // after its Done); false when it was already waiting (the add merged into it: larger
   // priority, earlier ready time) or the queue is shutting down. Never blocks on workers;
-  // with rate_limited, calls the rate limiter's When first (without the queue's lock).
+  // with rate_limited, calls the rate limiter's When first, without the queue's lock (or,
+  // with a counting limiter, its WhenCounted under the lock: see Thread safety above).
   template <typename K>
   bool Add(K&& item, AddOpts opts = {}) {
     if constexpr (!std::is_same_v<std::remove_cvref_t<K>, T>) {
@@ -526,7 +532,8 @@ class PriorityQueue {
         counting_(limiter_->Counting()),
         group_fn_(std::move(options.group)),
         aging_(options.aging != absl::InfiniteDuration()),
-        aging_ns_(absl::ToInt64Nanoseconds(options.aging)),
+        // Rounded up: a sub-nanosecond aging must not truncate to "aged at once".
+        aging_ns_(absl::ToInt64Nanoseconds(absl::Ceil(options.aging, absl::Nanoseconds(1)))),
         timers_(options.timers) {
     if (options.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
