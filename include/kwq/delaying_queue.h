@@ -229,6 +229,7 @@ class DelayingQueue {
       if (!lapsed) return failures;
     }
     internal::MutexLock lock(&queue_.mu_);
+    if (slot != Table::kNone && !queue_.LiveLocked(slot)) return 0;  // a lease used after Done
     if (slot == Table::kNone) slot = queue_.FindLocked(item);
     return slot == Table::kNone ? 0 : counts.FailuresLocked(slot, counts.Now());
   }
@@ -243,6 +244,7 @@ class DelayingQueue {
       return;
     }
     internal::MutexLock lock(&queue_.mu_);
+    if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
     if (slot == Table::kNone) slot = queue_.FindLocked(item);
     if (slot != Table::kNone) counts.Forget(slot);
   }

@@ -855,28 +855,33 @@ class Queue {
     const int64_t now = counts_ ? counts_->Now() : 0;
     int64_t excess = IdleEstimate() - keep;
     bool erased = false;
+    bool kept = false;  // an idle key stayed for its live failure count
     while (scan > 0 && excess > 0) {
       int n = 0;
       for (; scan > 0 && n < kGroup && n < excess; --scan) {
         if (hand_ >= table_.slot_limit()) hand_ = 0;
         const uint32_t slot = hand_++;
         const uint8_t state = State(slot).load(std::memory_order_acquire);
+        if (!(state & Table::kLive) || (state & (kDirty | kProcessing | kWaiting))) continue;
         // A key with a failure count that has not lapsed stays (RateLimitingQueue).
-        if ((state & Table::kLive) && !(state & (kDirty | kProcessing | kWaiting)) &&
-            !(counts_ && counts_->Held(slot, now))) {
-          table_.Prefetch(slot);
-          group[n++] = slot;
+        if (counts_ && counts_->Held(slot, now)) {
+          kept = true;
+          continue;
         }
+        table_.Prefetch(slot);
+        group[n++] = slot;
       }
       for (int i = 0; i < n; ++i) table_.Erase(group[i]);
       erased |= n > 0;
       stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
       excess = IdleEstimate() - keep;
     }
-    // Only keys with live failure counts are idle yet not erasable: without counts a pass
-    // that found nothing just met busy keys, and the next one moves on.
+    // Only keys with live failure counts are idle yet not erasable: a pass that erased
+    // nothing because it met only busy keys leaves the floor alone, and the next one moves
+    // on; one that kept counted keys waits for a batch more idle keys before trying again.
     if (counts_) {
-      evict_floor_.store(erased || excess <= 0 ? 0 : IdleEstimate(), std::memory_order_relaxed);
+      evict_floor_.store(erased || excess <= 0 || !kept ? 0 : IdleEstimate(),
+                         std::memory_order_relaxed);
     }
   }
 
