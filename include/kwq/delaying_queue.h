@@ -26,7 +26,9 @@
 //     has to block first re-arms the timer for the exact next ready time, and while a Get
 //     sleeps an AddAfter arms it for the exact time too: coalescing is only for when no
 //     Get sleeps, so an idle worker gets an item at its ready time plus the timer
-//     service's resolution. Every AddAfter (and AddRateLimited) also moves up
+//     service's resolution. (One race is left: an AddAfter in the instant between a
+//     Get's last look and its going to sleep can still be coalesced, up to 50 us late.)
+//     Every AddAfter (and AddRateLimited) also moves up
 //     to two due items along the way, so a reconcile loop's retries move its own due
 //     retries.
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
