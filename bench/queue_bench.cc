@@ -200,6 +200,21 @@ void BM_TwoWorkersDrain(benchmark::State& state) {
 }
 BENCHMARK(BM_TwoWorkersDrain)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// One key through a 4-shard ShardedQueue, Add + TryGet(worker) + Done: the per-item cost
+// of the shard choice on top of Queue's (BM_AddGetDoneHot), worker 0 taking from the key's
+// own shard or stealing it.
+void BM_ShardedAddGetDoneHot(benchmark::State& state) {
+  auto q = *ShardedQueue<std::string>::Create(4);
+  const std::string key = "default/object-1";
+  const int worker = state.range(0) == 0 ? q->ShardOf(key) : (q->ShardOf(key) + 1) % 4;
+  for (auto _ : state) {
+    q->Add(key);
+    q->TryGet(worker);
+  }
+  state.SetLabel(state.range(0) == 0 ? "own shard" : "stolen");
+}
+BENCHMARK(BM_ShardedAddGetDoneHot)->Arg(0)->Arg(1);
+
 // The delay scenario's waiting heap alone: 200,000 pushes of random ready times into a
 // fresh IndexedHeap, which grows (and first touches its pages) on the way; the heap is
 // destroyed outside the timing. How fast it grows is what PodVector's realloc changed

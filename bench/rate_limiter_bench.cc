@@ -129,6 +129,41 @@ void BM_BucketWhen(benchmark::State& state) {
 }
 BENCHMARK(BM_BucketWhen);
 
+// The other built-in limiters, one item failing and succeeding over and over.
+void BM_FastSlowWhenForget(benchmark::State& state) {
+  auto limiter = *FastSlowRateLimiter<int64_t>::Create(
+      {.fast = absl::Milliseconds(5), .slow = absl::Seconds(10), .max_fast_attempts = 3});
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(limiter->When(42));
+    limiter->Forget(42);
+  }
+}
+BENCHMARK(BM_FastSlowWhenForget);
+
+void BM_WithMaxWaitWhenForget(benchmark::State& state) {
+  auto limiter = *WithMaxWaitRateLimiter<int64_t>::Create(
+      Exponential<int64_t>(RealClock::Default(), absl::Seconds(2000)), absl::Seconds(1));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(limiter->When(42));
+    limiter->Forget(42);
+  }
+}
+BENCHMARK(BM_WithMaxWaitWhenForget);
+
+// MaxOf two per-item limiters (the default is MaxOf(exponential, bucket), below).
+void BM_MaxOfTwoPerItemWhenForget(benchmark::State& state) {
+  std::vector<std::unique_ptr<RateLimiter<int64_t>>> children;
+  children.push_back(Exponential<int64_t>(RealClock::Default(), absl::Seconds(2000)));
+  children.push_back(*FastSlowRateLimiter<int64_t>::Create(
+      {.fast = absl::Milliseconds(5), .slow = absl::Seconds(10), .max_fast_attempts = 3}));
+  auto limiter = *MaxOfRateLimiter<int64_t>::Create(std::move(children));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(limiter->When(42));
+    limiter->Forget(42);
+  }
+}
+BENCHMARK(BM_MaxOfTwoPerItemWhenForget);
+
 void BM_DefaultControllerWhenForget(benchmark::State& state) {
   auto limiter = DefaultControllerRateLimiter<int64_t>();
   for (auto _ : state) {

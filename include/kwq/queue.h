@@ -56,6 +56,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/hash/hash.h"
 #include "kwq/clock.h"
 #include "kwq/context.h"
@@ -114,7 +115,7 @@ class Queue {
   template <typename, typename, typename>
   friend class DelayingQueue;  // calls GetPromoting
   template <typename, typename, typename>
-  friend class ShardedQueue;  // calls StopAdds and DrainUntil
+  friend class ShardedQueue;  // calls AddHashed, StopAdds and DrainUntil
   friend struct internal::QueuePeer;
 
   Queue() : Queue(Options{}) {}
@@ -142,18 +143,7 @@ class Queue {
   template <typename K>
   bool Add(K&& item) {
     const uint32_t hash = Table::HashOf(item);  // outside the lock
-    bool wake = false;
-    {
-      internal::MutexLock lock(&mu_);
-      bool fresh = false;
-      const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
-      if (slot == Table::kNone) return false;
-      bool pushed = false;
-      if (!MarkDirtyLocked(slot, fresh, &pushed)) return false;
-      if (pushed) wake = NeedWakeLocked();
-    }
-    if (wake) ready_cv_.Signal();
-    return true;
+    return AddHashed(std::forward<K>(item), hash);
   }
 
   // Adds every item of `items` under one acquisition of the table lock. Returns how many were
@@ -319,6 +309,24 @@ class Queue {
   // Polls of a Get that finds another one polling, before it sleeps (a short poll still
   // catches the next item of a busy producer, which saves it a wake-up call).
   static constexpr int kSecondSpinnerPolls = 32;
+
+  // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
+  // choose the shard and passes the hash on.
+  template <typename K>
+  ABSL_ATTRIBUTE_ALWAYS_INLINE bool AddHashed(K&& item, uint32_t hash) {
+    bool wake = false;
+    {
+      internal::MutexLock lock(&mu_);
+      bool fresh = false;
+      const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
+      if (slot == Table::kNone) return false;
+      bool pushed = false;
+      if (!MarkDirtyLocked(slot, fresh, &pushed)) return false;
+      if (pushed) wake = NeedWakeLocked();
+    }
+    if (wake) ready_cv_.Signal();
+    return true;
+  }
 
   // For ShardedQueue, whose drain spans its shards. StopAdds starts a drain without
   // waiting: adds are refused from now on and blocked Gets woken (ShutDown without ending

@@ -60,15 +60,13 @@ class ShardedQueue {
   int shards() const { return static_cast<int>(shards_.size()); }
 
   // The shard `item` lives in.
-  int ShardOf(const T& item) const {
-    const uint64_t h = static_cast<uint32_t>(Hash{}(item));
-    return static_cast<int>((h * shards_.size()) >> 32);  // high bits: the shards'
-  }                                                       // hash tables use the low ones
+  int ShardOf(const T& item) const { return ShardOfHash(static_cast<uint32_t>(Hash{}(item))); }
 
-  // Shard::Add on the item's shard.
+  // Shard::Add on the item's shard (the key is hashed once, for both).
   template <typename K>
   bool Add(K&& item) {
-    return shards_[ShardOf(item)]->Add(std::forward<K>(item));
+    const uint32_t hash = static_cast<uint32_t>(Hash{}(item));
+    return shards_[ShardOfHash(hash)]->AddHashed(std::forward<K>(item), hash);
   }
 
   // Ready item from shard `worker` % K, else stolen from another shard; blocks on shard
@@ -133,6 +131,12 @@ class ShardedQueue {
       o.name = absl::StrCat(options.name, "/", i);  // each shard's metrics apart
       shards_.push_back(std::make_unique<Shard>(std::move(o)));
     }
+  }
+
+  // The shard of a key whose hash's low 32 bits are `hash`: its high bits pick the shard
+  // (the shards' hash tables use the low ones).
+  int ShardOfHash(uint32_t hash) const {
+    return static_cast<int>((uint64_t{hash} * shards_.size()) >> 32);
   }
 
   size_t Home(int worker) const {
