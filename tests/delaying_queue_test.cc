@@ -379,15 +379,19 @@ TEST(DelayingQueueRealTest, AddAfterFromManyThreadsLosesNothing) {
   }
   std::vector<bool> seen(kThreads * kPerThread);
   int count = 0;
+  // A lost item would leave Get waiting: the deadline turns that into a failure.
+  const CancelableContext deadline = WithTimeout(Background(), absl::Seconds(30));
   while (count < kThreads * kPerThread) {
-    auto lease = q.Get();
-    ASSERT_TRUE(lease.has_value());
-    ASSERT_FALSE(seen[**lease]);
+    auto lease = q.Get(deadline.context);
+    if (!lease.has_value()) break;
+    EXPECT_FALSE(seen[**lease]) << **lease << " handed out twice";
     seen[**lease] = true;
     ++count;
   }
   for (auto& p : producers) p.join();
+  EXPECT_EQ(count, kThreads * kPerThread) << "items lost";
   EXPECT_EQ(q.Waiting(), 0u);
+  EXPECT_FALSE(q.TryGet().has_value()) << "an item handed out once more";
 }
 
 TEST(DelayingQueueRealTest, DestroyWhileTimerArmedIsSafe) {

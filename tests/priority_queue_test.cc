@@ -23,6 +23,7 @@
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
+#include "testing/stress_check.h"
 
 namespace kwq {
 
@@ -1171,6 +1172,10 @@ INSTANTIATE_TEST_SUITE_P(AgingAndFairness, PriorityQueueModelTest,
 
 // ---- concurrency (TSan) ----
 
+// Exclusivity, every add followed by a run that saw it, exactly one run per add that
+// returned true, and no lost wake-up: the adds come in rounds, and between two the queue
+// must settle (nothing waiting, ready or in flight) and every worker fall asleep, so each
+// round's first adds must wake them (shutdown, which wakes everyone, comes only after).
 TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
   using IntQueue = PriorityQueue<int>;
   IntQueue::Options options;
@@ -1178,9 +1183,11 @@ TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
   options.group = [](const int& k) { return static_cast<uint64_t>(k % 5); };
   auto q = *IntQueue::Create(std::move(options));
   constexpr int kKeys = 64, kProducers = 3, kAddsPerProducer = 15000, kWorkers = 4;
+  constexpr int kRounds = 6;
   std::vector<std::atomic<int>> busy(kKeys);
   std::vector<std::atomic<int>> last_add_gen(kKeys);  // generation of the newest add
   std::vector<std::atomic<int>> done_gen(kKeys);      // newest generation a run started after
+  std::vector<std::atomic<int>> runs(kKeys), queued(kKeys);  // hand-outs; adds returning true
   std::atomic<bool> overlap{false};
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
@@ -1189,33 +1196,48 @@ TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
         const int k = **lease;
         if (busy[k].fetch_add(1) != 0) overlap = true;
         done_gen[k].store(last_add_gen[k].load());  // everything added so far is seen
+        runs[k].fetch_add(1);
+        testing::HoldBriefly();
         busy[k].fetch_sub(1);
       }
     });
   }
-  std::vector<std::thread> producers;
-  for (int p = 0; p < kProducers; ++p) {
-    producers.emplace_back([&, p] {
-      std::mt19937 rng(p + 1);
-      for (int i = 0; i < kAddsPerProducer; ++i) {
-        const int k = static_cast<int>(rng() % kKeys);
-        const int priority = static_cast<int>(rng() % 10);
-        // One add in eight waits a few microseconds (the timer thread runs too).
-        const absl::Duration after =
-            rng() % 8 == 0 ? absl::Microseconds(rng() % 50) : absl::ZeroDuration();
-        last_add_gen[k].fetch_add(1);
-        q->Add(k, {.priority = priority, .after = after});
-      }
-    });
+  const auto settled = [&] {
+    for (int k = 0; k < kKeys; ++k) {
+      if (done_gen[k].load() != last_add_gen[k].load()) return false;
+    }
+    return q->Waiting() == 0 && q->Len() == 0 && q->InFlight() == 0;
+  };
+  bool lost = false;
+  for (int round = 0; round < kRounds && !lost; ++round) {
+    std::vector<std::thread> producers;
+    for (int p = 0; p < kProducers; ++p) {
+      producers.emplace_back([&, p, round] {
+        std::mt19937 rng(p + 1 + 100 * round);
+        for (int i = 0; i < kAddsPerProducer / kRounds; ++i) {
+          const int k = static_cast<int>(rng() % kKeys);
+          const int priority = static_cast<int>(rng() % 10);
+          // One add in eight waits a few microseconds (the timer thread runs too).
+          const absl::Duration after =
+              rng() % 8 == 0 ? absl::Microseconds(rng() % 50) : absl::ZeroDuration();
+          last_add_gen[k].fetch_add(1);
+          if (q->Add(k, {.priority = priority, .after = after})) queued[k].fetch_add(1);
+        }
+      });
+    }
+    for (auto& t : producers) t.join();
+    lost = !testing::SettlesWithin(settled, absl::Seconds(10));
+    testing::SettlesWithin([&] { return internal::QueuePeer::Waiters(*q) == kWorkers; },
+                           absl::Seconds(5));
   }
-  for (auto& t : producers) t.join();
-  while (q->Waiting() > 0) std::this_thread::yield();  // let every delay end
+  EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
   EXPECT_TRUE(q->ShutDownWithDrain());
   for (auto& t : threads) t.join();
   EXPECT_FALSE(overlap.load());
   for (int k = 0; k < kKeys; ++k) {
     // Level-triggered: the last add of every key was followed by a run that saw it.
     EXPECT_EQ(done_gen[k].load(), last_add_gen[k].load()) << "key " << k;
+    EXPECT_EQ(runs[k].load(), queued[k].load()) << "key " << k;
   }
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
+#include "testing/stress_check.h"
 
 namespace kwq {
 
@@ -214,11 +215,15 @@ TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
   EXPECT_EQ(provider.names, (std::vector<std::string>{"jobs/0", "jobs/1"}));
 }
 
+// Exclusivity while workers steal, every add followed by a run that saw it, one run per
+// add that returned true, and no lost wake-up: between rounds of adds the queue settles
+// and every worker falls asleep on its shard, so the next round must wake them.
 TEST(ShardedQueueStressTest, NoKeyHeldByTwoWorkersWhileStealing) {
-  constexpr int kShards = 4, kKeys = 64, kAdds = 40000;
+  constexpr int kShards = 4, kKeys = 64, kAdds = 40000, kRounds = 8;
   auto q = *ShardedQueue<int>::Create(kShards);
   std::vector<std::atomic<int>> busy(kKeys);
   std::vector<std::atomic<int>> added(kKeys), seen(kKeys);
+  std::vector<std::atomic<int>> runs(kKeys), queued(kKeys);
   std::atomic<bool> overlap{false};
   std::vector<std::thread> workers;
   for (int w = 0; w < kShards; ++w) {
@@ -227,22 +232,48 @@ TEST(ShardedQueueStressTest, NoKeyHeldByTwoWorkersWhileStealing) {
         const int k = **lease;
         if (busy[k].fetch_add(1) != 0) overlap = true;
         seen[k].store(added[k].load());
+        runs[k].fetch_add(1);
+        testing::HoldBriefly();
         busy[k].fetch_sub(1);
       }
     });
   }
-  std::thread producer([&] {
-    for (int i = 0; i < kAdds; ++i) {
-      const int k = (i * 13) % kKeys;
-      added[k].fetch_add(1);
-      q->Add(k);
+  const auto settled = [&] {
+    for (int k = 0; k < kKeys; ++k) {
+      if (seen[k].load() != added[k].load()) return false;
     }
-  });
-  producer.join();
+    for (int s = 0; s < kShards; ++s) {
+      if (q->shard(s).Depth() != 0 || q->shard(s).InFlight() != 0) return false;
+    }
+    return true;
+  };
+  bool lost = false;
+  for (int round = 0; round < kRounds && !lost; ++round) {
+    std::thread producer([&, round] {
+      for (int i = round * kAdds / kRounds; i < (round + 1) * kAdds / kRounds; ++i) {
+        const int k = (i * 13) % kKeys;
+        added[k].fetch_add(1);
+        if (q->Add(k)) queued[k].fetch_add(1);
+      }
+    });
+    producer.join();
+    lost = !testing::SettlesWithin(settled, absl::Seconds(10));
+    testing::SettlesWithin(
+        [&] {
+          int asleep = 0;
+          for (int s = 0; s < kShards; ++s) asleep += internal::QueuePeer::Sleepers(q->shard(s));
+          return asleep == kShards;
+        },
+        absl::Seconds(5));
+  }
+  EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
   EXPECT_TRUE(q->ShutDownWithDrain());
   for (auto& t : workers) t.join();
   EXPECT_FALSE(overlap.load());
-  for (int k = 0; k < kKeys; ++k) EXPECT_EQ(seen[k].load(), added[k].load()) << k;
+  for (int k = 0; k < kKeys; ++k) {
+    EXPECT_EQ(seen[k].load(), added[k].load()) << k;
+    EXPECT_EQ(runs[k].load(), queued[k].load()) << k;
+  }
 }
 
 }  // namespace
