@@ -1,16 +1,20 @@
 // Fuzzer for DelayingQueue<int> on a FakeClock: random Add / AddAfter (of a key, or of a
-// leased item passed back) / CancelAfter / TryGet / Done / clock moves. When due items become ready
-// depends on the timer's coalescing, and a delayed add merges into a waiting entry (earliest ready
-// time wins), so rather than model the order it checks what holds whatever the timing:
-//   - a key is never handed out while its previous lease is active;
-//   - nothing is lost: every add is owed a hand-out after it; a successful CancelAfter
-//     releases what delayed adds of the key were owed; a plain add of a waiting key
-//     replaces its delayed entry (it runs once). Once time passes every deadline and the
-//     queue is drained, nothing may still be owed, and nothing may still wait.
-// (Ready-time exactness is pinned by tests/delaying_queue_test.cc on exact scenarios.)
+// leased item passed back) / CancelAfter / TryGet / Done / clock moves, against a model of
+// which runs are owed. On a FakeClock every timer due by the new time fires inside
+// Advance, and delays here are whole milliseconds (past the 50 us coalescing), so after
+// each step the model knows exactly which keys wait and which are owed a run:
+//   - Add(k) (or AddAfter with d <= 0) owes k a run and ends k's wait (it runs once, now:
+//     kubernetes#126027);
+//   - AddAfter(k, d > 0) makes k wait until now + d, the earliest such time winning;
+//   - a clock move owes a run to every key whose wait ended; CancelAfter(k) returns
+//     whether k waited, and ends the wait;
+//   - every hand-out must be owed (none early, none twice) and never of a leased key;
+//   - Waiting() is the number of keys waiting, after every step.
+// At the end, with every lease ended and time past every deadline, the queue drains to
+// nothing owed and nothing waiting. (The order of hand-out is pinned by
+// tests/delaying_queue_test.cc.)
 
 #include <cstdint>
-#include <iterator>
 #include <map>
 #include <set>
 
@@ -22,14 +26,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kwq::FakeClock clock;
   auto timers = *kwq::TimerService::Create({.clock = &clock});
   kwq::DelayingQueue<int> q({.clock = &clock, .timers = timers.get()});
-  std::set<int> owed_plain;    // keys added without delay, not handed out since
-  std::set<int> owed_delayed;  // keys added with a delay, not handed out since
+  std::set<int> owed;                  // keys owed a run (ready, or to run after their Done)
+  std::map<int, absl::Time> waiting;   // keys waiting, until when
   Leases<kwq::DelayingQueue<int>::Lease> leases;
 
+  auto add_now = [&](int k) {
+    owed.insert(k);
+    waiting.erase(k);
+  };
+  auto add_after = [&](int k, absl::Duration d) {
+    if (d <= absl::ZeroDuration()) return add_now(k);
+    const absl::Time at = clock.Now() + d;
+    auto [it, inserted] = waiting.emplace(k, at);
+    if (!inserted && at < it->second) it->second = at;
+  };
   auto handed_out = [&](int k) {
-    leases.CheckNotLeased(k);  // never two leases of one key
-    owed_plain.erase(k);
-    owed_delayed.erase(k);
+    FUZZ_CHECK(owed.count(k) == 1);  // owed: not early, not twice
+    owed.erase(k);
   };
 
   for (size_t i = 0; i + 2 < size; i += 3) {
@@ -38,17 +51,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (data[i] % 8) {
       case 0:
         q.Add(key);
-        owed_plain.insert(key);
+        add_now(key);
         break;
       case 1:
       case 2: {
         const absl::Duration d = absl::Milliseconds(arg % 40);
         q.AddAfter(key, d);
-        (d <= absl::ZeroDuration() ? owed_plain : owed_delayed).insert(key);
+        add_after(key, d);
         break;
       }
       case 3:
-        if (q.CancelAfter(key)) owed_delayed.erase(key);
+        FUZZ_CHECK(q.CancelAfter(key) == (waiting.erase(key) == 1));
         break;
       case 4:
         leases.Take(q.TryGet(), handed_out);
@@ -58,27 +71,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          if (it->second <= clock.Now()) {
+            owed.insert(it->first);
+            it = waiting.erase(it);
+          } else {
+            ++it;
+          }
+        }
         break;
       case 7:
         // A retry of an item being processed, passed back as the leased object (the last
         // hand-out's is found by its address, the others by value).
         if (const auto* lease = leases.Pick(arg)) {
           const absl::Duration d = absl::Milliseconds(key % 3 == 0 ? 0 : arg % 40);
+          const int k = lease->item();
           q.AddAfter(lease->item(), d);
-          (d <= absl::ZeroDuration() ? owed_plain : owed_delayed).insert(lease->item());
+          add_after(k, d);
         }
         break;
     }
+    FUZZ_CHECK(q.Waiting() == waiting.size());
   }
   leases.Clear();
   clock.Advance(absl::Seconds(1));
+  for (const auto& [k, at] : waiting) owed.insert(k);
+  waiting.clear();
   for (int n = 0; n < 1000; ++n) {
     auto lease = q.TryGet();
     if (!lease) break;
     handed_out(**lease);
   }
-  FUZZ_CHECK(owed_plain.empty());
-  FUZZ_CHECK(owed_delayed.empty());
+  FUZZ_CHECK(owed.empty());
   FUZZ_CHECK(q.Waiting() == 0);
   FUZZ_CHECK(q.Len() == 0);
   return 0;
