@@ -26,8 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kwq::FakeClock clock;
   auto timers = *kwq::TimerService::Create({.clock = &clock});
   kwq::DelayingQueue<int> q({.clock = &clock, .timers = timers.get()});
-  std::set<int> owed;                  // keys owed a run (ready, or to run after their Done)
-  std::map<int, absl::Time> waiting;   // keys waiting, until when
+  std::set<int> owed;                 // keys owed a run (ready, or to run after their Done)
+  std::map<int, absl::Time> waiting;  // keys waiting, until when
   Leases<kwq::DelayingQueue<int>::Lease> leases;
 
   auto add_now = [&](int k) {

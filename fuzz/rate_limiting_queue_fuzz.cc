@@ -6,9 +6,13 @@
 // keys are then evicted around the counted ones). Checks:
 //   - NumRequeues is the model's count: failures since the last Forget, 0 once none was
 //     added for longer than the horizon;
-//   - a key is never handed out while its previous lease is active;
-//   - nothing is lost: once every delay has passed and the queue is drained, every key
-//     added or retried since its last hand-out has been handed out.
+//   - AddRateLimited(k) is AddAfter(k, When): k waits min(1 ms * 2^failures, 64 ms), the
+//     earliest wait winning; Add(k) ends the wait and owes k a run now. On a FakeClock
+//     every due timer fires inside Advance, so the model knows which keys wait and which
+//     are owed a run: every hand-out must be owed (none early, none twice), never of a
+//     leased key, and Waiting() must match after every step;
+//   - nothing is lost: once every delay has passed and the queue is drained, nothing is
+//     owed or waiting.
 
 #include <cstdint>
 #include <iterator>
@@ -40,11 +44,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (it == model.end() || clock.Now() - it->second.last > kHorizon) return 0;
     return it->second.failures;
   };
-  std::set<int> owed;  // added or retried since their last hand-out
+  std::set<int> owed;                 // keys owed a run (ready, or to run after their Done)
+  std::map<int, absl::Time> waiting;  // keys waiting for their delay, until when
   Leases<kwq::RateLimitingQueue<int>::Lease> leases;
   auto handed_out = [&](int k) {
-    leases.CheckNotLeased(k);  // never two leases of one key
+    FUZZ_CHECK(owed.count(k) == 1);  // owed: not early, not twice
     owed.erase(k);
+  };
+  auto add_now = [&](int k) {
+    owed.insert(k);
+    waiting.erase(k);
+  };
+  auto wait = [&](int k, int64_t failures_before) {
+    const absl::Duration d = failures_before >= 6
+                                 ? absl::Milliseconds(64)
+                                 : absl::Milliseconds(int64_t{1} << failures_before);
+    const absl::Time at = clock.Now() + d;
+    auto [it, inserted] = waiting.emplace(k, at);
+    if (!inserted && at < it->second) it->second = at;
   };
 
   for (size_t i = 0; i + 2 < size; i += 3) {
@@ -59,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (data[i] % 8) {
       case 0:
         q.Add(key);
-        owed.insert(key);
+        add_now(key);
         break;
       case 1:
       case 2: {
@@ -70,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           q.AddRateLimited(k);
         }
         model[k] = Count{before + 1, clock.Now()};
-        owed.insert(k);
+        wait(k, before);
         break;
       }
       case 3:
@@ -90,6 +107,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          if (it->second <= clock.Now()) {
+            owed.insert(it->first);
+            it = waiting.erase(it);
+          } else {
+            ++it;
+          }
+        }
         break;
       case 7:
         if (arg < 250) {
@@ -104,9 +129,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (int f = 0; f < 12; ++f) FUZZ_CHECK(q.NumRequeues(f) == failures(f));
         break;
     }
+    FUZZ_CHECK(q.Waiting() == waiting.size());
   }
   leases.Clear();
   clock.Advance(absl::Seconds(1));
+  for (const auto& [k, at] : waiting) owed.insert(k);
+  waiting.clear();
   for (int n = 0; n < 10000; ++n) {
     auto lease = q.TryGet();
     if (!lease) break;
