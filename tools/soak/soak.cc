@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
     auto shq = *kwq::ShardedQueue<int>::Create(workers);
     auto wq = *kwq::Workqueue::Create({.name = "soak", .flags = kwq::kUnbound, .max_active = 4});
     std::atomic<bool> stop{false};
+    std::atomic<bool> no_retries{false};  // set once the producers stopped
     std::atomic<uint64_t> wq_count{0};
     // Works that requeue a neighbour until told to stop (chained queueing).
     std::vector<std::unique_ptr<kwq::Work>> works;
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
         while (auto lease = rlq.Get()) {
           const int k = **lease;
           rl.Run(k);
-          if (rlq.NumRequeues(k) < 2 && (k & 3) == 0) {
+          if (!no_retries.load() && rlq.NumRequeues(k) < 2 && (k & 3) == 0) {
             rl.added[k].fetch_add(1);
             rlq.AddRateLimited(k);  // retry a few keys
           } else {
@@ -138,9 +139,14 @@ int main(int argc, char** argv) {
     threads_during = ThreadCount();
     stop = true;
     for (size_t i = workers * 2; i < threads.size(); ++i) threads[i].join();  // producers
-    // Let delayed and rate-limited retries come due, then drain everything.
-    absl::SleepFor(absl::Milliseconds(20));
-    while (rlq.Waiting() > 0) absl::SleepFor(absl::Milliseconds(1));
+    // Let delayed and rate-limited retries come due, then drain everything. A retry is
+    // made only under a lease, and none after no_retries: so once no lease is active
+    // (read first), nothing waits and nothing is ready, no retry can come any more, and
+    // the drain (which drops waiting items) loses none.
+    no_retries = true;
+    while (rlq.InFlight() != 0 || rlq.Waiting() != 0 || rlq.Depth() != 0) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     const bool rl_drained = rlq.ShutDownWithDrain();
     const bool sh_drained = shq->ShutDownWithDrain();
     for (int i = 0; i < workers * 2; ++i) threads[i].join();
