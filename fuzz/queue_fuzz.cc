@@ -1,6 +1,8 @@
-// Model-based fuzzer for Queue<int>: random Add / TryGet / Done / ShutDown sequences,
-// checked after every step against a plain reference model of client-go's three sets.
-// Any divergence aborts. Build: cmake -DKWQ_FUZZ=ON with clang; run: make fuzz.
+// Model-based fuzzer for Queue<int>: random Add / AddAll / TryGet / Done / ShutDown
+// sequences, and now and then a churn of 5,000 other keys through the queue (so idle keys
+// are evicted around the fuzzed ones), checked after every step against a plain reference
+// model of client-go's three sets. Any divergence aborts. Build: cmake -DKWQ_FUZZ=ON with
+// clang; run: make fuzz.
 
 #include <cstdint>
 #include <cstdlib>
@@ -48,6 +50,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Model m;
   std::vector<kwq::Queue<int>::Lease> leases;
   std::vector<int> lease_keys;
+  constexpr int kChurnBase = 1000;  // churn keys; the fuzzed ones are below 16
+  // A hand-out checked against the model: a fuzzed key's lease is kept, a churn key's
+  // ends at once.
+  auto take = [&]() -> bool {
+    auto got = q.TryGet();
+    auto want = m.Get();
+    FUZZ_CHECK(got.has_value() == want.has_value());
+    if (!got) return false;
+    FUZZ_CHECK(**got == *want);
+    if (*want >= kChurnBase) {
+      got->Done();
+      m.Done(*want);
+    } else {
+      lease_keys.push_back(*want);
+      leases.push_back(std::move(*got));
+    }
+    return true;
+  };
   for (size_t i = 0; i + 1 < size; i += 2) {
     const uint8_t op = data[i] % 8;
     const int key = data[i + 1] % 16;
@@ -58,17 +78,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FUZZ_CHECK(q.Add(key) == m.Add(key));
         break;
       case 3:
-      case 4: {
-        auto got = q.TryGet();
-        auto want = m.Get();
-        FUZZ_CHECK(got.has_value() == want.has_value());
-        if (got) {
-          FUZZ_CHECK(**got == *want);
-          lease_keys.push_back(*want);
-          leases.push_back(std::move(*got));
-        }
+      case 4:
+        take();
         break;
-      }
       case 5:
       case 6:
         if (!leases.empty()) {
@@ -83,6 +95,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (key == 0) {  // rarely: shut down
           q.ShutDown();
           m.shut = true;
+        } else if (key == 1) {  // rarely: a churn of other keys, drained (evicts idle keys)
+          for (int c = 0; c < 5000; ++c) FUZZ_CHECK(q.Add(kChurnBase + c) == m.Add(kChurnBase + c));
+          while (take()) {
+          }
+        } else {  // a batch: the next bytes' keys
+          std::vector<int> batch;
+          for (size_t b = i + 2; b < size && b < i + 2 + key % 5; ++b)
+            batch.push_back(data[b] % 16);
+          size_t want = 0;
+          for (int k : batch) want += m.Add(k);
+          FUZZ_CHECK(q.AddAll(batch) == want);
         }
         break;
     }
