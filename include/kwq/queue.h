@@ -285,8 +285,8 @@ class Queue {
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
 
-  // Per-slot state bits (atomic, see State()). Only Add sets kDirty, under mu_; Get turns
-  // kDirty into kProcessing and Done clears kProcessing.
+  // Per-slot state bits (atomic, see State()). Only holders of mu_ set kDirty (an add, a
+  // due item's promotion); Get turns kDirty into kProcessing and Done clears kProcessing.
   static constexpr uint8_t kDirty = 1;       // waiting to run (queued, or re-added)
   static constexpr uint8_t kProcessing = 2;  // a lease is active
   // Waiting for a delay (DelayingQueue): the slot is in waiting_. Set and cleared only
