@@ -15,35 +15,19 @@
 // tests/delaying_queue_test.cc.)
 
 #include <cstdint>
-#include <map>
-#include <set>
 
 #include "fuzz_check.h"
 #include "kwq/delaying_queue.h"
 #include "leases.h"
+#include "waits.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kwq::FakeClock clock;
   auto timers = *kwq::TimerService::Create({.clock = &clock});
   kwq::DelayingQueue<int> q({.clock = &clock, .timers = timers.get()});
-  std::set<int> owed;                 // keys owed a run (ready, or to run after their Done)
-  std::map<int, absl::Time> waiting;  // keys waiting, until when
+  Waits waits(&clock);
   Leases<kwq::DelayingQueue<int>::Lease> leases;
-
-  auto add_now = [&](int k) {
-    owed.insert(k);
-    waiting.erase(k);
-  };
-  auto add_after = [&](int k, absl::Duration d) {
-    if (d <= absl::ZeroDuration()) return add_now(k);
-    const absl::Time at = clock.Now() + d;
-    auto [it, inserted] = waiting.emplace(k, at);
-    if (!inserted && at < it->second) it->second = at;
-  };
-  auto handed_out = [&](int k) {
-    FUZZ_CHECK(owed.count(k) == 1);  // owed: not early, not twice
-    owed.erase(k);
-  };
+  auto handed_out = [&](int k) { waits.HandedOut(k); };
 
   for (size_t i = 0; i + 2 < size; i += 3) {
     const int key = data[i + 1] % 12;
@@ -51,17 +35,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (data[i] % 8) {
       case 0:
         q.Add(key);
-        add_now(key);
+        waits.AddNow(key);
         break;
       case 1:
       case 2: {
         const absl::Duration d = absl::Milliseconds(arg % 40);
         q.AddAfter(key, d);
-        add_after(key, d);
+        waits.AddAfter(key, d);
         break;
       }
       case 3:
-        FUZZ_CHECK(q.CancelAfter(key) == (waiting.erase(key) == 1));
+        FUZZ_CHECK(q.CancelAfter(key) == waits.Cancel(key));
         break;
       case 4:
         leases.Take(q.TryGet(), handed_out);
@@ -71,14 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
-        for (auto it = waiting.begin(); it != waiting.end();) {
-          if (it->second <= clock.Now()) {
-            owed.insert(it->first);
-            it = waiting.erase(it);
-          } else {
-            ++it;
-          }
-        }
+        waits.Advanced();
         break;
       case 7:
         // A retry of an item being processed, passed back as the leased object (the last
@@ -87,22 +64,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const absl::Duration d = absl::Milliseconds(key % 3 == 0 ? 0 : arg % 40);
           const int k = lease->item();
           q.AddAfter(lease->item(), d);
-          add_after(k, d);
+          waits.AddAfter(k, d);
         }
         break;
     }
-    FUZZ_CHECK(q.Waiting() == waiting.size());
+    FUZZ_CHECK(q.Waiting() == waits.waiting());
   }
   leases.Clear();
   clock.Advance(absl::Seconds(1));
-  for (const auto& [k, at] : waiting) owed.insert(k);
-  waiting.clear();
+  waits.EndAll();
   for (int n = 0; n < 1000; ++n) {
     auto lease = q.TryGet();
     if (!lease) break;
     handed_out(**lease);
   }
-  FUZZ_CHECK(owed.empty());
+  FUZZ_CHECK(waits.nothing_owed());
   FUZZ_CHECK(q.Waiting() == 0);
   FUZZ_CHECK(q.Len() == 0);
   return 0;

@@ -22,6 +22,7 @@
 #include "fuzz_check.h"
 #include "kwq/rate_limiting_queue.h"
 #include "leases.h"
+#include "waits.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr absl::Duration kHorizon = absl::Milliseconds(30);
@@ -44,24 +45,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (it == model.end() || clock.Now() - it->second.last > kHorizon) return 0;
     return it->second.failures;
   };
-  std::set<int> owed;                 // keys owed a run (ready, or to run after their Done)
-  std::map<int, absl::Time> waiting;  // keys waiting for their delay, until when
+  Waits waits(&clock);
   Leases<kwq::RateLimitingQueue<int>::Lease> leases;
-  auto handed_out = [&](int k) {
-    FUZZ_CHECK(owed.count(k) == 1);  // owed: not early, not twice
-    owed.erase(k);
-  };
-  auto add_now = [&](int k) {
-    owed.insert(k);
-    waiting.erase(k);
-  };
+  auto handed_out = [&](int k) { waits.HandedOut(k); };
+  // AddRateLimited = AddAfter(When): min(1 ms * 2^failures before, 64 ms).
   auto wait = [&](int k, int64_t failures_before) {
-    const absl::Duration d = failures_before >= 6
-                                 ? absl::Milliseconds(64)
-                                 : absl::Milliseconds(int64_t{1} << failures_before);
-    const absl::Time at = clock.Now() + d;
-    auto [it, inserted] = waiting.emplace(k, at);
-    if (!inserted && at < it->second) it->second = at;
+    waits.AddAfter(k, failures_before >= 6 ? absl::Milliseconds(64)
+                                           : absl::Milliseconds(int64_t{1} << failures_before));
   };
 
   for (size_t i = 0; i + 2 < size; i += 3) {
@@ -76,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (data[i] % 8) {
       case 0:
         q.Add(key);
-        add_now(key);
+        waits.AddNow(key);
         break;
       case 1:
       case 2: {
@@ -107,14 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
-        for (auto it = waiting.begin(); it != waiting.end();) {
-          if (it->second <= clock.Now()) {
-            owed.insert(it->first);
-            it = waiting.erase(it);
-          } else {
-            ++it;
-          }
-        }
+        waits.Advanced();
         break;
       case 7:
         if (arg < 250) {
@@ -129,18 +112,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (int f = 0; f < 12; ++f) FUZZ_CHECK(q.NumRequeues(f) == failures(f));
         break;
     }
-    FUZZ_CHECK(q.Waiting() == waiting.size());
+    FUZZ_CHECK(q.Waiting() == waits.waiting());
   }
   leases.Clear();
   clock.Advance(absl::Seconds(1));
-  for (const auto& [k, at] : waiting) owed.insert(k);
-  waiting.clear();
+  waits.EndAll();
   for (int n = 0; n < 10000; ++n) {
     auto lease = q.TryGet();
     if (!lease) break;
     if (**lease < kChurnBase) handed_out(**lease);
   }
-  FUZZ_CHECK(owed.empty());
+  FUZZ_CHECK(waits.nothing_owed());
   FUZZ_CHECK(q.Waiting() == 0);
   FUZZ_CHECK(q.Len() == 0);
   return 0;

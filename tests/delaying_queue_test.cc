@@ -34,6 +34,25 @@ class DelayingQueueTest : public ::testing::Test {
     while (auto lease = q_.TryGet()) out.push_back(lease->item());
     return out;
   }
+
+  // Starts a Get on another thread, waits until it sleeps (a polling Get reads the clock
+  // and would take a due item itself), runs `then`, and returns the item the Get got: ""
+  // when none came within 5 s (the queue is then shut down to release the worker).
+  template <typename Then>
+  std::string GetOnceAsleep(Then then) {
+    std::promise<std::string> got;
+    std::thread worker([&] {
+      auto lease = q_.Get();
+      got.set_value(lease ? lease->item() : "");
+    });
+    while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
+    then();
+    std::future<std::string> result = got.get_future();
+    const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!woken) q_.ShutDown();
+    worker.join();
+    return woken ? result.get() : "";
+  }
 };
 
 TEST_F(DelayingQueueTest, ItemBecomesReadyAfterDelay) {
@@ -198,20 +217,7 @@ TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
   q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
-  std::promise<std::string> got;
-  std::thread worker([&] {
-    auto lease = q_.Get();
-    got.set_value(lease ? lease->item() : "");
-  });
-  // Only once it sleeps: a polling Get reads the clock and would take "b" itself.
-  while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
-  clock_.Advance(absl::Microseconds(10));  // not 50
-  std::future<std::string> result = got.get_future();
-  const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!woken) q_.ShutDown();  // releases the worker
-  worker.join();
-  ASSERT_TRUE(woken) << "the blocked Get was not woken at the exact ready time";
-  EXPECT_EQ(result.get(), "b");
+  EXPECT_EQ(GetOnceAsleep([&] { clock_.Advance(absl::Microseconds(10)); }), "b");  // not 50
 }
 
 // The other way round: a Get already asleep with nothing waiting, then an AddAfter right
@@ -220,20 +226,11 @@ TEST_F(DelayingQueueTest, AddAfterWithAGetAsleepArmsTheExactReadyTime) {
   q_.AddAfter("a", absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));  // fires: the next firing would be coalesced
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
-  std::promise<std::string> got;
-  std::thread worker([&] {
-    auto lease = q_.Get();
-    got.set_value(lease ? lease->item() : "");
-  });
-  while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
-  q_.AddAfter("b", absl::Microseconds(10));
-  clock_.Advance(absl::Microseconds(10));  // not 50
-  std::future<std::string> result = got.get_future();
-  const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!woken) q_.ShutDown();  // releases the worker
-  worker.join();
-  ASSERT_TRUE(woken) << "the sleeping Get was not woken at the exact ready time";
-  EXPECT_EQ(result.get(), "b");
+  EXPECT_EQ(GetOnceAsleep([&] {
+              q_.AddAfter("b", absl::Microseconds(10));
+              clock_.Advance(absl::Microseconds(10));  // not 50
+            }),
+            "b");
 }
 
 TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {

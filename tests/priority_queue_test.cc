@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
+#include "testing/drain_check.h"
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
@@ -771,22 +772,8 @@ TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
 // client-go's drain waits only for in-flight items; this one also waits for queued ones.
 TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForAQueuedItemWithNoLeaseActive) {
   q_->Add("a");
-  std::atomic<bool> returned{false};
-  bool drained = false;
-  std::thread drainer([&] {
-    drained = q_->ShutDownWithDrain();
-    returned = true;
-  });
-  while (internal::QueuePeer::Draining(*q_) == 0 && !returned.load()) std::this_thread::yield();
-  EXPECT_FALSE(returned.load()) << "the drain returned while an item was queued";
-  auto lease = q_->Get();
-  ASSERT_TRUE(lease.has_value());
-  EXPECT_EQ(**lease, "a");
-  EXPECT_FALSE(returned.load());
-  lease->Done();
-  drainer.join();
-  EXPECT_TRUE(drained);
-  EXPECT_FALSE(q_->Get().has_value());
+  testing::ExpectDrainWaitsForQueuedItem(
+      *q_, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
 TEST_F(PriorityQueueTest, DrainDoesNotReturnBeforeLeaseEndsAndDropsItsDelayedReAdd) {

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
+#include "testing/drain_check.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 
@@ -414,22 +415,8 @@ TEST(QueueStressTest, NoItemHandedToTwoWorkersAndNoneLostWithThreePollers) {
 TEST(QueueTest, ShutDownWithDrainWaitsForAQueuedItemWithNoLeaseActive) {
   StringQueue q;
   q.Add("a");
-  std::atomic<bool> returned{false};
-  bool drained = false;
-  std::thread drainer([&] {
-    drained = q.ShutDownWithDrain();
-    returned = true;
-  });
-  while (internal::QueuePeer::Draining(q) == 0 && !returned.load()) std::this_thread::yield();
-  EXPECT_FALSE(returned.load()) << "the drain returned while an item was queued";
-  auto lease = q.Get();
-  ASSERT_TRUE(lease.has_value());
-  EXPECT_EQ(**lease, "a");
-  EXPECT_FALSE(returned.load());
-  lease->Done();
-  drainer.join();
-  EXPECT_TRUE(drained);
-  EXPECT_FALSE(q.Get().has_value());
+  testing::ExpectDrainWaitsForQueuedItem(
+      q, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
 // While a Get polls, Add leaves waking sleepers to the workers: one that takes an item
