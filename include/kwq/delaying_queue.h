@@ -28,9 +28,8 @@
 //     Get sleeps, so an idle worker gets an item at its ready time plus the timer
 //     service's resolution. (One race is left: an AddAfter in the instant between a
 //     Get's last look and its going to sleep can still be coalesced, up to 50 us late.)
-//     Every AddAfter (and AddRateLimited) also moves up
-//     to two due items along the way, so a reconcile loop's retries move its own due
-//     retries.
+//     Every AddAfter (and AddRateLimited) also moves up to two due items along the way,
+//     so a reconcile loop's retries move its own due retries.
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
 //
 // Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)
