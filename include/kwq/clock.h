@@ -28,8 +28,11 @@ namespace kwq {
 class ClockObserver {
  public:
   virtual ~ClockObserver() = default;
-  // Called on the thread that moved the clock, with no clock lock held. `now` is the new
-  // time. May call Clock::Now(); must not move the clock (Advance would deadlock).
+  // Called on the thread that moved the clock, one move at a time: a manual clock must
+  // not call its observers for two moves at once (FakeClock holds its move lock around
+  // the calls; TimerService relies on it when it records the callback it is running).
+  // `now` is the new time. May call Clock::Now(); must not move the clock (that would
+  // deadlock on FakeClock's move lock).
   virtual void OnClockMoved(absl::Time now) = 0;
 };
 
