@@ -115,7 +115,7 @@ class Queue {
   template <typename, typename, typename>
   friend class DelayingQueue;  // calls GetPromoting
   template <typename, typename, typename>
-  friend class ShardedQueue;  // calls AddHashed, StopAdds and DrainUntil
+  friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, StopAdds, DrainUntil
   friend struct internal::QueuePeer;
 
   Queue() : Queue(Options{}) {}
@@ -333,6 +333,9 @@ class Queue {
   // the drains in progress).
   void StopAdds() {
     internal::MutexLock lock(&mu_);
+    StopAddsLocked();
+  }
+  void StopAddsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     shutting_down_ = true;
     ready_cv_.SignalAll();
   }
@@ -341,13 +344,12 @@ class Queue {
   // down, which wakes the wait.
   bool DrainUntil(const std::atomic<uint64_t>* abort_gen, uint64_t baseline) {
     internal::MutexLock lock(&mu_);
-    shutting_down_ = true;
     const uint64_t aborts = aborts_;  // a ShutDown() from now on ends this wait
     ++draining_;
     // From here on every Done counts itself under mu_, so it can signal drained_cv_
     // before the drainer (who may destroy the queue) returns.
     finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
-    ready_cv_.SignalAll();
+    StopAddsLocked();
     while (!DrainedLocked() && aborts_ == aborts &&
            (abort_gen == nullptr || abort_gen->load(std::memory_order_acquire) == baseline)) {
       drained_cv_.Wait(&mu_);

@@ -60,12 +60,12 @@ class ShardedQueue {
   int shards() const { return static_cast<int>(shards_.size()); }
 
   // The shard `item` lives in.
-  int ShardOf(const T& item) const { return ShardOfHash(static_cast<uint32_t>(Hash{}(item))); }
+  int ShardOf(const T& item) const { return ShardOfHash(Shard::Table::HashOf(item)); }
 
   // Shard::Add on the item's shard (the key is hashed once, for both).
   template <typename K>
   bool Add(K&& item) {
-    const uint32_t hash = static_cast<uint32_t>(Hash{}(item));
+    const uint32_t hash = Shard::Table::HashOf(item);  // the shard's own hash of the key
     return shards_[ShardOfHash(hash)]->AddHashed(std::forward<K>(item), hash);
   }
 
