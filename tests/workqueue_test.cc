@@ -65,6 +65,11 @@ TEST_F(WorkqueueTest, InvalidOptionsAreRejected) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Workqueue::Create({.name = "x", .flags = kOrdered, .max_active = 4}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // An out-of-range scope used to be accepted and crash the first Queue.
+  EXPECT_EQ(Workqueue::Create({.name = "x", .affinity_scope = static_cast<AffinityScope>(99)})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WorkqueueRuntime::Create({.idle_timeout = absl::ZeroDuration()}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -269,6 +274,42 @@ int PeakConcurrency(WorkqueueRuntime* rt, int max_active, int min_active) {
   return peak.load();
 }
 
+// A non-strict unbound pool's workers may run on every CPU, but it runs only as many
+// works at once as its pod has CPUs (one counted running worker per pod CPU), like a
+// strict one. 8 CPUs in 4 cache pods of 2 (synthetic).
+TEST_F(WorkqueueTest, NonStrictPoolRunsAsManyWorksAsItsPodHasCpus) {
+  auto rt =
+      *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 l3:4 core:2 pu:1"),
+                                 .cpu_intensive_threshold = absl::Seconds(30)});
+  for (bool strict : {true, false}) {
+    auto wq = *Workqueue::Create({.name = "pod",
+                                  .flags = kUnbound,
+                                  .affinity_scope = AffinityScope::kCache,
+                                  .affinity_strict = strict,
+                                  .runtime = rt.get()});
+    Gate gate;
+    std::atomic<int> busy{0}, peak{0};
+    std::vector<std::unique_ptr<Work>> works;
+    for (int i = 0; i < 8; ++i) {
+      works.push_back(std::make_unique<Work>([&] {  // CPU work: counted while it runs
+        const int now = busy.fetch_add(1) + 1;
+        int p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        gate.Wait();
+        busy.fetch_sub(1);
+      }));
+    }
+    for (auto& w : works) wq->QueueOn(0, w.get());  // all to CPU 0's pod {0, 1}
+    ASSERT_TRUE(Eventually([&] { return busy.load() == 2; }));
+    // More would start within this time if the pool allowed them (it did: 8 at once).
+    EXPECT_FALSE(Eventually([&] { return busy.load() > 2; }, absl::Milliseconds(50)));
+    gate.Open();
+    wq->Flush();
+    EXPECT_EQ(peak.load(), 2) << "strict=" << strict;
+  }
+}
+
 TEST_F(WorkqueueTest, UnboundMaxActiveIsSplitPerNodeWithMinActiveFloor) {
   auto rt = *WorkqueueRuntime::Create({.topology = TwoNodes()});
   EXPECT_EQ(PeakConcurrency(rt.get(), 2, 1), 2);  // 1 per node
@@ -386,6 +427,40 @@ TEST_F(WorkqueueTest, FlushIsNotLivelockedByNewArrivals) {
   wq->CancelSync(&work);
 }
 
+// Two flushes at once: each waits for every work queued before it began. The second
+// used to bump the flush color while the first waited and then wait for the new color's
+// (empty) bucket only, returning while the older work still ran.
+TEST_F(WorkqueueTest, OverlappingFlushesEachWaitForOlderWorks) {
+  auto wq = Make({.flags = kUnbound});
+  Gate gate;
+  std::atomic<bool> finished{false};
+  Work work([&] {
+    gate.Wait();
+    finished = true;
+  });
+  wq->Queue(&work);
+  std::atomic<bool> first_returned{false};
+  std::thread first([&] {
+    wq->Flush();
+    first_returned = true;
+  });
+  // Gives the first flush time to begin waiting (the failing interleaving); the checks
+  // below hold for any interleaving.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::atomic<bool> second_returned{false};
+  std::thread second([&] {
+    wq->Flush();
+    second_returned = true;
+    EXPECT_TRUE(finished.load()) << "the second flush returned before the older work ended";
+  });
+  EXPECT_FALSE(Eventually([&] { return second_returned.load(); }, absl::Milliseconds(50)));
+  EXPECT_FALSE(first_returned.load());
+  gate.Open();
+  first.join();
+  second.join();
+  EXPECT_TRUE(finished.load());
+}
+
 TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
   auto wq = Make({.flags = kUnbound});
   std::atomic<int> chain{0};
@@ -399,15 +474,28 @@ TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
     }
   });
   self = &work;
-  Work outsider([] {});
+  std::atomic<int> outsider_runs{0};
+  Work outsider([&] { ++outsider_runs; });
+  DelayedWork delayed_outsider([&] { ++outsider_runs; });
+  Work probe([] {});  // may be queued (and run) before the drain begins
   wq->Queue(&work);
   std::thread drainer([&] { wq->Drain(); });
-  ASSERT_TRUE(Eventually([&] { return !wq->Queue(&outsider); }));  // draining: refused
+  ASSERT_TRUE(Eventually([&] { return !wq->Queue(&probe) && !probe.pending(); }));  // draining
+  // Refused, not merely pending: nothing was queued.
+  EXPECT_FALSE(wq->Queue(&outsider));
+  EXPECT_FALSE(outsider.pending());
+  // Delayed queueing from outside is refused too, with or without a delay.
+  EXPECT_FALSE(wq->QueueDelayed(&delayed_outsider, absl::ZeroDuration()));
+  EXPECT_FALSE(wq->QueueDelayed(&delayed_outsider, absl::Hours(1)));
+  EXPECT_FALSE(wq->ModDelayed(&delayed_outsider, absl::Hours(1)));
+  EXPECT_FALSE(delayed_outsider.pending());
   gate.Open();
   drainer.join();
   EXPECT_EQ(chain.load(), 5);
+  EXPECT_EQ(outsider_runs.load(), 0);
   EXPECT_TRUE(wq->Queue(&outsider));  // accepted again after the drain
   wq->Flush();
+  EXPECT_EQ(outsider_runs.load(), 1);
 }
 
 TEST_F(WorkqueueTest, DisableRefusesQueueingUntilEnabled) {
@@ -436,6 +524,28 @@ TEST_F(WorkqueueTest, FreezeHoldsWorkUntilThaw) {
   EXPECT_EQ(runs.load(), 0);
   wq->Thaw();
   wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// Destroying a frozen workqueue thaws it and runs what it held (it used to wait for ever).
+TEST_F(WorkqueueTest, DestroyingAFrozenWorkqueueRunsItsWorks) {
+  auto wq = Make({.flags = kUnbound | kFreezable});
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  wq->Freeze();
+  EXPECT_TRUE(wq->Queue(&work));
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    wq.reset();
+    destroyed = true;
+  });
+  const bool returned = Eventually([&] { return destroyed.load(); });
+  EXPECT_TRUE(returned) << "~Workqueue hangs on a frozen workqueue";
+  if (!returned) {
+    destroyer.detach();  // the process is failing anyway; do not hang it
+    return;
+  }
+  destroyer.join();
   EXPECT_EQ(runs.load(), 1);
 }
 
@@ -606,6 +716,57 @@ TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesTheTimer) {
   clock_.Advance(absl::Seconds(10));
   wq->Flush();
   EXPECT_EQ(runs.load(), 1);  // the first timer was replaced, not kept
+}
+
+// stats().queued counts successful calls: a cancelled timer still counts, a timer that
+// fires counts once, and each ModDelayed is one more call.
+TEST_F(FakeTimeWorkqueueTest, QueuedStatCountsCallsAndNeverGoesDown) {
+  auto wq = *Workqueue::Create({.name = "stats", .flags = kUnbound, .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  EXPECT_TRUE(wq->QueueDelayed(&dwork, absl::Seconds(1)));
+  EXPECT_EQ(wq->stats().queued, 1u);
+  EXPECT_TRUE(wq->Cancel(&dwork));
+  EXPECT_EQ(wq->stats().queued, 1u);  // used to drop to 0
+  EXPECT_TRUE(wq->QueueDelayed(&dwork, absl::Seconds(1)));
+  EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(2)));
+  EXPECT_EQ(wq->stats().queued, 3u);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  wq->Flush(&dwork);
+  EXPECT_EQ(wq->stats().queued, 3u);
+  EXPECT_TRUE(wq->QueueDelayed(&dwork, absl::Hours(1)));
+  EXPECT_TRUE(wq->Flush(&dwork));  // flush_delayed_work: off its timer into a pool
+  EXPECT_EQ(wq->stats().queued, 4u);
+}
+
+// A delayed work that puts itself on a timer again while the destructor drains it
+// (chained queueing, allowed) is cancelled before the workqueue is freed. It used to stay
+// on its timer, which later ran into the freed workqueue.
+TEST_F(FakeTimeWorkqueueTest, DestroyCancelsADelayedWorkRearmedWhileDraining) {
+  auto wq = *Workqueue::Create({.name = "rearm", .flags = kUnbound, .runtime = runtime_.get()});
+  Workqueue* q = wq.get();
+  Gate gate;
+  std::atomic<bool> started{false};
+  std::atomic<int> rearmed{0};
+  DelayedWork* self = nullptr;
+  DelayedWork dwork([&] {
+    started = true;
+    gate.Wait();
+    if (q->QueueDelayed(self, absl::Seconds(1))) ++rearmed;
+  });
+  self = &dwork;
+  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::ZeroDuration()));
+  ASSERT_TRUE(Eventually([&] { return started.load(); }));
+  std::thread destroyer([&] { wq.reset(); });
+  // Gives the destructor time to pass its timer cancellation and begin draining (the
+  // failing interleaving); the checks below hold for any interleaving.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  gate.Open();
+  destroyer.join();
+  EXPECT_EQ(rearmed.load(), 1);
+  EXPECT_FALSE(dwork.pending());
+  clock_.Advance(absl::Seconds(2));  // nothing may fire into the freed workqueue
 }
 
 TEST_F(FakeTimeWorkqueueTest, CancelAndFlushDelayedWork) {

@@ -110,7 +110,8 @@ class Work {
   // Flush(work): instances queued and instances finished (sequence numbers).
   std::atomic<uint64_t> queued_seq_{0};
   std::atomic<uint64_t> done_seq_{0};
-  uint64_t running_seq_ = 0;  // the instance being run (runner's pool lock)
+  // The instance being run (written under the runner's pool lock; Flush reads it).
+  std::atomic<uint64_t> running_seq_{0};
 };
 
 // A work queued after a delay (struct delayed_work). The delay runs on the workqueue's
@@ -161,7 +162,10 @@ struct WorkqueueOptions {
 
 // Counters like the kernel's wq_monitor.py, since the workqueue was created.
 struct WorkqueueStats {
-  uint64_t queued = 0;               // successful Queue* calls (work or delayed work)
+  // Successful Queue*/ModDelayed calls (work or delayed work; a delayed work counts once,
+  // when queued, whether its timer fires or is cancelled). Exact when no call is in
+  // progress.
+  uint64_t queued = 0;
   uint64_t started = 0;              // function executions started
   uint64_t completed = 0;            // function executions finished
   int64_t in_flight = 0;             // started - completed
@@ -178,10 +182,13 @@ struct WorkqueueStats {
 class Workqueue {
  public:
   // InvalidArgument for an empty name, max_active outside [0, 2048], negative
-  // min_active, or kOrdered with max_active > 1.
+  // min_active, kOrdered with max_active > 1, or an affinity_scope outside the enum.
   static absl::StatusOr<std::unique_ptr<Workqueue>> Create(WorkqueueOptions options);
 
-  // Drains the workqueue (destroy_workqueue), then frees it.
+  // destroy_workqueue: thaws a frozen workqueue, cancels delayed works still on their
+  // timers, drains the rest, and repeats until no timer is left (a work run by the drain
+  // may put a delayed work on a timer again); then frees it. Blocks until then. Queueing
+  // from outside meanwhile is the caller's bug, as in the kernel.
   ~Workqueue();
   Workqueue(const Workqueue&) = delete;
   Workqueue& operator=(const Workqueue&) = delete;
@@ -210,17 +217,21 @@ class Workqueue {
   bool CancelSync(Work* work);
   bool CancelSync(DelayedWork* dwork);
 
-  // flush_work: waits until the instance pending or running at the call has finished.
-  // True when it waited. A delayed work is queued at once first (flush_delayed_work),
-  // and then true also when it finished before the wait began.
+  // flush_work: waits until the instance pending or running at the call has finished
+  // and its worker is done with `work` (unless queued again, it may be destroyed once
+  // Flush returns). True when it waited. A delayed work is queued at once first
+  // (flush_delayed_work), and then true also when it finished before the wait began.
   bool Flush(Work* work);
   bool Flush(DelayedWork* dwork);
   // flush_workqueue: waits for every work queued before the call to finish. Works queued
   // meanwhile (even by the flushed works) are not waited for, so it cannot livelock.
+  // Concurrent flushes of one workqueue run one after another (each still waits for
+  // every work queued before its own call).
   void Flush();
   // drain_workqueue: flushes until the workqueue is empty; meanwhile only works of this
-  // workqueue (chained queueing) may queue to it — Queue from anywhere else returns
-  // false (the kernel WARNs).
+  // workqueue (chained queueing) may queue to it — Queue, QueueDelayed and ModDelayed
+  // from anywhere else return false and change nothing (the kernel WARNs). Delayed works
+  // still on their timers are not waited for. On a frozen workqueue it waits for Thaw.
   void Drain();
 
   // disable_work: cancels like Cancel and makes Queue refuse the work until Enable.
@@ -230,7 +241,8 @@ class Workqueue {
   bool Enable(Work* work);
 
   // For kFreezable workqueues: stop starting works (running ones finish) / resume.
-  // Freeze waits until no work of this workqueue is running. No-op without kFreezable.
+  // Freeze waits until no work of this workqueue is running; once it returns, none
+  // starts until Thaw. No-op without kFreezable.
   void Freeze();
   void Thaw();
 

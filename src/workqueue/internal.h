@@ -86,7 +86,7 @@ struct WorkAccess {
   static uint64_t& color(Work* w) { return w->color_; }
   static std::atomic<uint64_t>& queued_seq(Work* w) { return w->queued_seq_; }
   static std::atomic<uint64_t>& done_seq(Work* w) { return w->done_seq_; }
-  static uint64_t& running_seq(Work* w) { return w->running_seq_; }
+  static std::atomic<uint64_t>& running_seq(Work* w) { return w->running_seq_; }
   static TimerId& timer(DelayedWork* d) { return d->timer_; }
   static int& target_cpu(DelayedWork* d) { return d->target_cpu_; }
   static Work* work(DelayedWork* d) { return &d->work_; }
@@ -169,8 +169,13 @@ class WorkerPool {
   // without a trip through the worklist), or null.
   Work* Execute(Worker* self, Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers that may run at once without blocking: 1 per CPU pool (the kernel's
-  // concurrency management), the pod's CPU count for unbound pools.
-  int concurrency() const { return bound() || cpus.empty() ? 1 : static_cast<int>(cpus.size()); }
+  // concurrency management), the pod's CPU count for unbound pools (a non-strict pool's
+  // workers may run on every CPU, but it still runs only as many at once as its pod has).
+  int concurrency() const {
+    if (bound()) return 1;
+    const size_t n = pod.empty() ? cpus.size() : pod.size();
+    return n == 0 ? 1 : static_cast<int>(n);
+  }
   // Claims the next work for `self`, or null.
   Work* NextLocked(Worker* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void JoinDead();
@@ -267,6 +272,8 @@ class WorkqueueCore {
   absl::Status Init();
 
   bool QueueOn(int cpu, int node, Work* w);
+  // While draining, queueing is refused except from a work of this workqueue.
+  bool RefusedWhileDraining() const;
   // Inserts a work whose pending bit the caller holds.
   void Enqueue(int cpu, int node, Work* w);
   bool Cancel(Work* w);
@@ -359,8 +366,9 @@ class WorkqueueCore {
   std::vector<std::unique_ptr<Node>> nodes_;  // I: one per max_active node
   std::atomic<bool> frozen_{false};
   // Flush colors: each queued instance takes color_ and counts in its bucket; Flush()
-  // bumps color_ and waits for its bucket to empty (colors are only bumped by flushers,
-  // one at a time, so a flush waits for exactly one color).
+  // bumps color_ and waits for its bucket to empty. Flushers take flush_mu_ for the whole
+  // flush, one at a time, so when one bumps the color every older color is already empty
+  // and it waits for exactly one.
   // Per bucket, instances queued (bumped by producers) and gone (ran or cancelled, bumped
   // by workers) are separate counters on separate cache lines; a bucket is empty when
   // they are equal. pending = sum(queued) - sum(gone): the works pending (not on a
@@ -372,12 +380,17 @@ class WorkqueueCore {
   int64_t Queued() const;
   std::atomic<int> waiters_{0};  // threads waiting on cv_
 
-  mutable Mutex mu_;  // serialises flushers; guards cv_ waits
+  // Held by a flusher for its whole flush (FlushAll), across its waits on cv_.
+  Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable Mutex mu_;  // guards cv_ waits
   CondVar cv_;        // completions, for flushers, drainers, freezers, CancelSync
   std::atomic<bool> draining_{false};
 
   mutable Mutex timer_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::flat_hash_set<DelayedWork*> timed_ ABSL_GUARDED_BY(timer_mu_);  // on a timer
+  // For stats().queued, which counts calls: delayed works put on a timer, and those that
+  // left it into a pool (already counted once, as they went on the timer).
+  std::atomic<uint64_t> timer_armed_{0}, timer_entered_{0};
 
   // Rescuer (kMemReclaim).
   std::thread rescuer_;

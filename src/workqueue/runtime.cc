@@ -252,8 +252,9 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   self->current_pwq = pwq;
   ++self->execs;
   A::runner(w) = self;
+  A::running_seq(w).store(A::queued_seq(w).load(std::memory_order_relaxed),
+                          std::memory_order_release);
   A::running_pool(w).store(this, std::memory_order_release);
-  A::running_seq(w) = A::queued_seq(w).load(std::memory_order_relaxed);
   SetWhere(w, WorkWhere::kNone);
   // Cleared just before the function runs: a Queue from now on runs it again after.
   A::state(w).fetch_and(~kPendingBit, std::memory_order_acq_rel);
@@ -295,7 +296,10 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
     --nr_running_;
   }
   self->hog = false;
-  A::done_seq(w).store(A::running_seq(w), std::memory_order_release);
+  // Clearing running_pool is the last touch of `w` (a waiter may free it next): Flush
+  // checks it, and running_seq, besides done_seq (FlushDone).
+  A::done_seq(w).store(A::running_seq(w).load(std::memory_order_relaxed),
+                       std::memory_order_release);
   A::runner(w) = nullptr;
   A::running_pool(w).store(nullptr, std::memory_order_release);
   self->current = nullptr;

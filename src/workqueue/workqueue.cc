@@ -32,6 +32,17 @@ bool Pending(Work* w) { return (A::state(w).load(std::memory_order_acquire) & kP
 void ClearPending(Work* w) { A::state(w).fetch_and(~kPendingBit, std::memory_order_acq_rel); }
 bool Running(Work* w) { return A::running_pool(w).load(std::memory_order_acquire) != nullptr; }
 
+// Whether the instance numbered `target` (queued_seq) has finished and its worker is done
+// with `w`: done_seq has reached it, and that worker's last touch of `w` (clearing
+// running_pool, after done_seq) is over, or a later instance runs already (one starts only
+// after that last touch: on another pool once running_pool is clear, on the same pool
+// once the finishing worker let go of the pool's lock). So a caller may free `w` next.
+bool FinishedAndReleased(Work* w, uint64_t target) {
+  if (A::done_seq(w).load(std::memory_order_acquire) < target) return false;
+  return A::running_pool(w).load(std::memory_order_acquire) == nullptr ||
+         A::running_seq(w).load(std::memory_order_acquire) > target;
+}
+
 // Takes the pending bit unless it is set or the work is disabled.
 bool TryClaimPending(Work* w) {
   uint32_t s = A::state(w).load(std::memory_order_relaxed);
@@ -115,17 +126,26 @@ absl::Status WorkqueueCore::Init() {
 }
 
 WorkqueueCore::~WorkqueueCore() {
-  // destroy_workqueue: delayed works still on timers are cancelled, the rest drained.
+  // destroy_workqueue: a frozen workqueue is thawed (its parked works would wait for ever),
+  // delayed works still on timers are cancelled, the rest drained. A work run by the
+  // drain may put a delayed work on a timer again (chained queueing), so this repeats
+  // until, under timer_mu_, no timer is left and nothing is queued: a timer that fired
+  // has then counted its work as queued (TimerFired holds timer_mu_ while it queues).
+  Thaw();
   for (;;) {
-    DelayedWork* d = nullptr;
-    {
-      MutexLock lock(&timer_mu_);
-      if (!timed_.empty()) d = *timed_.begin();
+    for (;;) {
+      DelayedWork* d = nullptr;
+      {
+        MutexLock lock(&timer_mu_);
+        if (!timed_.empty()) d = *timed_.begin();
+      }
+      if (d == nullptr) break;
+      CancelSync(A::work(d));
     }
-    if (d == nullptr) break;
-    CancelSync(A::work(d));
+    Drain();
+    MutexLock lock(&timer_mu_);
+    if (timed_.empty() && Queued() == 0) break;
   }
-  Drain();
   rt->Unregister(this);
   if (rescuer_.joinable()) {
     {
@@ -162,13 +182,15 @@ PoolWorkqueue* WorkqueueCore::PwqOfPool(WorkerPool* pool) const {
   return nullptr;
 }
 
+bool WorkqueueCore::RefusedWhileDraining() const {
+  if (!draining_.load(std::memory_order_acquire)) return false;
+  // Only chained queueing while draining: from a work of this workqueue.
+  const Worker* self = CurrentWorker();
+  return self == nullptr || self->current_pwq == nullptr || self->current_pwq->wq != this;
+}
+
 bool WorkqueueCore::QueueOn(int cpu, int node, Work* w) {
-  if (draining_.load(std::memory_order_acquire)) {
-    Worker* self = CurrentWorker();
-    if (self == nullptr || self->current_pwq == nullptr || self->current_pwq->wq != this) {
-      return false;  // only chained queueing while draining
-    }
-  }
+  if (RefusedWhileDraining()) return false;
   if (!TryClaimPending(w)) return false;
   Enqueue(cpu, node, w);
   return true;
@@ -192,8 +214,14 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   // which kOrdered relies on).
   if (!frozen_.load(std::memory_order_acquire) && n.Waiting() == 0 &&
       TryReserve(n, node_limit_[pwq->node])) {
-    pwq->pool->Insert(w);
-    return;
+    // Freeze stores frozen_ and then reads the slot counts; this took a slot and now reads
+    // frozen_ (both seq_cst): either Freeze waits for this slot or this sees it frozen
+    // and parks the work instead, so nothing starts once Freeze has returned.
+    if (!frozen_.load(std::memory_order_seq_cst)) {
+      pwq->pool->Insert(w);
+      return;
+    }
+    Release(n);
   }
   {
     MutexLock lock(&n.in_mu);
@@ -236,6 +264,13 @@ void WorkqueueCore::ActivateWaiting(int node) {
   // Reserve first: while the node is saturated that is one read of a line the workers do
   // not write (they hand their slots over), and Waiting() is not read at all.
   while (!frozen_.load(std::memory_order_acquire) && TryReserve(n, node_limit_[node])) {
+    if (frozen_.load(std::memory_order_seq_cst)) {  // Freeze came in between (see Enqueue)
+      Release(n);
+      // Thaw stores frozen_ and then reserves: either it sees the released slot or this
+      // sees the thaw and goes on.
+      if (frozen_.load(std::memory_order_seq_cst)) return;
+      continue;
+    }
     Work* w = n.Waiting() > 0 ? PopWaiting(n) : nullptr;
     if (w == nullptr) {  // nothing waits (or another thread took it)
       Release(n);
@@ -390,7 +425,7 @@ bool WorkqueueCore::Flush(Work* w) {
   BlockingScope blocking;
   MutexLock lock(&mu_);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
-  while (A::done_seq(w).load(std::memory_order_acquire) < target && (Pending(w) || Running(w))) {
+  while (!FinishedAndReleased(w, target) && (Pending(w) || Running(w))) {
     cv_.WaitFor(&mu_, kPollPeriod);
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
@@ -399,7 +434,11 @@ bool WorkqueueCore::Flush(Work* w) {
 
 void WorkqueueCore::FlushAll() {
   BlockingScope blocking;
-  MutexLock lock(&mu_);  // one flusher bumps the color at a time
+  // One flusher at a time, for its whole flush: the waits below release mu_, and a second
+  // flusher bumping the color then would wait for its own bucket only, while works of
+  // older colors still ran (it returned early).
+  MutexLock flush_lock(&flush_mu_);
+  MutexLock lock(&mu_);
   // Works queued from now on take the next color; wait for this one's bucket to empty.
   const uint64_t mine = color_.fetch_add(1, std::memory_order_acq_rel);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
@@ -462,6 +501,8 @@ void WorkqueueCore::Thaw() {
 
 bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, bool modify) {
   Work* w = A::work(d);
+  // As for Queue (checked before taking the work: a refused ModDelayed leaves it as it was).
+  if (RefusedWhileDraining()) return false;
   bool was_pending = false;
   if (modify) {
     for (;;) {
@@ -485,6 +526,7 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
     A::pwq(w).store(PwqFor(cpu, -1), std::memory_order_release);
     A::list(w) = d;
     timed_.insert(d);
+    timer_armed_.fetch_add(1, std::memory_order_relaxed);
     A::timer(d) = rt->timers->ScheduleAfter(delay, [this, d] { TimerFired(d); });
     SetWhere(w, WorkWhere::kTimer);
   }
@@ -500,6 +542,7 @@ void WorkqueueCore::TimerFired(DelayedWork* d) {
   SetWhere(w, WorkWhere::kNone);
   A::list(w) = nullptr;
   timed_.erase(d);
+  timer_entered_.fetch_add(1, std::memory_order_relaxed);
   Enqueue(A::target_cpu(d), -1, w);
 }
 
@@ -507,8 +550,9 @@ bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
   Work* w = A::work(d);
   // Taken off its timer and queued now: it counts as flushed even if a worker finishes
   // it before Flush below looks (then Flush has nothing left to wait for).
-  const bool queued_now =
-      WhereOf(w) == WorkWhere::kTimer && GrabPending(w) && (Enqueue(A::target_cpu(d), -1, w), true);
+  const bool queued_now = WhereOf(w) == WorkWhere::kTimer && GrabPending(w) &&
+                          (timer_entered_.fetch_add(1, std::memory_order_relaxed),
+                           Enqueue(A::target_cpu(d), -1, w), true);
   return Flush(w) || queued_now;
 }
 
@@ -538,13 +582,13 @@ void WorkqueueCore::RescuerMain() {
 
 WorkqueueStats WorkqueueCore::Stats() const {
   WorkqueueStats s;
-  // Instances that entered the workqueue, plus delayed works still on their timers.
+  // Successful calls: instances that entered a pool, plus delayed works put on a timer,
+  // less those that went from a timer into a pool (counted once already). A cancelled
+  // timer still counts: the call succeeded.
+  const uint64_t entered = timer_entered_.load(std::memory_order_relaxed);  // read first: <= armed
+  s.queued = timer_armed_.load(std::memory_order_relaxed) - entered;
   for (int b = 0; b < kColorBuckets; ++b)
     s.queued += color_queued_[b].load(std::memory_order_relaxed);
-  {
-    MutexLock lock(&timer_mu_);
-    s.queued += timed_.size();
-  }
   int64_t busy_ticks = 0;
   for (const auto& pwq : pwqs_) pwq->pool->AddStats(pwq.get(), &s, &busy_ticks);
   s.in_flight = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed);
@@ -608,6 +652,12 @@ absl::StatusOr<std::unique_ptr<Workqueue>> Workqueue::Create(WorkqueueOptions op
   if (options.min_active < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Workqueue ", options.name, ": min_active must be >= 0, got ", options.min_active));
+  }
+  if (static_cast<int>(options.affinity_scope) < 0 ||
+      static_cast<int>(options.affinity_scope) >= kNumAffinityScopes) {
+    return absl::InvalidArgumentError(absl::StrCat("Workqueue ", options.name,
+                                                   ": unknown affinity_scope ",
+                                                   static_cast<int>(options.affinity_scope)));
   }
   if ((options.flags & kOrdered) != 0) {
     if (options.max_active > 1) {
