@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -844,6 +845,70 @@ TEST_F(FakeTimeWorkqueueTest, RescuerRunsAWorkQueuedAgainWhileItRanIt) {
   wq->Queue(&work);
   ASSERT_TRUE(Eventually([&] { return runs.load() == 2 && !work.pending(); }));
   wq->Flush();
+  fail_spawn_ = false;
+}
+
+// An instance a worker handed to the rescuer (it was running the work) can be cancelled;
+// Cancel used to spin until the rescuer ran it, here for ever (the rescuer is held).
+TEST_F(FakeTimeWorkqueueTest, InstanceScheduledToTheRescuerCanBeCancelled) {
+  auto wq = *Workqueue::Create(
+      {.name = "reclaim3", .flags = kUnbound | kMemReclaim, .runtime = runtime_.get()});
+  fail_spawn_ = true;
+  Gate gate;
+  std::atomic<int> runs{0};
+  Work work([&] {
+    if (runs.fetch_add(1) == 0) gate.Wait();
+  });
+  wq->Queue(&work);
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));  // on the rescuer
+  fail_spawn_ = false;
+  ASSERT_TRUE(wq->Queue(&work));  // a new worker hands this instance to the rescuer
+  ASSERT_TRUE(Eventually([&] { return !absl::StrContains(runtime_->Dump(), " pending=1 "); }));
+  std::atomic<bool> returned{false}, cancelled{false};
+  std::thread canceller([&] {
+    cancelled = wq->Cancel(&work);
+    returned = true;
+  });
+  EXPECT_TRUE(Eventually([&] { return returned.load(); }));
+  gate.Open();
+  canceller.join();
+  EXPECT_TRUE(cancelled.load());
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// A work the rescuer runs may queue itself again during a drain (chained queueing), as
+// on any worker; it used to be refused as an outsider.
+TEST_F(FakeTimeWorkqueueTest, RescuedWorkMayChainDuringDrain) {
+  auto wq = *Workqueue::Create(
+      {.name = "reclaim4", .flags = kUnbound | kMemReclaim, .runtime = runtime_.get()});
+  fail_spawn_ = true;
+  Gate gate;
+  std::atomic<int> runs{0};
+  std::atomic<bool> chained{false};
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  Work work([&] {
+    if (runs.fetch_add(1) == 0) {
+      gate.Wait();
+      chained = q->Queue(self);
+    }
+  });
+  self = &work;
+  wq->Queue(&work);
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  std::thread drainer([&] { wq->Drain(); });
+  // Fresh probes until one is refused: the drain has begun. (One queued before it waits
+  // for the rescuer, which is held, and the drain runs it.)
+  std::vector<std::unique_ptr<Work>> probes;
+  ASSERT_TRUE(Eventually([&] {
+    probes.push_back(std::make_unique<Work>([] {}));
+    return !wq->Queue(probes.back().get());
+  }));
+  gate.Open();
+  drainer.join();
+  EXPECT_TRUE(chained.load());
+  EXPECT_EQ(runs.load(), 2);
   fail_spawn_ = false;
 }
 

@@ -215,13 +215,16 @@ PoolWorkqueue* WorkerPool::TryRemove(Work* w) {
     return pwq;
   }
   if (where == WorkWhere::kScheduled) {
+    auto take = [&](Worker* worker) {
+      if (!worker->scheduled.Contains(w)) return false;
+      worker->scheduled.Remove(w);
+      SetWhere(w, WorkWhere::kNone);
+      return true;
+    };
     for (auto& worker : workers_) {
-      if (worker->scheduled.Contains(w)) {
-        worker->scheduled.Remove(w);
-        SetWhere(w, WorkWhere::kNone);
-        return pwq;
-      }
+      if (take(worker.get())) return pwq;
     }
+    if (rescuing_ != nullptr && take(rescuing_)) return pwq;
   }
   return nullptr;
 }
@@ -449,7 +452,12 @@ bool WorkerPool::Check(absl::Time now) {
 
 int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
   int ran = 0;
+  // The works it runs see the rescuer as their worker: chained queueing during a drain,
+  // and BlockingScope, work as on any worker.
+  Worker* const outer = tls_worker;
+  tls_worker = rescuer;
   MutexLock lock(&mu_);
+  rescuing_ = rescuer;
   for (;;) {
     Work* found = nullptr;
     for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
@@ -473,6 +481,8 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
       for (Work* w = again; w != nullptr; w = Execute(rescuer, w)) ++ran;
     }
   }
+  rescuing_ = nullptr;
+  tls_worker = outer;
   return ran;
 }
 
