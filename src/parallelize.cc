@@ -1,6 +1,8 @@
 #include "kwq/parallelize.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -10,6 +12,87 @@
 #include "absl/strings/str_cat.h"
 
 namespace kwq {
+namespace {
+
+// The state every runner of one call shares; it lives on the caller's stack, which
+// outlives every helper (the caller cancels or waits for each before returning).
+class Pieces {
+ public:
+  Pieces(const Context& ctx, int pieces, int chunk_size, absl::FunctionRef<void(int)> fn)
+      : ctx_(ctx),
+        pieces_(pieces),
+        chunk_size_(chunk_size),
+        chunks_((int64_t{pieces} + chunk_size - 1) / chunk_size),
+        fn_(fn) {}
+
+  int64_t chunks() const { return chunks_; }
+
+  // Runs chunks until none is left, ctx is done or a piece threw. Checked before every
+  // piece, as client-go checks its stop channel: pieces not yet started do not start.
+  void Run() {
+    for (;;) {
+      // 64-bit: each runner takes one chunk past the end before it stops, which with
+      // about 2^31 chunks would wrap a 32-bit counter (into negative piece numbers).
+      const int64_t chunk = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+      if (chunk >= chunks_) return;
+      const int64_t begin = chunk * chunk_size_;
+      const int64_t end = std::min<int64_t>(pieces_, begin + chunk_size_);
+      int64_t piece = begin;
+      for (; piece < end && !Stopped(); ++piece) {
+        if (!RunPiece(static_cast<int>(piece))) break;
+      }
+      completed_.fetch_add(piece - begin, std::memory_order_relaxed);
+      if (piece < end) return;
+    }
+  }
+
+  // OK when every piece ran; otherwise why not.
+  absl::Status Result() {
+    if (failed_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      return absl::InternalError(absl::StrCat("ParallelizeUntil: a piece threw: ", error_));
+    }
+    if (completed_.load(std::memory_order_relaxed) == pieces_) return absl::OkStatus();
+    // Runners stop early only when a piece threw (above) or ctx is done.
+    return ctx_.IsCancelled() ? ctx_.Err()
+                              : absl::InternalError("ParallelizeUntil: pieces left unrun");
+  }
+
+ private:
+  bool Stopped() const { return failed_.load(std::memory_order_relaxed) || ctx_.IsCancelled(); }
+
+  // Runs one piece; false when it threw (the first exception stops every runner).
+  bool RunPiece(int piece) {
+    try {
+      fn_(piece);
+      return true;
+    } catch (const std::exception& e) {
+      Fail(e.what());
+    } catch (...) {
+      Fail("non-std exception");
+    }
+    return false;
+  }
+
+  void Fail(const char* what) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!failed_.load(std::memory_order_relaxed)) error_ = what;
+    failed_.store(true, std::memory_order_release);
+  }
+
+  const Context& ctx_;
+  const int pieces_;
+  const int chunk_size_;
+  const int64_t chunks_;
+  const absl::FunctionRef<void(int)> fn_;
+  std::atomic<int64_t> next_chunk_{0};
+  std::atomic<int64_t> completed_{0};  // pieces that ran to the end
+  std::atomic<bool> failed_{false};
+  std::mutex error_mu_;
+  std::string error_;  // the first exception's message, under error_mu_
+};
+
+}  // namespace
 
 absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
                               absl::FunctionRef<void(int)> fn, ParallelizeOptions options) {
@@ -19,50 +102,29 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
                      workers, ", ", pieces, ", ", options.chunk_size));
   }
   if (pieces == 0) return absl::OkStatus();
-  const int chunks = (pieces + options.chunk_size - 1) / options.chunk_size;
-  workers = std::min(workers, chunks);
+  Pieces work(ctx, pieces, options.chunk_size, fn);
+  const int helpers = static_cast<int>(std::min<int64_t>(workers, work.chunks())) - 1;
   Workqueue& wq = options.workqueue != nullptr ? *options.workqueue : SystemUnboundWq();
 
-  std::atomic<int> next_chunk{0};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  std::string error;
-  auto run = [&] {
-    while (!ctx.IsCancelled() && !failed.load(std::memory_order_relaxed)) {
-      const int chunk = next_chunk.fetch_add(1, std::memory_order_relaxed);
-      if (chunk >= chunks) return;
-      const int end = std::min(pieces, (chunk + 1) * options.chunk_size);
-      for (int piece = chunk * options.chunk_size; piece < end; ++piece) {
-        try {
-          fn(piece);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (!failed.exchange(true)) error = e.what();
-          return;
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (!failed.exchange(true)) error = "non-std exception";
-          return;
-        }
-      }
-    }
-  };
+  // The caller is one of the runners. So a call from a work item whose workqueue has no
+  // slot left (nested calls), a frozen or draining workqueue that holds or refuses the
+  // helpers, and workers = 1 all still finish: the caller runs what no helper takes.
   std::vector<std::unique_ptr<Work>> items;
-  items.reserve(workers);
-  for (int i = 0; i < workers; ++i) {
-    items.push_back(std::make_unique<Work>(run));
-    wq.Queue(items.back().get());
+  items.reserve(helpers);
+  for (int i = 0; i < helpers; ++i) {
+    items.push_back(std::make_unique<Work>([&work] { work.Run(); }));
+    if (!wq.Queue(items.back().get())) items.pop_back();  // refused (draining): not needed
   }
+  work.Run();
+  // Nothing is left to hand out. Helpers still pending never started: take them back;
+  // wait for those that run (they stop after their current piece once ctx is done).
   {
     BlockingScope blocking;  // a worker calling us must not hold up its pool
-    for (auto& item : items) wq.Flush(item.get());
+    for (auto& item : items) {
+      if (!wq.Cancel(item.get())) wq.Flush(item.get());
+    }
   }
-  if (failed.load()) {
-    std::lock_guard<std::mutex> lock(error_mu);
-    return absl::InternalError(absl::StrCat("ParallelizeUntil: a piece threw: ", error));
-  }
-  if (next_chunk.load() < chunks && ctx.IsCancelled()) return ctx.Err();
-  return absl::OkStatus();
+  return work.Result();
 }
 
 }  // namespace kwq

@@ -1,7 +1,12 @@
 #include "kwq/parallelize.h"
 
 #include <atomic>
+#include <climits>
+#include <memory>
+#include <thread>
 #include <vector>
+
+#include "absl/time/clock.h"
 
 #include "gtest/gtest.h"
 
@@ -53,6 +58,112 @@ TEST(ParallelizeUntilTest, ThrowingPieceIsReported) {
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("piece 42"), std::string::npos);
+}
+
+// Polls `pred` for up to `limit` of real time; for effects on other threads.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(5)) {
+  const absl::Time end = absl::Now() + limit;
+  while (!pred()) {
+    if (absl::Now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+// Runs `call` on a thread and reports whether it returned within 5 s (a hang would
+// otherwise stop the whole test binary; the thread is then left behind).
+template <typename Call>
+bool ReturnsInTime(Call call) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([call, done]() mutable {
+    call();
+    *done = true;
+  });
+  if (!Eventually([&] { return done->load(); })) {
+    t.detach();
+    return false;
+  }
+  t.join();
+  return true;
+}
+
+// A chunk size near INT_MAX used to overflow the chunk count: OK came back with nothing run.
+TEST(ParallelizeUntilTest, HugeChunkSizeRunsEveryPiece) {
+  std::vector<std::atomic<int>> hits(10);
+  ASSERT_TRUE(
+      ParallelizeUntil(Background(), 4, 10, [&](int i) { ++hits[i]; }, {.chunk_size = INT_MAX})
+          .ok());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(hits[i].load(), 1) << "piece " << i;
+}
+
+// Once ctx is done no piece starts, inside a chunk too (client-go checks before each).
+TEST(ParallelizeUntilTest, CancelStopsInsideAChunk) {
+  auto [ctx, cancel] = WithCancel(Background());
+  std::atomic<int> ran{0};
+  absl::Status s = ParallelizeUntil(ctx, 2, 1000,
+                                    [&, c = cancel](int) {
+                                      ++ran;
+                                      c();
+                                    },
+                                    {.chunk_size = 1000});
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ran.load(), 1);  // one chunk, one runner: it stops after its first piece
+}
+
+// A call from a work item of a workqueue with no free slot: its helpers cannot start,
+// and it used to wait for them for ever.
+TEST(ParallelizeUntilTest, NestedCallsOnAFullWorkqueueFinish) {
+  auto wq = *Workqueue::Create({.name = "nested", .flags = kUnbound, .max_active = 1});
+  std::atomic<int> inner{0};
+  absl::Status outer;
+  ASSERT_TRUE(ReturnsInTime([&] {
+    outer =
+        ParallelizeUntil(Background(), 2, 4,
+                         [&](int) {
+                           EXPECT_TRUE(ParallelizeUntil(Background(), 2, 3, [&](int) { ++inner; },
+                                                        {.workqueue = wq.get()})
+                                           .ok());
+                         },
+                         {.workqueue = wq.get()});
+  })) << "nested ParallelizeUntil hangs";
+  EXPECT_TRUE(outer.ok()) << outer;
+  EXPECT_EQ(inner.load(), 12);
+}
+
+// A frozen workqueue holds the helpers; the caller runs every piece.
+TEST(ParallelizeUntilTest, FrozenWorkqueueStillFinishes) {
+  auto wq = *Workqueue::Create({.name = "frozen", .flags = kUnbound | kFreezable});
+  wq->Freeze();
+  std::atomic<int> ran{0};
+  absl::Status s;
+  ASSERT_TRUE(ReturnsInTime([&] {
+    s = ParallelizeUntil(Background(), 4, 100, [&](int) { ++ran; }, {.workqueue = wq.get()});
+  })) << "ParallelizeUntil on a frozen workqueue hangs";
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(ran.load(), 100);
+  wq->Thaw();
+}
+
+// While the workqueue drains, its Queue refuses the helpers; that used to end the call
+// with OK and nothing run.
+TEST(ParallelizeUntilTest, DrainingWorkqueueStillRunsEveryPiece) {
+  auto wq = *Workqueue::Create({.name = "draining", .flags = kUnbound});
+  std::atomic<bool> release{false};
+  Work blocker([&] {
+    while (!release.load()) std::this_thread::yield();
+  });
+  wq->Queue(&blocker);
+  std::thread drainer([&] { wq->Drain(); });
+  Work probe([] {});
+  ASSERT_TRUE(Eventually([&] { return !wq->Queue(&probe) && !probe.pending(); }));  // draining
+  std::atomic<int> ran{0};
+  absl::Status s =
+      ParallelizeUntil(Background(), 4, 100, [&](int) { ++ran; }, {.workqueue = wq.get()});
+  release = true;
+  drainer.join();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(ran.load(), 100);
 }
 
 TEST(ParallelizeUntilTest, BadArgumentsAreRejected) {

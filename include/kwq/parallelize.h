@@ -1,16 +1,23 @@
 // File: kwq/parallelize.h
 //
 // ParallelizeUntil: client-go's workqueue.ParallelizeUntil on kwq workqueues. Runs
-// fn(piece) for every piece in [0, pieces) on up to `workers` concurrent work items,
-// handing out `chunk_size` pieces at a time, and stops handing out pieces once `ctx` is
-// done (pieces already started finish).
+// fn(piece) for every piece in [0, pieces) on up to `workers` runners at once, handing
+// out `chunk_size` pieces at a time. Once `ctx` is done (or a piece threw) no further
+// piece starts, as client-go checks its stop channel before each piece; pieces already
+// started finish.
 //
 //   absl::Status s = kwq::ParallelizeUntil(ctx, /*workers=*/8, /*pieces=*/items.size(),
 //                                          [&](int i) { Process(items[i]); });
 //
-// Blocks the caller until every worker has finished; the caller's wait is a
-// BlockingScope, so calling it from a work item does not starve the pool.
-// Thread safety: fn is called concurrently from several threads.
+// The calling thread is one of the runners and the other workers - 1 are work items on
+// the workqueue (client-go starts `workers` goroutines and only waits). So it always
+// finishes, also when the workqueue cannot start the helpers: called from a work item of
+// a workqueue with no free slot (nested calls), on a frozen workqueue, or while it
+// drains (its Queue refuses). Helpers that never started are cancelled. With workers = 1
+// every piece runs on the calling thread. On a bound (per-CPU) workqueue the helpers go
+// to the calling CPU's pool, which runs one at a time: use an unbound one (the default).
+// Blocks until every helper that started has finished; the wait is a BlockingScope.
+// Thread safety: fn is called concurrently from several threads, the caller's included.
 
 #ifndef KWQ_PARALLELIZE_H_
 #define KWQ_PARALLELIZE_H_
