@@ -315,6 +315,24 @@ TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
   EXPECT_EQ(rec.Get("unfinished"), 0);
 }
 
+// unfinished work is the sum of the in-flight items' ages, longest running the oldest one
+// (with one item in flight the two are equal, so this needs two).
+TEST(QueueMetricsTest, UnfinishedIsTheSumAndLongestTheMaxOverLeases) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec);
+  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  q.Add("b");
+  auto first = q.TryGet();
+  clock.Advance(absl::Seconds(2));
+  auto second = q.TryGet();
+  clock.Advance(absl::Seconds(1));  // ages 3 s and 1 s; the 500 ms refresh runs inside Advance
+  EXPECT_NEAR(rec.Get("unfinished"), 4.0, 0.01);
+  EXPECT_NEAR(rec.Get("longest"), 3.0, 0.01);
+}
+
 // depth counts what client-go's does: queued items plus in-flight ones added again.
 TEST(QueueMetricsTest, DepthCountsAnInFlightItemAddedAgain) {
   FakeClock clock;
