@@ -180,12 +180,13 @@ Extracted ExtractCpus(hwloc_topology_t topology, const DynamicCpuSet* affinity) 
   return out;
 }
 
-// The calling thread's affinity mask, grown until the kernel's mask fits.
-absl::StatusOr<std::unique_ptr<DynamicCpuSet>> CallingThreadAffinity() {
+// The affinity mask of thread `tid` (0: the calling thread), grown until the kernel's mask
+// fits.
+absl::StatusOr<std::unique_ptr<DynamicCpuSet>> ThreadAffinity(pid_t tid) {
   for (int size = std::max(PossibleCpuIds(), CPU_SETSIZE); size <= (1 << 22); size *= 2) {
     auto set = std::make_unique<DynamicCpuSet>(size);
     if (!set->ok()) return absl::ResourceExhaustedError("cannot allocate a CPU set");
-    if (sched_getaffinity(0, set->bytes(), set->get()) == 0) return set;
+    if (sched_getaffinity(tid, set->bytes(), set->get()) == 0) return set;
     if (errno != EINVAL) break;
   }
   return absl::InternalError(absl::StrCat("sched_getaffinity failed: ", std::strerror(errno)));
@@ -278,8 +279,14 @@ Topology::Topology(std::string source, int total_cpus, std::vector<CpuInfo> cpus
   }
 }
 
-absl::StatusOr<std::shared_ptr<const Topology>> Topology::Detect() {
-  absl::StatusOr<std::unique_ptr<DynamicCpuSet>> affinity = CallingThreadAffinity();
+absl::StatusOr<std::shared_ptr<const Topology>> Topology::Detect() { return DetectWithMaskOf(0); }
+
+absl::StatusOr<std::shared_ptr<const Topology>> Topology::DetectForProcess() {
+  return DetectWithMaskOf(getpid());  // the main thread's id is the process id
+}
+
+absl::StatusOr<std::shared_ptr<const Topology>> Topology::DetectWithMaskOf(int tid) {
+  absl::StatusOr<std::unique_ptr<DynamicCpuSet>> affinity = ThreadAffinity(tid);
   if (!affinity.ok()) return affinity.status();
   HwlocHandle hwloc;
   if (absl::Status s = hwloc.Init(); !s.ok()) return s;
@@ -289,7 +296,7 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::Detect() {
   Extracted e = ExtractCpus(hwloc.get(), affinity->get());
   if (e.cpus.empty()) {
     return absl::FailedPreconditionError(
-        "no CPU is both allowed by hwloc and in the calling thread's affinity mask");
+        "no CPU is both allowed by hwloc and in the thread's affinity mask");
   }
   return std::shared_ptr<const Topology>(
       new Topology("this system", e.total_cpus, std::move(e.cpus)));

@@ -367,6 +367,23 @@ TEST(TopologyTest, DetectReadsTheCallingThreadsAffinity) {
   EXPECT_EQ(ThreadAffinity().size(), static_cast<size_t>((*full)->num_cpus()));
 }
 
+// From a thread pinned to one CPU, DetectForProcess still sees the main thread's CPUs
+// (gtest runs tests on the main thread).
+TEST(TopologyTest, DetectForProcessReadsTheMainThreadsAffinity) {
+  absl::StatusOr<std::shared_ptr<const Topology>> full = Topology::Detect();
+  ASSERT_TRUE(full.ok()) << full.status();
+  if ((*full)->num_cpus() < 2) GTEST_SKIP() << "needs two CPUs";
+  absl::StatusOr<std::shared_ptr<const Topology>> from_pinned;
+  absl::Status bind;
+  std::thread([&] {
+    bind = BindCurrentThread({(*full)->cpus().back().cpu});
+    if (bind.ok()) from_pinned = Topology::DetectForProcess();
+  }).join();
+  ASSERT_TRUE(bind.ok()) << bind;
+  ASSERT_TRUE(from_pinned.ok()) << from_pinned.status();
+  EXPECT_EQ(CpuIds(**from_pinned), CpuIds(**full));
+}
+
 TEST(BindCurrentThreadTest, BindsToEachAllowedCpu) {
   absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::Detect();
   ASSERT_TRUE(topo.ok()) << topo.status();

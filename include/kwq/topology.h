@@ -93,6 +93,10 @@ class Topology {
   // Errors: Internal when hwloc cannot be initialised or fails to load the topology, or
   // sched_getaffinity fails; FailedPrecondition when no CPU is left after the intersection.
   static absl::StatusOr<std::shared_ptr<const Topology>> Detect();
+  // Detect with the affinity mask of the process's main thread (sched_getaffinity(getpid()))
+  // instead of the caller's, so the result does not depend on which thread calls it first
+  // (WorkqueueRuntime::Default uses it). Same errors.
+  static absl::StatusOr<std::shared_ptr<const Topology>> DetectForProcess();
 
   // A machine from an hwloc synthetic description, e.g. "pack:2 numa:2 l3:2 core:4 pu:2"
   // (64 CPUs numbered 0..63; see hwloc's "Synthetic topologies" documentation for the
@@ -151,6 +155,8 @@ class Topology {
   std::string Describe() const;
 
  private:
+  // Detect with the affinity mask of thread `tid` (0: the calling thread).
+  static absl::StatusOr<std::shared_ptr<const Topology>> DetectWithMaskOf(int tid);
   // Sorts `cpus` and derives everything else from it. `cpus` must be non-empty with
   // distinct `cpu` values.
   Topology(std::string source, int total_cpus, std::vector<CpuInfo> cpus);

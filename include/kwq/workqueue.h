@@ -286,7 +286,8 @@ class WorkqueueRuntime {
   };
 
   static absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> Create(Options options);
-  // The process-wide runtime on the detected topology; never destroyed.
+  // The process-wide runtime on the detected topology (Topology::DetectForProcess: the
+  // main thread's affinity mask, whichever thread calls first); never destroyed.
   static WorkqueueRuntime& Default();
 
   // All workqueues of this runtime must have been destroyed. Joins every worker.

@@ -699,7 +699,10 @@ absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> WorkqueueRuntime::Create(Optio
 
 WorkqueueRuntime& WorkqueueRuntime::Default() {
   static WorkqueueRuntime* const runtime = [] {
-    absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> rt = Create(Options{});
+    // The process's CPUs, not those of whichever thread happens to call first.
+    absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::DetectForProcess();
+    absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> rt =
+        topo.ok() ? Create({.topology = *topo}) : topo.status();
     if (!rt.ok()) {
       std::fprintf(stderr, "kwq: cannot create the default workqueue runtime: %s\n",
                    rt.status().ToString().c_str());
