@@ -62,8 +62,7 @@ scenarios: release
 
 # The long soak (make test runs a 2 s one in every build, TSan included).
 SOAK_SECONDS ?= 60
-soak: setup
-	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=ON >/dev/null
+soak: release
 	@cmake --build build/release -j$(JOBS) --target kwq-soak
 	./build/release/tools/kwq-soak --seconds=$(SOAK_SECONDS)
 
@@ -71,14 +70,14 @@ soak: setup
 # make test. Run it after changing NeedWakeLocked / Spin / TryGet.
 ROUNDS ?= 100000
 wake-stress: setup
-	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=ON >/dev/null
-	@cmake --build build/release -j$(JOBS) --target kwq-wake-stress
-	./build/release/tests/kwq-wake-stress --rounds=$(ROUNDS)
+	@cmake -S . -B build/release-tests $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=ON \
+	  -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
+	@cmake --build build/release-tests -j$(JOBS) --target kwq-wake-stress
+	./build/release-tests/tests/kwq-wake-stress --rounds=$(ROUNDS)
 
 # Regenerates docs/img/*.png from docs/data/ (raw results of `make bench` and `make scenarios`).
 plots:
-	@dpkg-query -W -f='$${Status}' python3-matplotlib 2>/dev/null | grep -q 'install ok installed' || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-matplotlib)
+	@bash scripts/setup.sh python3-matplotlib
 	/usr/bin/python3 docs/plot.py
 
 format:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every kwq-scenarios scenario RUNS times (default 3) and appends the raw lines to
 # docs/data/scenarios.txt, each block headed by the date, machine and commit. The medians
-# in docs/benchmarks.md and the plot come from that file (docs/plot_scenarios.py).
+# in docs/benchmarks.md and the plot come from that file (docs/plot.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/release/tools/kwq-scenarios

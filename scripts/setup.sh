@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kwq needs to build, test and benchmark.
-# Idempotent: does nothing when every package is present; otherwise runs
-# `apt-get update` once and installs only what is missing.
+# Idempotent: does nothing when every required package is present; otherwise runs
+# `apt-get update` once and installs only what is missing. Optional packages (benchmark
+# peers) are installed in that same run when the mirror has them; a missing optional
+# package alone never triggers apt (so a machine without network works once the required
+# ones are there). Extra package names given as arguments count as required (make plots).
+# Usage: bash scripts/setup.sh [extra-package...]
 set -euo pipefail
 
 required=(
@@ -9,17 +13,17 @@ required=(
   clang libclang-rt-14-dev clang-format
   libabsl-dev libhwloc-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  "$@"
 )
-# Peers and adapters: used when present (comparison benchmarks, Prometheus adapter).
+# Peers and adapters: used when present (comparison benchmarks).
 optional=(prometheus-cpp-dev libtbb-dev libboost-dev libconcurrentqueue-dev)
 
-missing=()
-for p in "${required[@]}" "${optional[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
-    missing+=("$p")
-  fi
-done
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
+missing=()
+for p in "${required[@]}"; do
+  installed "$p" || missing+=("$p")
+done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -27,10 +31,13 @@ fi
 echo "setup: installing missing packages: ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${required[@]}"
+# env: sudo's env_reset would drop a DEBIAN_FRONTEND set in front of it.
+apt() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
+apt update -qq
+apt install -y -qq --no-install-recommends "${missing[@]}"
 # Optional packages must not fail the set-up when a mirror lacks one.
 for p in "${optional[@]}"; do
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$p" ||
+  installed "$p" && continue
+  apt install -y -qq --no-install-recommends "$p" ||
     echo "setup: optional package $p not installed; dependent benchmarks are skipped"
 done

@@ -31,4 +31,14 @@ execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir}
 if(rc OR NOT flags MATCHES "-lkwq")
   message(FATAL_ERROR "pkg-config kwq failed (${rc}): ${flags}")
 endif()
+# ... and its paths must point into that prefix (the file once named the configure-time
+# prefix, /usr/local): the consumer must build from the pkg-config flags alone.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir}
+                        pkg-config --variable=includedir kwq
+                RESULT_VARIABLE rc OUTPUT_VARIABLE includedir OUTPUT_STRIP_TRAILING_WHITESPACE)
+file(REAL_PATH "${includedir}" includedir)
+file(REAL_PATH "${prefix}/include" expected_includedir)
+if(rc OR NOT includedir STREQUAL expected_includedir)
+  message(FATAL_ERROR "pkg-config kwq: includedir ${includedir}, expected ${expected_includedir}")
+endif()
 message(STATUS "pkg-config kwq: ${flags}")
