@@ -158,10 +158,16 @@ void FakeClock::SetTime(absl::Time t) {
 
 void FakeClock::MoveTo(absl::Time t) {
   // Called with move_mu_ held (by Advance/SetTime).
+  absl::Time from;
   {
     internal::MutexLock lock(&mu_);
+    from = now_;
     now_ = t;
   }
+  // Going back, nothing comes due that was not due before: no sleeper wakes, and the
+  // observers are not told, so no timer fires (a timer already due runs at the next
+  // move that does not go back, such as Advance(absl::ZeroDuration())).
+  if (t < from) return;
   moved_.SignalAll();
   for (ClockObserver* observer : observers_) observer->OnClockMoved(t);
 }

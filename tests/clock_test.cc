@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "internal/tsc_timeline.h"
@@ -153,6 +154,23 @@ TEST(FakeClockTest, ObserversSeeEveryMoveInOrder) {
   ASSERT_EQ(recorder.seen.size(), 2u);
   EXPECT_EQ(recorder.seen[0], start + absl::Seconds(1));
   EXPECT_EQ(recorder.seen[1], start + absl::Seconds(5));
+}
+
+TEST(FakeClockTest, BackwardJumpCallsNoObserver) {
+  FakeClock clock;
+  struct Recorder : ClockObserver {
+    std::vector<absl::Time> seen;
+    void OnClockMoved(absl::Time now) override { seen.push_back(now); }
+  } recorder;
+  ASSERT_TRUE(clock.AddObserver(&recorder));
+  const absl::Time start = clock.Now();
+  clock.SetTime(start - absl::Hours(1));
+  EXPECT_TRUE(recorder.seen.empty());
+  clock.SetTime(start - absl::Hours(1));  // staying put is reported, like Advance(0)
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(recorder.seen, (std::vector<absl::Time>{start - absl::Hours(1),
+                                                    start - absl::Hours(1) + absl::Seconds(1)}));
+  clock.RemoveObserver(&recorder);
 }
 
 }  // namespace

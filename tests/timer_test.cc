@@ -233,6 +233,17 @@ TEST(FakeTimerTest, BackwardJumpFiresNothing) {
   EXPECT_TRUE(ran);
 }
 
+TEST(FakeTimerTest, BackwardJumpFiresNothingEvenIfAlreadyDue) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  bool ran = false;
+  service->Schedule(clock.Now() - absl::Hours(2), [&] { ran = true; });
+  clock.SetTime(clock.Now() - absl::Hours(1));  // still after the deadline, but backwards
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::ZeroDuration());  // the next move that does not go back runs it
+  EXPECT_TRUE(ran);
+}
+
 TEST(FakeTimerTest, HugeDelaysSaturate) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});

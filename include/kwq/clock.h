@@ -23,16 +23,18 @@
 
 namespace kwq {
 
-// Told by a manual clock each time it moves. TimerService uses it to run due timers when
-// a FakeClock advances; users rarely implement it.
+// Told by a manual clock each time it moves forward or stays put (Advance, SetTime to
+// Now() or later); a backward jump is not reported, since nothing becomes due by going
+// back. TimerService uses it to run due timers when a FakeClock advances; users rarely
+// implement it.
 class ClockObserver {
  public:
   virtual ~ClockObserver() = default;
   // Called on the thread that moved the clock, one move at a time: a manual clock must
   // not call its observers for two moves at once (FakeClock holds its move lock around
   // the calls; TimerService relies on it when it records the callback it is running).
-  // `now` is the new time. May call Clock::Now(); must not move the clock (that would
-  // deadlock on FakeClock's move lock).
+  // `now` is the new time, never earlier than the previous call's. May call
+  // Clock::Now(); must not move the clock (that would deadlock on FakeClock's move lock).
   virtual void OnClockMoved(absl::Time now) = 0;
 };
 
@@ -121,7 +123,9 @@ class FakeClock final : public Clock {
   void Advance(absl::Duration d);
 
   // Sets the clock to `t`, which may be earlier than Now() (a clock jump, for fault
-  // injection): nothing fires for a backward jump, and sleepers keep sleeping.
+  // injection). A backward jump fires nothing, not even timers that were already due
+  // (they run at the next move that does not go back), calls no observer, and sleepers
+  // keep sleeping.
   void SetTime(absl::Time t);
 
   // Number of threads blocked in SleepUntil. Tests use it to know a thread is waiting.
