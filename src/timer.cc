@@ -23,7 +23,7 @@ namespace internal {
 class TimerCore final : public ClockObserver {
  public:
   TimerCore(Clock* clock, std::unique_ptr<TimerWaiter> waiter)
-      : clock_(clock), waiter_(std::move(waiter)) {}
+      : clock_(clock), waiter_(std::move(waiter)), heap_(clock->Now()) {}
 
   absl::Status Start() {
     if (waiter_ == nullptr) {

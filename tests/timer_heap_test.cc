@@ -52,6 +52,46 @@ TEST(TimerHeapTest, InfiniteDeadlineNeverPops) {
   EXPECT_TRUE(heap.PopDue(T(0), &id, &fn));
 }
 
+TEST(TimerHeapTest, DeadlineBetweenNanosecondsIsNotDueBeforeIt) {
+  TimerHeap heap;
+  const absl::Time deadline = T(1) + absl::Nanoseconds(0.5);
+  heap.Insert(deadline, [] {});
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(T(1), &id, &fn));  // half a nanosecond early
+  EXPECT_GE(heap.NextDeadline(), deadline);   // the service must not wake before it
+  EXPECT_TRUE(heap.PopDue(T(1) + absl::Nanoseconds(1), &id, &fn));
+}
+
+TEST(TimerHeapTest, DeadlinePastTheNanosecondRangeIsNotDueBeforeIt) {
+  TimerHeap heap;  // keys count from the Unix epoch: year 2286 is out of range
+  const absl::Time far = absl::FromUnixSeconds(10'000'000'000);
+  heap.Insert(far + absl::Hours(1), [] {});
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(far, &id, &fn));
+  EXPECT_EQ(heap.NextDeadline(), far + absl::Hours(1));
+  EXPECT_TRUE(heap.PopDue(far + absl::Hours(1), &id, &fn));
+  heap.Insert(absl::FromUnixSeconds(-10'000'000'000), [] {});  // before 1678
+  EXPECT_FALSE(heap.PopDue(absl::FromUnixSeconds(-10'000'000'001), &id, &fn));
+  EXPECT_TRUE(heap.PopDue(absl::FromUnixSeconds(-10'000'000'000), &id, &fn));
+}
+
+TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {
+  const absl::Time far = absl::FromUnixSeconds(10'000'000'000);
+  TimerHeap heap(far);
+  std::vector<int> order;
+  heap.Insert(far + absl::Hours(2), [&] { order.push_back(2); });
+  heap.Insert(far + absl::Hours(1), [&] { order.push_back(1); });
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_EQ(heap.NextDeadline(), far + absl::Hours(1));
+  while (heap.PopDue(far + absl::Hours(1), &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<int>{1}));
+  while (heap.PopDue(far + absl::Hours(2), &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
 // Random inserts, removes and updates against a std::multimap model.
 TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
   std::mt19937 rng(42);

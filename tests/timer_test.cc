@@ -244,6 +244,37 @@ TEST(FakeTimerTest, BackwardJumpFiresNothingEvenIfAlreadyDue) {
   EXPECT_TRUE(ran);
 }
 
+TEST(FakeTimerTest, DeadlineBetweenNanosecondsDoesNotFireEarly) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  const absl::Time deadline = clock.Now() + absl::Nanoseconds(0.5);
+  bool ran = false;
+  service->Schedule(deadline, [&] {
+    EXPECT_GE(clock.Now(), deadline);
+    ran = true;
+  });
+  clock.Advance(absl::ZeroDuration());
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(ran);
+}
+
+TEST(FakeTimerTest, DeadlinesPastYear2262AreNotEarlyAndKeepTheirOrder) {
+  FakeClock clock(absl::FromUnixSeconds(10'000'000'000));  // year 2286
+  auto service = *TimerService::Create({.clock = &clock});
+  std::vector<int> order;
+  service->ScheduleAfter(absl::Hours(2), [&] { order.push_back(2); });
+  service->ScheduleAfter(absl::Hours(1), [&] { order.push_back(1); });
+  clock.Advance(absl::ZeroDuration());
+  EXPECT_TRUE(order.empty());
+  clock.Advance(absl::Minutes(59));
+  EXPECT_TRUE(order.empty());
+  clock.Advance(absl::Minutes(1));
+  EXPECT_EQ(order, (std::vector<int>{1}));
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
 TEST(FakeTimerTest, HugeDelaysSaturate) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});

@@ -83,9 +83,13 @@ class TimerService {
   TimerService(const TimerService&) = delete;
   TimerService& operator=(const TimerService&) = delete;
 
-  // Runs `fn` once, on the service thread, at or soon after `deadline`. A deadline in the
-  // past runs as soon as possible; absl::InfiniteFuture() never runs (it can still be
-  // cancelled or rescheduled). Never blocks on the service thread or on callbacks.
+  // Runs `fn` once, on the service thread, at or soon after `deadline`, never before it
+  // (clock().Now() >= deadline when it runs; a deadline between two nanoseconds counts
+  // from the later one). A deadline in the past runs as soon as possible;
+  // absl::InfiniteFuture() never runs (it can still be cancelled or rescheduled). Timers
+  // more than about 292 years from the service's creation are never early either, but
+  // run in scheduling order among themselves. Never blocks on the service thread or on
+  // callbacks.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.
   TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);
