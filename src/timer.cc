@@ -27,7 +27,13 @@ class TimerCore final : public ClockObserver {
 
   absl::Status Start() {
     if (waiter_ == nullptr) {
-      clock_->AddObserver(this);
+      // Nothing else would ever run the timers of a clock that refuses observers.
+      if (!clock_->AddObserver(this)) {
+        return absl::FailedPreconditionError(
+            "TimerService: the manual clock does not accept observers (Clock::AddObserver "
+            "returned false), so its timers could never run");
+      }
+      observing_ = true;
       return absl::OkStatus();
     }
     try {
@@ -39,7 +45,7 @@ class TimerCore final : public ClockObserver {
   }
 
   ~TimerCore() override {
-    if (waiter_ == nullptr) {
+    if (observing_) {
       clock_->RemoveObserver(this);  // waits for an Advance in progress
     } else if (thread_.joinable()) {
       {
@@ -153,6 +159,7 @@ class TimerCore final : public ClockObserver {
   Clock* const clock_;                         // I: set at construction
   const std::unique_ptr<TimerWaiter> waiter_;  // I: null for a manual clock
   std::thread thread_;                         // I: started by Start, joined by ~TimerCore
+  bool observing_ = false;                     // I: set by Start once the clock took us
 
   mutable Mutex mu_;
   CondVar running_done_;

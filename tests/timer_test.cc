@@ -297,6 +297,18 @@ TEST(FakeTimerTest, ServiceDestroyedBeforeClockIsRemoved) {
   EXPECT_FALSE(ran);
 }
 
+TEST(FakeTimerTest, ManualClockRefusingObserversIsFailedPrecondition) {
+  // A manual clock that keeps Clock's AddObserver, which refuses every observer.
+  class DeafClock final : public Clock {
+   public:
+    absl::Time Now() const override { return absl::UnixEpoch(); }
+    void SleepUntil(absl::Time) override {}
+    bool is_manual() const override { return true; }
+  } clock;
+  auto service = TimerService::Create({.clock = &clock});
+  EXPECT_EQ(service.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // ---- backend selection ----
 
 class EnvGuard {

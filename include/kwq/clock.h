@@ -70,7 +70,8 @@ class Clock {
   virtual bool is_manual() const { return false; }
 
   // Manual clocks accept observers and return true; real clocks return false, and their
-  // users must wait with their own thread. The observer must stay alive until removed.
+  // users must wait with their own thread. The observer must stay alive until removed. A
+  // manual clock must override it (TimerService::Create refuses one that returns false).
   virtual bool AddObserver(ClockObserver* observer);
   // Removes an observer. After it returns, the observer is not being called and will not
   // be called again. Must not be called from inside that observer's OnClockMoved.

@@ -65,7 +65,9 @@ class TimerService {
   // Starts a service (and its thread, for a real clock).
   // Errors: InvalidArgument for an unknown KWQ_TIMER_BACKEND value; Unavailable when
   // kIoUring is asked for (by option or variable) and io_uring cannot be set up;
-  // Internal when the thread cannot be started.
+  // Internal when the thread cannot be started; FailedPrecondition for a manual clock
+  // whose AddObserver refuses the service (returns false), since nothing would ever run
+  // its timers.
   static absl::StatusOr<std::unique_ptr<TimerService>> Create(Options options);
   static absl::StatusOr<std::unique_ptr<TimerService>> Create() { return Create(Options{}); }
 
