@@ -8,12 +8,15 @@
 #include <sys/syscall.h>
 
 #include <atomic>
+#include <cerrno>
 #include <latch>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "internal/timer_waiter.h"
+#include "kwq/internal/mutex.h"
 
 namespace kwq {
 namespace {
@@ -386,6 +389,55 @@ void FallbackWhenIoUringRefused() {
 TEST(TimerBackendTest, RefusedIoUringFallsBackToPortable) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(FallbackWhenIoUringRefused(), ::testing::ExitedWithCode(0), "");
+}
+
+std::atomic<int> failed_io_uring_waits{0};
+int FailIoUringWait() {
+  ++failed_io_uring_waits;
+  return -EBADF;
+}
+
+// Sets SetIoUringWaitHookForTest's hook for one scope.
+class IoUringWaitHook {
+ public:
+  explicit IoUringWaitHook(int (*hook)()) { internal::SetIoUringWaitHookForTest(hook); }
+  ~IoUringWaitHook() { internal::SetIoUringWaitHookForTest(nullptr); }
+};
+
+TEST(TimerBackendTest, FailingIoUringWaitFallsBackToTheConditionVariable) {
+  absl::StatusOr<std::unique_ptr<internal::TimerWaiter>> waiter = internal::NewIoUringWaiter();
+  if (!waiter.ok()) GTEST_SKIP() << waiter.status();
+  failed_io_uring_waits = 0;
+  IoUringWaitHook hook(&FailIoUringWait);
+  RealClock& clock = *RealClock::Default();
+  internal::Mutex mu;
+  mu.Lock();
+  (*waiter)->Wait(&mu, clock.Now() + absl::Hours(1), clock);  // fails: returns at once
+  EXPECT_EQ(failed_io_uring_waits.load(), 1);
+  EXPECT_EQ((*waiter)->kind(), TimerService::Backend::kPortable);
+  // From now on it waits on the condition variable: a Wake made before the Wait ends it
+  // (not lost), and io_uring is not tried again, so the service thread cannot spin on it.
+  (*waiter)->Wake();
+  (*waiter)->Wait(&mu, clock.Now() + absl::Hours(1), clock);
+  (*waiter)->Wait(&mu, clock.Now() - absl::Seconds(1), clock);  // deadline passed
+  mu.Unlock();
+  EXPECT_EQ(failed_io_uring_waits.load(), 1);
+}
+
+TEST(TimerBackendTest, ServiceKeepsRunningTimersAfterIoUringFails) {
+  failed_io_uring_waits = 0;
+  IoUringWaitHook hook(&FailIoUringWait);
+  auto service = TimerService::Create({.backend = TimerService::Backend::kIoUring});
+  if (!service.ok() && service.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << service.status();
+  }
+  ASSERT_TRUE(service.ok()) << service.status();
+  for (int i = 0; i < 3; ++i) {
+    std::latch done(1);
+    (*service)->ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+    done.wait();
+  }
+  EXPECT_LE(failed_io_uring_waits.load(), 1);
 }
 
 TEST(TimerBackendTest, DefaultServiceWorks) {

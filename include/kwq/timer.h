@@ -15,7 +15,10 @@
 //   - kIoUring: io_uring (liburing). An eventfd read stays posted on the ring; the thread
 //     waits in io_uring_enter with the time to the next deadline as its timeout
 //     (IORING_FEAT_EXT_ARG), so arming costs no system call and a wake-up is one eventfd
-//     write. Needs Linux >= 5.11 and a process allowed to use io_uring.
+//     write. Needs Linux >= 5.11 and a process allowed to use io_uring. Should waiting
+//     on the ring start failing (io_uring_enter failing with anything but its timeout or
+//     an interruption), the service says so once on stderr and waits as kPortable does
+//     for the rest of its life, rather than spin.
 //   - kPortable: a condition variable waiting until the next deadline. Works everywhere.
 //   - kAuto (default): io_uring when it can be set up, else portable, without error
 //     (seccomp, kernel.io_uring_disabled and old kernels are all handled).
@@ -114,7 +117,8 @@ class TimerService {
   size_t Pending() const;
 
   Clock& clock() const;
-  // The backend in use: kPortable or kIoUring for a real clock; kPortable for a manual one.
+  // The backend in use: kPortable or kIoUring for a real clock (kPortable once an
+  // io_uring service has fallen back, see above); kPortable for a manual one.
   Backend backend() const;
   std::string_view backend_name() const;
 
