@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "internal/sleep_until.h"
 #include "internal/tsc_timeline.h"
 
 #if defined(__x86_64__)
@@ -121,8 +122,9 @@ void RealClock::SleepUntil(absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
   }
-  const absl::Duration left = deadline - Now();
-  if (left > absl::ZeroDuration()) std::this_thread::sleep_for(absl::ToChronoNanoseconds(left));
+  internal::SleepUntilReached(
+      deadline, [this] { return Now(); },
+      [](absl::Duration left) { std::this_thread::sleep_for(absl::ToChronoNanoseconds(left)); });
 }
 
 FakeClock::FakeClock(absl::Time start) : now_(start) {}

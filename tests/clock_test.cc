@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "internal/sleep_until.h"
 #include "internal/tsc_timeline.h"
 
 namespace kwq {
@@ -91,6 +92,37 @@ TEST(RealClockTest, SleepUntilPastReturnsAtOnce) {
   clock->SleepUntil(clock->Now() - absl::Hours(1));
   clock->SleepFor(-absl::InfiniteDuration());
   EXPECT_FALSE(clock->is_manual());
+}
+
+TEST(RealClockTest, SleepUntilNeverReturnsEarly) {
+  AfterCalibration();
+  RealClock* clock = RealClock::Default();
+  for (int i = 0; i < 20; ++i) {
+    const absl::Time deadline = clock->Now() + absl::Microseconds(100);
+    clock->SleepUntil(deadline);
+    ASSERT_GE(clock->Now(), deadline);
+  }
+}
+
+// A reading that lags the sleep (the TSC timeline behind the kernel clock that times the
+// sleep): one sleep is not enough, SleepUntil must sleep again until the reading gets there.
+TEST(SleepUntilReachedTest, SleepsAgainWhileTheReadingLags) {
+  absl::Time now = absl::UnixEpoch();
+  int sleeps = 0;
+  const absl::Time deadline = now + absl::Microseconds(8);
+  internal::SleepUntilReached(
+      deadline, [&] { return now; },
+      [&](absl::Duration left) {
+        ++sleeps;
+        now += left / 2;  // the reading moved by only half the time slept
+        if (left < absl::Nanoseconds(2)) now += left;
+      });
+  EXPECT_GE(now, deadline);
+  EXPECT_GT(sleeps, 1);
+  sleeps = 0;
+  internal::SleepUntilReached(
+      deadline, [&] { return now; }, [&](absl::Duration) { ++sleeps; });
+  EXPECT_EQ(sleeps, 0);  // a deadline already reached does not sleep
 }
 
 TEST(RealClockTest, RefusesObservers) {
