@@ -3,11 +3,19 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
 
 namespace kwq::internal {
+
+struct TimerHeapPeer {
+  static void SetGeneration(TimerHeap& heap, uint32_t slot, uint32_t generation) {
+    heap.slots_[slot].generation = generation;
+  }
+};
+
 namespace {
 
 absl::Time T(int64_t ms) { return absl::UnixEpoch() + absl::Milliseconds(ms); }
@@ -39,6 +47,31 @@ TEST(TimerHeapTest, StaleIdsAreRejected) {
   EXPECT_TRUE(heap.Contains(b));
   EXPECT_FALSE(heap.Remove(0));
   EXPECT_FALSE(heap.Remove(~0ull));
+}
+
+TEST(TimerHeapTest, IdsAreNeverReusedWhenASlotsGenerationRunsOut) {
+  TimerHeap heap;
+  const uint64_t first = heap.Insert(T(0), [] {});
+  ASSERT_TRUE(heap.Remove(first));
+  // As if slot 0 (the one a schedule-then-fire loop keeps reusing, the free list being
+  // LIFO) had named 2^32 - 3 timers.
+  TimerHeapPeer::SetGeneration(heap, 0, UINT32_MAX - 2);
+  std::set<uint64_t> issued = {first};
+  uint64_t id;
+  TimerHeap::Callback fn;
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t next = heap.Insert(T(0), [] {});
+    EXPECT_NE(next, 0u);
+    EXPECT_TRUE(issued.insert(next).second) << "id " << next << " issued twice, at " << i;
+    if (i % 2 == 0) {
+      ASSERT_TRUE(heap.Remove(next));
+    } else {
+      ASSERT_TRUE(heap.PopDue(T(0), &id, &fn));
+      EXPECT_EQ(id, next);
+    }
+  }
+  EXPECT_FALSE(heap.Remove(first));
+  EXPECT_FALSE(heap.Contains(first));
 }
 
 TEST(TimerHeapTest, InfiniteDeadlineNeverPops) {

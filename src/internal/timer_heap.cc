@@ -91,8 +91,10 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
 
 void TimerHeap::FreeSlot(uint32_t slot) {
   Slot& s = slots_[slot];
+  // Its last generation used: a wrap would issue its first id again, so retire it (it
+  // stays in slots_, off the free list, and Find rejects its ids since it is not pending).
+  if (s.generation == UINT32_MAX) return;
   ++s.generation;
-  if (s.generation == 0) s.generation = 1;  // keep ids non-zero after wrap-around
   s.next_free = free_head_;
   free_head_ = slot;
 }

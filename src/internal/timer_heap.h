@@ -2,7 +2,10 @@
 // thread-safe; the service's lock guards it).
 //
 // A timer's id is its slot number plus a 32-bit generation that changes each time the
-// slot is freed, so a stale id is rejected instead of cancelling someone else's timer.
+// slot is freed, so a stale id is rejected instead of cancelling someone else's timer. A
+// slot whose generation has named 2^32 - 1 timers is retired rather than wrapped, so an
+// id is never issued twice: that keeps one unused slot (about 70 bytes with its heap
+// index) per 2^32 - 1 timers.
 //
 // Heap keys are whole nanoseconds from an origin (the service's start), deadlines rounded
 // up and the time they are compared with rounded down, so a timer is never due before its
@@ -23,6 +26,8 @@
 #include "kwq/internal/indexed_heap.h"
 
 namespace kwq::internal {
+
+struct TimerHeapPeer;  // tests: a slot's generation
 
 class TimerHeap {
  public:
@@ -49,6 +54,7 @@ class TimerHeap {
   bool Contains(uint64_t id) const { return Find(id) != kNoSlot; }
 
  private:
+  friend struct TimerHeapPeer;
   static constexpr uint32_t kNoSlot = UINT32_MAX;
   // Keys: kNever for absl::InfiniteFuture(), kPast for absl::InfinitePast() and instants
   // too early for the range, kFar for finite instants too late for it.
