@@ -1,6 +1,7 @@
 #include "kwq/timer.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -352,6 +353,32 @@ TEST(TimerBackendTest, ExplicitOptionBeatsEnvironment) {
   }
   ASSERT_TRUE(service.ok()) << service.status();
   EXPECT_EQ((*service)->backend(), TimerService::Backend::kIoUring);
+}
+
+TEST(TimerBackendTest, ManualClockIgnoresTheBackendVariableAndOption) {
+  EnvGuard env("epoll-please");  // would be InvalidArgument on a real clock
+  FakeClock clock;
+  auto service =
+      TimerService::Create({.clock = &clock, .backend = TimerService::Backend::kIoUring});
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ((*service)->backend(), TimerService::Backend::kPortable);
+}
+
+// Runs in a child process (EXPECT_EXIT), since Default() is created once per process.
+void DefaultWithUnknownBackendVariable() {
+  setenv("KWQ_TIMER_BACKEND", "epoll-please", 1);
+  TimerService& service = TimerService::Default();
+  if (service.backend() != TimerService::Backend::kPortable) _exit(4);
+  std::latch done(1);
+  service.ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+  done.wait();
+  _exit(0);
+}
+
+TEST(TimerBackendTest, DefaultFallsBackToPortableOnABadVariable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(DefaultWithUnknownBackendVariable(), ::testing::ExitedWithCode(0),
+              "falling back to the portable backend");
 }
 
 TEST(TimerBackendTest, UnknownEnvironmentValueIsInvalidArgument) {

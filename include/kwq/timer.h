@@ -28,7 +28,9 @@
 // With a manual clock (FakeClock) there is no thread at all: due timers run inside
 // FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
 // at or before Now() then runs at the next Advance (Advance(absl::ZeroDuration()) is
-// enough).
+// enough). Having no backend, such a service ignores Options::backend and does not read
+// KWQ_TIMER_BACKEND (a bad value is not reported), so fake-clock tests behave the same
+// whatever the variable says.
 
 #ifndef KWQ_TIMER_H_
 #define KWQ_TIMER_H_
@@ -63,23 +65,25 @@ class TimerService {
     // the service.
     Clock* clock = nullptr;
     // kAuto: io_uring if usable, else portable; KWQ_TIMER_BACKEND overrides it.
-    // An explicit kIoUring fails Create when io_uring is refused.
+    // An explicit kIoUring fails Create when io_uring is refused. Ignored, like the
+    // variable, for a manual clock.
     Backend backend = Backend::kAuto;
   };
 
   // Starts a service (and its thread, for a real clock).
-  // Errors: InvalidArgument for an unknown KWQ_TIMER_BACKEND value; Unavailable when
-  // kIoUring is asked for (by option or variable) and io_uring cannot be set up;
-  // Internal when the thread cannot be started; FailedPrecondition for a manual clock
-  // whose AddObserver refuses the service (returns false), since nothing would ever run
-  // its timers.
+  // Errors, for a real clock: InvalidArgument for an unknown KWQ_TIMER_BACKEND value;
+  // Unavailable when kIoUring is asked for (by option or variable) and io_uring cannot be
+  // set up; Internal when the thread cannot be started. For a manual clock:
+  // FailedPrecondition when its AddObserver refuses the service (returns false), since
+  // nothing would ever run its timers.
   static absl::StatusOr<std::unique_ptr<TimerService>> Create(Options options);
   static absl::StatusOr<std::unique_ptr<TimerService>> Create() { return Create(Options{}); }
 
   // The process-wide service on RealClock::Default(), created on first use and never
   // destroyed. Context deadlines use it unless their root names another service. If
-  // KWQ_TIMER_BACKEND forces a backend that cannot be used, it warns on stderr and falls
-  // back to kAuto.
+  // KWQ_TIMER_BACKEND is not a known value or forces a backend that cannot be used, it
+  // warns on stderr and uses the portable backend; if even that cannot start (no
+  // thread), it says so on stderr and aborts.
   static TimerService& Default();
 
   // Stops the service: timers still pending are dropped without running, a callback
