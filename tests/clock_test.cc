@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +187,65 @@ TEST(FakeClockTest, ObserversSeeEveryMoveInOrder) {
   ASSERT_EQ(recorder.seen.size(), 2u);
   EXPECT_EQ(recorder.seen[0], start + absl::Seconds(1));
   EXPECT_EQ(recorder.seen[1], start + absl::Seconds(5));
+}
+
+// An observer that calls `on_move` (if set) and counts its calls.
+struct CallbackObserver : ClockObserver {
+  std::function<void()> on_move;
+  int calls = 0;
+  void OnClockMoved(absl::Time) override {
+    ++calls;
+    if (on_move) on_move();
+  }
+};
+
+TEST(FakeClockTest, ObserversMayAddAndRemoveObserversDuringAMove) {
+  FakeClock clock;
+  CallbackObserver a, b, c, d;
+  a.on_move = [&] {
+    if (a.calls > 1) return;
+    clock.AddObserver(&d);     // called from the next move on
+    clock.RemoveObserver(&c);  // not called in this move, though it comes after
+  };
+  b.on_move = [&] {
+    if (b.calls == 2) clock.RemoveObserver(&b);  // from inside its own call
+  };
+  for (CallbackObserver* o : {&a, &b, &c}) ASSERT_TRUE(clock.AddObserver(o));
+  clock.Advance(absl::Seconds(1));  // hung for ever when observers could not do this
+  EXPECT_EQ(a.calls, 1);
+  EXPECT_EQ(b.calls, 1);
+  EXPECT_EQ(c.calls, 0);
+  EXPECT_EQ(d.calls, 0);
+  clock.Advance(absl::Seconds(1));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(a.calls, 3);
+  EXPECT_EQ(b.calls, 2);  // removed itself during its second call
+  EXPECT_EQ(c.calls, 0);
+  EXPECT_EQ(d.calls, 2);
+  clock.RemoveObserver(&a);
+  clock.RemoveObserver(&d);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(a.calls, 3);
+  EXPECT_EQ(d.calls, 2);
+}
+
+TEST(FakeClockDeathTest, MovingTheClockFromItsObserverFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto move_from_observer = [](bool set_time) {
+    FakeClock clock;
+    CallbackObserver observer;
+    observer.on_move = [&] {
+      if (set_time) {
+        clock.SetTime(clock.Now());
+      } else {
+        clock.Advance(absl::Seconds(1));
+      }
+    };
+    clock.AddObserver(&observer);
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(move_from_observer(false), "FakeClock::Advance called from inside one of its");
+  EXPECT_DEATH(move_from_observer(true), "FakeClock::SetTime called from inside one of its");
 }
 
 TEST(FakeClockTest, BackwardJumpCallsNoObserver) {

@@ -302,6 +302,40 @@ TEST(FakeTimerTest, ServiceDestroyedBeforeClockIsRemoved) {
   EXPECT_FALSE(ran);
 }
 
+TEST(FakeTimerTest, CallbackMayCreateAndDestroyServicesOnTheSameClock) {
+  FakeClock clock;
+  auto first = *TimerService::Create({.clock = &clock});
+  auto doomed = *TimerService::Create({.clock = &clock});
+  std::unique_ptr<TimerService> created;
+  bool created_ran = false, doomed_ran = false;
+  doomed->ScheduleAfter(absl::Seconds(2), [&] { doomed_ran = true; });
+  first->ScheduleAfter(absl::Seconds(1), [&] {
+    auto service = TimerService::Create({.clock = &clock});  // used to hang here
+    ASSERT_TRUE(service.ok()) << service.status();
+    created = std::move(service).value();
+    created->Schedule(clock.Now(), [&] { created_ran = true; });
+    doomed.reset();  // and here
+  });
+  clock.Advance(absl::Seconds(1));
+  EXPECT_NE(created, nullptr);
+  EXPECT_EQ(doomed, nullptr);
+  EXPECT_FALSE(created_ran);  // a service created during a move sees the next one
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(created_ran);
+  EXPECT_FALSE(doomed_ran);
+}
+
+TEST(FakeTimerDeathTest, CallbackMovingItsOwnClockFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto move_from_callback = [] {
+    FakeClock clock;
+    auto service = *TimerService::Create({.clock = &clock});
+    service->ScheduleAfter(absl::Seconds(1), [&] { clock.Advance(absl::Seconds(1)); });
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(move_from_callback(), "FakeClock::Advance called from inside one of its");
+}
+
 TEST(FakeTimerTest, ManualClockRefusingObserversIsFailedPrecondition) {
   // A manual clock that keeps Clock's AddObserver, which refuses every observer.
   class DeafClock final : public Clock {

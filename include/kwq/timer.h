@@ -28,7 +28,11 @@
 // With a manual clock (FakeClock) there is no thread at all: due timers run inside
 // FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
 // at or before Now() then runs at the next Advance (Advance(absl::ZeroDuration()) is
-// enough). Having no backend, such a service ignores Options::backend and does not read
+// enough). The callbacks then run inside the clock's move, which holds FakeClock's move
+// lock: they may schedule and cancel timers and create or destroy other services on the
+// same clock, but must not move the clock (FakeClock fails a check) or wait for a thread
+// that moves it or adds or removes its observers (that would deadlock).
+// Having no backend, such a service ignores Options::backend and does not read
 // KWQ_TIMER_BACKEND (a bad value is not reported), so fake-clock tests behave the same
 // whatever the variable says.
 
