@@ -46,7 +46,7 @@ class TimerCore final : public ClockObserver {
 
   ~TimerCore() override {
     if (observing_) {
-      clock_->RemoveObserver(this);  // waits for an Advance in progress
+      clock_->RemoveObserver(this);  // waits for an Advance in progress (on other threads)
     } else if (thread_.joinable()) {
       {
         MutexLock lock(&mu_);

@@ -8,8 +8,8 @@
 // Cancel and Reschedule are O(log n) under one short lock, and the service thread is
 // woken only when a new timer becomes the earliest. Callbacks run one at a time, in
 // deadline order (FIFO among equal deadlines), on the service thread, with no kwq lock
-// held; a slow callback delays the timers behind it, so callbacks should hand real work
-// to a queue.
+// held (on a manual clock, see below); a slow callback delays the timers behind it, so
+// callbacks should hand real work to a queue.
 //
 // How the service thread sleeps is the backend:
 //   - kIoUring: io_uring (liburing). An eventfd read stays posted on the ring; the thread
@@ -28,13 +28,13 @@
 // With a manual clock (FakeClock) there is no thread at all: due timers run inside
 // FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
 // at or before Now() then runs at the next Advance (Advance(absl::ZeroDuration()) is
-// enough). The callbacks then run inside the clock's move, which holds FakeClock's move
-// lock: they may schedule and cancel timers and create or destroy other services on the
-// same clock, but must not move the clock (FakeClock fails a check) or wait for a thread
-// that moves it or adds or removes its observers (that would deadlock).
-// Having no backend, such a service ignores Options::backend and does not read
-// KWQ_TIMER_BACKEND (a bad value is not reported), so fake-clock tests behave the same
-// whatever the variable says.
+// enough; for a Now() between two nanoseconds, see Schedule's rounding). The callbacks
+// then run inside the clock's move, which holds FakeClock's move lock: they may schedule
+// and cancel timers and create or destroy other services on the same clock, but must not
+// move the clock (FakeClock fails a check) or wait for a thread that moves it or adds or
+// removes its observers (that would deadlock). Having no backend, such a service ignores
+// Options::backend and does not read KWQ_TIMER_BACKEND (a bad value is not reported), so
+// fake-clock tests behave the same whatever the variable says.
 
 #ifndef KWQ_TIMER_H_
 #define KWQ_TIMER_H_
