@@ -10,7 +10,9 @@
 #include <string>
 #include <thread>
 
+#include "internal/sleep_until.h"
 #include "internal/tsc_timeline.h"
+#include "kwq/internal/check.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -121,8 +123,9 @@ void RealClock::SleepUntil(absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
   }
-  const absl::Duration left = deadline - Now();
-  if (left > absl::ZeroDuration()) std::this_thread::sleep_for(absl::ToChronoNanoseconds(left));
+  internal::SleepUntilReached(
+      deadline, [this] { return Now(); },
+      [](absl::Duration left) { std::this_thread::sleep_for(absl::ToChronoNanoseconds(left)); });
 }
 
 FakeClock::FakeClock(absl::Time start) : now_(start) {}
@@ -142,6 +145,10 @@ void FakeClock::SleepUntil(absl::Time deadline) {
 }
 
 void FakeClock::Advance(absl::Duration d) {
+  KWQ_CHECK(!CalledByObserver(),
+            "FakeClock::Advance called from inside one of its observers (a timer callback "
+            "moving its own clock); the move in progress cannot finish first. Move the "
+            "clock from the test's thread.");
   internal::MutexLock move_lock(&move_mu_);
   absl::Time target;
   {
@@ -152,18 +159,45 @@ void FakeClock::Advance(absl::Duration d) {
 }
 
 void FakeClock::SetTime(absl::Time t) {
+  KWQ_CHECK(!CalledByObserver(),
+            "FakeClock::SetTime called from inside one of its observers (a timer callback "
+            "moving its own clock); the move in progress cannot finish first. Move the "
+            "clock from the test's thread.");
   internal::MutexLock move_lock(&move_mu_);
   MoveTo(t);
 }
 
 void FakeClock::MoveTo(absl::Time t) {
   // Called with move_mu_ held (by Advance/SetTime).
+  absl::Time from;
   {
     internal::MutexLock lock(&mu_);
+    from = now_;
     now_ = t;
   }
+  // Going back, nothing comes due that was not due before: no sleeper wakes, and the
+  // observers are not told, so no timer fires (a timer already due runs at the next
+  // move that does not go back, such as Advance(absl::ZeroDuration())).
+  if (t < from) return;
   moved_.SignalAll();
-  for (ClockObserver* observer : observers_) observer->OnClockMoved(t);
+  // Observers may add and remove observers (FakeClock::AddObserver/RemoveObserver see
+  // mover_): one added now is first called for the next move (the loop stops at the
+  // old size), one removed now is nulled here and erased below.
+  struct MoverScope {  // also clears mover_ if an observer throws
+    explicit MoverScope(std::atomic<std::thread::id>* mover) : mover(mover) {
+      mover->store(std::this_thread::get_id(), std::memory_order_relaxed);
+    }
+    ~MoverScope() { mover->store(std::thread::id(), std::memory_order_relaxed); }
+    std::atomic<std::thread::id>* const mover;
+  };
+  {
+    MoverScope scope(&mover_);
+    const size_t n = observers_.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (ClockObserver* observer = observers_[i]) observer->OnClockMoved(t);
+    }
+  }
+  std::erase(observers_, nullptr);
 }
 
 size_t FakeClock::NumSleepers() const {
@@ -172,14 +206,25 @@ size_t FakeClock::NumSleepers() const {
 }
 
 bool FakeClock::AddObserver(ClockObserver* observer) {
+  if (CalledByObserver()) {
+    move_mu_.AssertHeld();  // by this thread, in MoveTo, which calls `observer` from the next move
+    observers_.push_back(observer);
+    return true;
+  }
   internal::MutexLock move_lock(&move_mu_);
   observers_.push_back(observer);
   return true;
 }
 
 void FakeClock::RemoveObserver(ClockObserver* observer) {
+  if (CalledByObserver()) {
+    move_mu_.AssertHeld();  // by this thread, in MoveTo, which erases the null afterwards
+    std::replace(observers_.begin(), observers_.end(), observer,
+                 static_cast<ClockObserver*>(nullptr));
+    return;
+  }
   internal::MutexLock move_lock(&move_mu_);
-  observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
+  std::erase(observers_, observer);
 }
 
 }  // namespace kwq

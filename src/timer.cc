@@ -23,11 +23,17 @@ namespace internal {
 class TimerCore final : public ClockObserver {
  public:
   TimerCore(Clock* clock, std::unique_ptr<TimerWaiter> waiter)
-      : clock_(clock), waiter_(std::move(waiter)) {}
+      : clock_(clock), waiter_(std::move(waiter)), heap_(clock->Now()) {}
 
   absl::Status Start() {
     if (waiter_ == nullptr) {
-      clock_->AddObserver(this);
+      // Nothing else would ever run the timers of a clock that refuses observers.
+      if (!clock_->AddObserver(this)) {
+        return absl::FailedPreconditionError(
+            "TimerService: the manual clock does not accept observers (Clock::AddObserver "
+            "returned false), so its timers could never run");
+      }
+      observing_ = true;
       return absl::OkStatus();
     }
     try {
@@ -39,8 +45,8 @@ class TimerCore final : public ClockObserver {
   }
 
   ~TimerCore() override {
-    if (waiter_ == nullptr) {
-      clock_->RemoveObserver(this);  // waits for an Advance in progress
+    if (observing_) {
+      clock_->RemoveObserver(this);  // waits for an Advance in progress (on other threads)
     } else if (thread_.joinable()) {
       {
         MutexLock lock(&mu_);
@@ -153,6 +159,7 @@ class TimerCore final : public ClockObserver {
   Clock* const clock_;                         // I: set at construction
   const std::unique_ptr<TimerWaiter> waiter_;  // I: null for a manual clock
   std::thread thread_;                         // I: started by Start, joined by ~TimerCore
+  bool observing_ = false;                     // I: set by Start once the clock took us
 
   mutable Mutex mu_;
   CondVar running_done_;

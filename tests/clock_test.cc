@@ -7,10 +7,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "internal/sleep_until.h"
 #include "internal/tsc_timeline.h"
 
 namespace kwq {
@@ -92,6 +95,37 @@ TEST(RealClockTest, SleepUntilPastReturnsAtOnce) {
   EXPECT_FALSE(clock->is_manual());
 }
 
+TEST(RealClockTest, SleepUntilNeverReturnsEarly) {
+  AfterCalibration();
+  RealClock* clock = RealClock::Default();
+  for (int i = 0; i < 20; ++i) {
+    const absl::Time deadline = clock->Now() + absl::Microseconds(100);
+    clock->SleepUntil(deadline);
+    ASSERT_GE(clock->Now(), deadline);
+  }
+}
+
+// A reading that lags the sleep (the TSC timeline behind the kernel clock that times the
+// sleep): one sleep is not enough, SleepUntil must sleep again until the reading gets there.
+TEST(SleepUntilReachedTest, SleepsAgainWhileTheReadingLags) {
+  absl::Time now = absl::UnixEpoch();
+  int sleeps = 0;
+  const absl::Time deadline = now + absl::Microseconds(8);
+  internal::SleepUntilReached(
+      deadline, [&] { return now; },
+      [&](absl::Duration left) {
+        ++sleeps;
+        now += left / 2;  // the reading moved by only half the time slept
+        if (left < absl::Nanoseconds(2)) now += left;
+      });
+  EXPECT_GE(now, deadline);
+  EXPECT_GT(sleeps, 1);
+  sleeps = 0;
+  internal::SleepUntilReached(
+      deadline, [&] { return now; }, [&](absl::Duration) { ++sleeps; });
+  EXPECT_EQ(sleeps, 0);  // a deadline already reached does not sleep
+}
+
 TEST(RealClockTest, RefusesObservers) {
   struct Nop : ClockObserver {
     void OnClockMoved(absl::Time) override {}
@@ -153,6 +187,82 @@ TEST(FakeClockTest, ObserversSeeEveryMoveInOrder) {
   ASSERT_EQ(recorder.seen.size(), 2u);
   EXPECT_EQ(recorder.seen[0], start + absl::Seconds(1));
   EXPECT_EQ(recorder.seen[1], start + absl::Seconds(5));
+}
+
+// An observer that calls `on_move` (if set) and counts its calls.
+struct CallbackObserver : ClockObserver {
+  std::function<void()> on_move;
+  int calls = 0;
+  void OnClockMoved(absl::Time) override {
+    ++calls;
+    if (on_move) on_move();
+  }
+};
+
+TEST(FakeClockTest, ObserversMayAddAndRemoveObserversDuringAMove) {
+  FakeClock clock;
+  CallbackObserver a, b, c, d;
+  a.on_move = [&] {
+    if (a.calls > 1) return;
+    clock.AddObserver(&d);     // called from the next move on
+    clock.RemoveObserver(&c);  // not called in this move, though it comes after
+  };
+  b.on_move = [&] {
+    if (b.calls == 2) clock.RemoveObserver(&b);  // from inside its own call
+  };
+  for (CallbackObserver* o : {&a, &b, &c}) ASSERT_TRUE(clock.AddObserver(o));
+  clock.Advance(absl::Seconds(1));  // hung for ever when observers could not do this
+  EXPECT_EQ(a.calls, 1);
+  EXPECT_EQ(b.calls, 1);
+  EXPECT_EQ(c.calls, 0);
+  EXPECT_EQ(d.calls, 0);
+  clock.Advance(absl::Seconds(1));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(a.calls, 3);
+  EXPECT_EQ(b.calls, 2);  // removed itself during its second call
+  EXPECT_EQ(c.calls, 0);
+  EXPECT_EQ(d.calls, 2);
+  clock.RemoveObserver(&a);
+  clock.RemoveObserver(&d);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(a.calls, 3);
+  EXPECT_EQ(d.calls, 2);
+}
+
+TEST(FakeClockDeathTest, MovingTheClockFromItsObserverFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto move_from_observer = [](bool set_time) {
+    FakeClock clock;
+    CallbackObserver observer;
+    observer.on_move = [&] {
+      if (set_time) {
+        clock.SetTime(clock.Now());
+      } else {
+        clock.Advance(absl::Seconds(1));
+      }
+    };
+    clock.AddObserver(&observer);
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(move_from_observer(false), "FakeClock::Advance called from inside one of its");
+  EXPECT_DEATH(move_from_observer(true), "FakeClock::SetTime called from inside one of its");
+}
+
+TEST(FakeClockTest, BackwardJumpCallsNoObserver) {
+  FakeClock clock;
+  struct Recorder : ClockObserver {
+    std::vector<absl::Time> seen;
+    void OnClockMoved(absl::Time now) override { seen.push_back(now); }
+  } recorder;
+  ASSERT_TRUE(clock.AddObserver(&recorder));
+  const absl::Time start = clock.Now();
+  clock.SetTime(start - absl::Hours(1));
+  EXPECT_TRUE(recorder.seen.empty());
+  clock.SetTime(start - absl::Hours(1));  // staying put is reported, like Advance(0)
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(recorder.seen, (std::vector<absl::Time>{start - absl::Hours(1),
+                                                    start - absl::Hours(1) + absl::Seconds(1)}));
+  clock.RemoveObserver(&recorder);
 }
 
 }  // namespace

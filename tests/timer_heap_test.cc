@@ -3,11 +3,19 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
 
 namespace kwq::internal {
+
+struct TimerHeapPeer {
+  static void SetGeneration(TimerHeap& heap, uint32_t slot, uint32_t generation) {
+    heap.slots_[slot].generation = generation;
+  }
+};
+
 namespace {
 
 absl::Time T(int64_t ms) { return absl::UnixEpoch() + absl::Milliseconds(ms); }
@@ -41,6 +49,31 @@ TEST(TimerHeapTest, StaleIdsAreRejected) {
   EXPECT_FALSE(heap.Remove(~0ull));
 }
 
+TEST(TimerHeapTest, IdsAreNeverReusedWhenASlotsGenerationRunsOut) {
+  TimerHeap heap;
+  const uint64_t first = heap.Insert(T(0), [] {});
+  ASSERT_TRUE(heap.Remove(first));
+  // As if slot 0 (the one a schedule-then-fire loop keeps reusing, the free list being
+  // LIFO) had named 2^32 - 3 timers.
+  TimerHeapPeer::SetGeneration(heap, 0, UINT32_MAX - 2);
+  std::set<uint64_t> issued = {first};
+  uint64_t id;
+  TimerHeap::Callback fn;
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t next = heap.Insert(T(0), [] {});
+    EXPECT_NE(next, 0u);
+    EXPECT_TRUE(issued.insert(next).second) << "id " << next << " issued twice, at " << i;
+    if (i % 2 == 0) {
+      ASSERT_TRUE(heap.Remove(next));
+    } else {
+      ASSERT_TRUE(heap.PopDue(T(0), &id, &fn));
+      EXPECT_EQ(id, next);
+    }
+  }
+  EXPECT_FALSE(heap.Remove(first));
+  EXPECT_FALSE(heap.Contains(first));
+}
+
 TEST(TimerHeapTest, InfiniteDeadlineNeverPops) {
   TimerHeap heap;
   heap.Insert(absl::InfiniteFuture(), [] {});
@@ -50,6 +83,46 @@ TEST(TimerHeapTest, InfiniteDeadlineNeverPops) {
   EXPECT_EQ(heap.NextDeadline(), absl::InfiniteFuture());
   heap.Insert(absl::InfinitePast(), [] {});
   EXPECT_TRUE(heap.PopDue(T(0), &id, &fn));
+}
+
+TEST(TimerHeapTest, DeadlineBetweenNanosecondsIsNotDueBeforeIt) {
+  TimerHeap heap;
+  const absl::Time deadline = T(1) + absl::Nanoseconds(0.5);
+  heap.Insert(deadline, [] {});
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(T(1), &id, &fn));  // half a nanosecond early
+  EXPECT_GE(heap.NextDeadline(), deadline);   // the service must not wake before it
+  EXPECT_TRUE(heap.PopDue(T(1) + absl::Nanoseconds(1), &id, &fn));
+}
+
+TEST(TimerHeapTest, DeadlinePastTheNanosecondRangeIsNotDueBeforeIt) {
+  TimerHeap heap;  // keys count from the Unix epoch: year 2286 is out of range
+  const absl::Time far = absl::FromUnixSeconds(10'000'000'000);
+  heap.Insert(far + absl::Hours(1), [] {});
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(far, &id, &fn));
+  EXPECT_EQ(heap.NextDeadline(), far + absl::Hours(1));
+  EXPECT_TRUE(heap.PopDue(far + absl::Hours(1), &id, &fn));
+  heap.Insert(absl::FromUnixSeconds(-10'000'000'000), [] {});  // before 1678
+  EXPECT_FALSE(heap.PopDue(absl::FromUnixSeconds(-10'000'000'001), &id, &fn));
+  EXPECT_TRUE(heap.PopDue(absl::FromUnixSeconds(-10'000'000'000), &id, &fn));
+}
+
+TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {
+  const absl::Time far = absl::FromUnixSeconds(10'000'000'000);
+  TimerHeap heap(far);
+  std::vector<int> order;
+  heap.Insert(far + absl::Hours(2), [&] { order.push_back(2); });
+  heap.Insert(far + absl::Hours(1), [&] { order.push_back(1); });
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_EQ(heap.NextDeadline(), far + absl::Hours(1));
+  while (heap.PopDue(far + absl::Hours(1), &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<int>{1}));
+  while (heap.PopDue(far + absl::Hours(2), &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
 
 // Random inserts, removes and updates against a std::multimap model.

@@ -1,43 +1,50 @@
 #include "kwq/timer.h"
 
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <stddef.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <latch>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "internal/timer_waiter.h"
+#include "kwq/internal/mutex.h"
+#include "testing/refuse_io_uring.h"
 
 namespace kwq {
 namespace {
 
 // ---- real clock, both backends ----
 
+// Each test gets `service_` on the backend under test, or is skipped where that is
+// io_uring and the process may not use it (Docker's default seccomp profile, for one).
 class RealTimerTest : public ::testing::TestWithParam<TimerService::Backend> {
  protected:
-  std::unique_ptr<TimerService> NewService() {
-    TimerService::Options options;
-    options.backend = GetParam();
-    absl::StatusOr<std::unique_ptr<TimerService>> service = TimerService::Create(options);
-    EXPECT_TRUE(service.ok()) << service.status();
-    return std::move(*service);
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TimerService>> service =
+        TimerService::Create({.backend = GetParam()});
+    if (GetParam() == TimerService::Backend::kIoUring &&
+        service.status().code() == absl::StatusCode::kUnavailable) {
+      GTEST_SKIP() << "io_uring refused here: " << service.status();
+    }
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = std::move(service).value();
   }
+
+  std::unique_ptr<TimerService> service_;
 };
 
 TEST_P(RealTimerTest, UsesTheRequestedBackend) {
-  auto service = NewService();
+  auto& service = service_;
   EXPECT_EQ(service->backend(), GetParam());
 }
 
 TEST_P(RealTimerTest, FiresInDeadlineOrder) {
-  auto service = NewService();
+  auto& service = service_;
   std::mutex mu;
   std::vector<int> order;
   std::latch done(3);
@@ -59,7 +66,7 @@ TEST_P(RealTimerTest, FiresInDeadlineOrder) {
 }
 
 TEST_P(RealTimerTest, NeverFiresEarly) {
-  auto service = NewService();
+  auto& service = service_;
   std::latch done(1);
   const absl::Time deadline = service->clock().Now() + absl::Milliseconds(5);
   absl::Time fired;
@@ -72,7 +79,7 @@ TEST_P(RealTimerTest, NeverFiresEarly) {
 }
 
 TEST_P(RealTimerTest, EarlierTimerWakesASleepingService) {
-  auto service = NewService();
+  auto& service = service_;
   std::latch done(1);
   service->ScheduleAfter(absl::Hours(1), [] { ADD_FAILURE() << "far timer fired"; });
   service->ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
@@ -81,14 +88,14 @@ TEST_P(RealTimerTest, EarlierTimerWakesASleepingService) {
 }
 
 TEST_P(RealTimerTest, PastDeadlineRunsSoon) {
-  auto service = NewService();
+  auto& service = service_;
   std::latch done(1);
   service->Schedule(absl::InfinitePast(), [&] { done.count_down(); });
   done.wait();
 }
 
 TEST_P(RealTimerTest, CancelPreventsRun) {
-  auto service = NewService();
+  auto& service = service_;
   std::atomic<bool> ran{false};
   const TimerId id = service->ScheduleAfter(absl::Milliseconds(200), [&] { ran = true; });
   EXPECT_TRUE(service->Cancel(id));
@@ -100,7 +107,7 @@ TEST_P(RealTimerTest, CancelPreventsRun) {
 }
 
 TEST_P(RealTimerTest, CancelSyncWaitsForRunningCallback) {
-  auto service = NewService();
+  auto& service = service_;
   std::latch started(1);
   std::atomic<bool> release{false};
   std::atomic<bool> finished{false};
@@ -118,7 +125,7 @@ TEST_P(RealTimerTest, CancelSyncWaitsForRunningCallback) {
 }
 
 TEST_P(RealTimerTest, CancelSyncFromOwnCallbackDoesNotDeadlock) {
-  auto service = NewService();
+  auto& service = service_;
   std::latch done(1);
   TimerId id = 0;
   std::atomic<TimerId> id_seen{0};
@@ -132,7 +139,7 @@ TEST_P(RealTimerTest, CancelSyncFromOwnCallbackDoesNotDeadlock) {
 }
 
 TEST_P(RealTimerTest, RescheduleMovesAPendingTimer) {
-  auto service = NewService();
+  auto& service = service_;
   std::latch done(1);
   const TimerId id = service->ScheduleAfter(absl::Hours(1), [&] { done.count_down(); });
   EXPECT_TRUE(service->Reschedule(id, service->clock().Now() + absl::Milliseconds(1)));
@@ -142,16 +149,14 @@ TEST_P(RealTimerTest, RescheduleMovesAPendingTimer) {
 
 TEST_P(RealTimerTest, DestructionDropsPendingTimersAndJoins) {
   std::atomic<int> ran{0};
-  {
-    auto service = NewService();
-    for (int i = 0; i < 100; ++i) service->ScheduleAfter(absl::Hours(1), [&] { ++ran; });
-    EXPECT_EQ(service->Pending(), 100u);
-  }
+  for (int i = 0; i < 100; ++i) service_->ScheduleAfter(absl::Hours(1), [&] { ++ran; });
+  EXPECT_EQ(service_->Pending(), 100u);
+  service_.reset();
   EXPECT_EQ(ran.load(), 0);
 }
 
 TEST_P(RealTimerTest, ManyThreadsScheduleAndCancel) {
-  auto service = NewService();
+  auto& service = service_;
   constexpr int kThreads = 4, kPerThread = 2000;
   std::atomic<int> fired{0};
   std::atomic<int> cancelled{0};
@@ -233,6 +238,48 @@ TEST(FakeTimerTest, BackwardJumpFiresNothing) {
   EXPECT_TRUE(ran);
 }
 
+TEST(FakeTimerTest, BackwardJumpFiresNothingEvenIfAlreadyDue) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  bool ran = false;
+  service->Schedule(clock.Now() - absl::Hours(2), [&] { ran = true; });
+  clock.SetTime(clock.Now() - absl::Hours(1));  // still after the deadline, but backwards
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::ZeroDuration());  // the next move that does not go back runs it
+  EXPECT_TRUE(ran);
+}
+
+TEST(FakeTimerTest, DeadlineBetweenNanosecondsDoesNotFireEarly) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  const absl::Time deadline = clock.Now() + absl::Nanoseconds(0.5);
+  bool ran = false;
+  service->Schedule(deadline, [&] {
+    EXPECT_GE(clock.Now(), deadline);
+    ran = true;
+  });
+  clock.Advance(absl::ZeroDuration());
+  EXPECT_FALSE(ran);
+  clock.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(ran);
+}
+
+TEST(FakeTimerTest, DeadlinesPastYear2262AreNotEarlyAndKeepTheirOrder) {
+  FakeClock clock(absl::FromUnixSeconds(10'000'000'000));  // year 2286
+  auto service = *TimerService::Create({.clock = &clock});
+  std::vector<int> order;
+  service->ScheduleAfter(absl::Hours(2), [&] { order.push_back(2); });
+  service->ScheduleAfter(absl::Hours(1), [&] { order.push_back(1); });
+  clock.Advance(absl::ZeroDuration());
+  EXPECT_TRUE(order.empty());
+  clock.Advance(absl::Minutes(59));
+  EXPECT_TRUE(order.empty());
+  clock.Advance(absl::Minutes(1));
+  EXPECT_EQ(order, (std::vector<int>{1}));
+  clock.Advance(absl::Hours(1));
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
 TEST(FakeTimerTest, HugeDelaysSaturate) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});
@@ -253,6 +300,52 @@ TEST(FakeTimerTest, ServiceDestroyedBeforeClockIsRemoved) {
   }
   clock.Advance(absl::Seconds(2));  // must not touch the destroyed service
   EXPECT_FALSE(ran);
+}
+
+TEST(FakeTimerTest, CallbackMayCreateAndDestroyServicesOnTheSameClock) {
+  FakeClock clock;
+  auto first = *TimerService::Create({.clock = &clock});
+  auto doomed = *TimerService::Create({.clock = &clock});
+  std::unique_ptr<TimerService> created;
+  bool created_ran = false, doomed_ran = false;
+  doomed->ScheduleAfter(absl::Seconds(2), [&] { doomed_ran = true; });
+  first->ScheduleAfter(absl::Seconds(1), [&] {
+    auto service = TimerService::Create({.clock = &clock});  // used to hang here
+    ASSERT_TRUE(service.ok()) << service.status();
+    created = std::move(service).value();
+    created->Schedule(clock.Now(), [&] { created_ran = true; });
+    doomed.reset();  // and here
+  });
+  clock.Advance(absl::Seconds(1));
+  EXPECT_NE(created, nullptr);
+  EXPECT_EQ(doomed, nullptr);
+  EXPECT_FALSE(created_ran);  // a service created during a move sees the next one
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(created_ran);
+  EXPECT_FALSE(doomed_ran);
+}
+
+TEST(FakeTimerDeathTest, CallbackMovingItsOwnClockFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto move_from_callback = [] {
+    FakeClock clock;
+    auto service = *TimerService::Create({.clock = &clock});
+    service->ScheduleAfter(absl::Seconds(1), [&] { clock.Advance(absl::Seconds(1)); });
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(move_from_callback(), "FakeClock::Advance called from inside one of its");
+}
+
+TEST(FakeTimerTest, ManualClockRefusingObserversIsFailedPrecondition) {
+  // A manual clock that keeps Clock's AddObserver, which refuses every observer.
+  class DeafClock final : public Clock {
+   public:
+    absl::Time Now() const override { return absl::UnixEpoch(); }
+    void SleepUntil(absl::Time) override {}
+    bool is_manual() const override { return true; }
+  } clock;
+  auto service = TimerService::Create({.clock = &clock});
+  EXPECT_EQ(service.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // ---- backend selection ----
@@ -289,8 +382,37 @@ TEST(TimerBackendTest, EnvironmentForcesPortable) {
 TEST(TimerBackendTest, ExplicitOptionBeatsEnvironment) {
   EnvGuard env("portable");
   auto service = TimerService::Create({.backend = TimerService::Backend::kIoUring});
+  if (service.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "io_uring refused here: " << service.status();
+  }
   ASSERT_TRUE(service.ok()) << service.status();
   EXPECT_EQ((*service)->backend(), TimerService::Backend::kIoUring);
+}
+
+TEST(TimerBackendTest, ManualClockIgnoresTheBackendVariableAndOption) {
+  EnvGuard env("epoll-please");  // would be InvalidArgument on a real clock
+  FakeClock clock;
+  auto service =
+      TimerService::Create({.clock = &clock, .backend = TimerService::Backend::kIoUring});
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ((*service)->backend(), TimerService::Backend::kPortable);
+}
+
+// Runs in a child process (EXPECT_EXIT), since Default() is created once per process.
+void DefaultWithUnknownBackendVariable() {
+  setenv("KWQ_TIMER_BACKEND", "epoll-please", 1);
+  TimerService& service = TimerService::Default();
+  if (service.backend() != TimerService::Backend::kPortable) _exit(4);
+  std::latch done(1);
+  service.ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+  done.wait();
+  _exit(0);
+}
+
+TEST(TimerBackendTest, DefaultFallsBackToPortableOnABadVariable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(DefaultWithUnknownBackendVariable(), ::testing::ExitedWithCode(0),
+              "falling back to the portable backend");
 }
 
 TEST(TimerBackendTest, UnknownEnvironmentValueIsInvalidArgument) {
@@ -300,24 +422,10 @@ TEST(TimerBackendTest, UnknownEnvironmentValueIsInvalidArgument) {
   EXPECT_NE(service.status().message().find("epoll-please"), std::string::npos);
 }
 
-// Makes io_uring_setup fail with EPERM in this process, as a seccomp profile (Docker's
-// default, for one) does. Returns false if the filter cannot be installed.
-bool RefuseIoUring() {
-  sock_filter filter[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
-}
-
 // Runs in a child process (EXPECT_EXIT): exits 0 when, with io_uring refused, kAuto falls
 // back to the portable backend and works, and an explicit kIoUring is Unavailable.
 void FallbackWhenIoUringRefused() {
-  if (!RefuseIoUring()) _exit(3);
+  if (!testing::RefuseIoUring()) _exit(3);
   auto forced = TimerService::Create({.backend = TimerService::Backend::kIoUring});
   if (forced.ok() || forced.status().code() != absl::StatusCode::kUnavailable) _exit(4);
   unsetenv("KWQ_TIMER_BACKEND");
@@ -332,6 +440,55 @@ void FallbackWhenIoUringRefused() {
 TEST(TimerBackendTest, RefusedIoUringFallsBackToPortable) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(FallbackWhenIoUringRefused(), ::testing::ExitedWithCode(0), "");
+}
+
+std::atomic<int> failed_io_uring_waits{0};
+int FailIoUringWait() {
+  ++failed_io_uring_waits;
+  return -EBADF;
+}
+
+// Sets SetIoUringWaitHookForTest's hook for one scope.
+class IoUringWaitHook {
+ public:
+  explicit IoUringWaitHook(int (*hook)()) { internal::SetIoUringWaitHookForTest(hook); }
+  ~IoUringWaitHook() { internal::SetIoUringWaitHookForTest(nullptr); }
+};
+
+TEST(TimerBackendTest, FailingIoUringWaitFallsBackToTheConditionVariable) {
+  absl::StatusOr<std::unique_ptr<internal::TimerWaiter>> waiter = internal::NewIoUringWaiter();
+  if (!waiter.ok()) GTEST_SKIP() << waiter.status();
+  failed_io_uring_waits = 0;
+  IoUringWaitHook hook(&FailIoUringWait);
+  RealClock& clock = *RealClock::Default();
+  internal::Mutex mu;
+  mu.Lock();
+  (*waiter)->Wait(&mu, clock.Now() + absl::Hours(1), clock);  // fails: returns at once
+  EXPECT_EQ(failed_io_uring_waits.load(), 1);
+  EXPECT_EQ((*waiter)->kind(), TimerService::Backend::kPortable);
+  // From now on it waits on the condition variable: a Wake made before the Wait ends it
+  // (not lost), and io_uring is not tried again, so the service thread cannot spin on it.
+  (*waiter)->Wake();
+  (*waiter)->Wait(&mu, clock.Now() + absl::Hours(1), clock);
+  (*waiter)->Wait(&mu, clock.Now() - absl::Seconds(1), clock);  // deadline passed
+  mu.Unlock();
+  EXPECT_EQ(failed_io_uring_waits.load(), 1);
+}
+
+TEST(TimerBackendTest, ServiceKeepsRunningTimersAfterIoUringFails) {
+  failed_io_uring_waits = 0;
+  IoUringWaitHook hook(&FailIoUringWait);
+  auto service = TimerService::Create({.backend = TimerService::Backend::kIoUring});
+  if (!service.ok() && service.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << service.status();
+  }
+  ASSERT_TRUE(service.ok()) << service.status();
+  for (int i = 0; i < 3; ++i) {
+    std::latch done(1);
+    (*service)->ScheduleAfter(absl::Milliseconds(1), [&] { done.count_down(); });
+    done.wait();
+  }
+  EXPECT_LE(failed_io_uring_waits.load(), 1);
 }
 
 TEST(TimerBackendTest, DefaultServiceWorks) {

@@ -14,7 +14,9 @@
 #ifndef KWQ_CLOCK_H_
 #define KWQ_CLOCK_H_
 
+#include <atomic>
 #include <cstddef>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,16 +25,20 @@
 
 namespace kwq {
 
-// Told by a manual clock each time it moves. TimerService uses it to run due timers when
-// a FakeClock advances; users rarely implement it.
+// Told by a manual clock each time it moves forward or stays put (Advance, SetTime to
+// Now() or later); a backward jump is not reported, since nothing becomes due by going
+// back. TimerService uses it to run due timers when a FakeClock advances; users rarely
+// implement it.
 class ClockObserver {
  public:
   virtual ~ClockObserver() = default;
   // Called on the thread that moved the clock, one move at a time: a manual clock must
   // not call its observers for two moves at once (FakeClock holds its move lock around
   // the calls; TimerService relies on it when it records the callback it is running).
-  // `now` is the new time. May call Clock::Now(); must not move the clock (that would
-  // deadlock on FakeClock's move lock).
+  // `now` is the new time, never earlier than the previous call's. May call
+  // Clock::Now(); must not move the clock (the move in progress is still running; a
+  // FakeClock fails a check rather than deadlock). FakeClock also lets it add and remove
+  // observers of the same clock.
   virtual void OnClockMoved(absl::Time now) = 0;
 };
 
@@ -68,10 +74,13 @@ class Clock {
   virtual bool is_manual() const { return false; }
 
   // Manual clocks accept observers and return true; real clocks return false, and their
-  // users must wait with their own thread. The observer must stay alive until removed.
+  // users must wait with their own thread. The observer must stay alive until removed. A
+  // manual clock must override it (TimerService::Create refuses one that returns false).
   virtual bool AddObserver(ClockObserver* observer);
   // Removes an observer. After it returns, the observer is not being called and will not
   // be called again. Must not be called from inside that observer's OnClockMoved.
+  // Whether either may be called from inside another observer's OnClockMoved is up to
+  // the clock (FakeClock allows it).
   virtual void RemoveObserver(ClockObserver* observer);
 };
 
@@ -105,7 +114,14 @@ class RealClock final : public Clock {
 // A clock that moves only when told to. Starts at `start` (a fixed, arbitrary instant by
 // default). Advance and SetTime run the observers (the timers of every TimerService built
 // on this clock) and wake sleepers before they return. Calls to Advance/SetTime from
-// several threads are serialised.
+// several threads are serialised: a move holds the clock's move lock while it calls the
+// observers, so Advance, SetTime, AddObserver and RemoveObserver on other threads wait
+// for it (an observer, or a timer callback, that waits for such a thread deadlocks).
+//
+// From inside an observer call (a timer callback of a TimerService on this clock), on
+// the moving thread: AddObserver and RemoveObserver do not wait (so a callback may create
+// or destroy another TimerService on the same clock); Advance and SetTime fail a
+// KWQ_CHECK, since the move in progress cannot finish before they do.
 class FakeClock final : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'000'000'000));
@@ -117,27 +133,45 @@ class FakeClock final : public Clock {
   void SleepUntil(absl::Time deadline) override;
 
   // Moves the clock forward by `d` (negative `d` is treated as zero; use SetTime to jump
-  // backwards). Advance(absl::ZeroDuration()) runs timers that are already due.
+  // backwards). Advance(absl::ZeroDuration()) runs timers that are already due. Must not
+  // be called from inside an observer of this clock (checked: see above).
   void Advance(absl::Duration d);
 
   // Sets the clock to `t`, which may be earlier than Now() (a clock jump, for fault
-  // injection): nothing fires for a backward jump, and sleepers keep sleeping.
+  // injection). A backward jump fires nothing, not even timers that were already due
+  // (they run at the next move that does not go back), calls no observer, and sleepers
+  // keep sleeping. Must not be called from inside an observer of this clock (checked).
   void SetTime(absl::Time t);
 
   // Number of threads blocked in SleepUntil. Tests use it to know a thread is waiting.
   size_t NumSleepers() const;
 
   bool is_manual() const override { return true; }
+  // Always true. Waits for a move in progress, except from inside one of its observer
+  // calls, where it does not wait: the new observer is first called for the next move.
   bool AddObserver(ClockObserver* observer) override;
+  // Waits for a move in progress, except from inside one of its observer calls, where it
+  // does not wait: the observer is not called again (and is not being called, unless it
+  // is the observer making the call, whose own call of course goes on).
   void RemoveObserver(ClockObserver* observer) override;
 
  private:
   void MoveTo(absl::Time t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+  // Whether the calling thread is inside this clock's observer calls (and so holds
+  // move_mu_).
+  bool CalledByObserver() const {
+    return mover_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
 
   // Held for the whole of a move, so observers are called by one mover at a time and
   // RemoveObserver waits for a move in progress. Acquired before mu_.
   internal::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Null entries are observers removed during a move, erased when it ends.
   std::vector<ClockObserver*> observers_ ABSL_GUARDED_BY(move_mu_);
+  // The thread calling the observers, or none. Written only by that thread, with
+  // move_mu_ held; read by any thread only to compare with its own id, which it can see
+  // there only if it wrote it itself, so relaxed order is enough.
+  std::atomic<std::thread::id> mover_{};
 
   mutable internal::Mutex mu_;
   internal::CondVar moved_;

@@ -8,14 +8,17 @@
 // Cancel and Reschedule are O(log n) under one short lock, and the service thread is
 // woken only when a new timer becomes the earliest. Callbacks run one at a time, in
 // deadline order (FIFO among equal deadlines), on the service thread, with no kwq lock
-// held; a slow callback delays the timers behind it, so callbacks should hand real work
-// to a queue.
+// held (on a manual clock, see below); a slow callback delays the timers behind it, so
+// callbacks should hand real work to a queue.
 //
 // How the service thread sleeps is the backend:
 //   - kIoUring: io_uring (liburing). An eventfd read stays posted on the ring; the thread
 //     waits in io_uring_enter with the time to the next deadline as its timeout
 //     (IORING_FEAT_EXT_ARG), so arming costs no system call and a wake-up is one eventfd
-//     write. Needs Linux >= 5.11 and a process allowed to use io_uring.
+//     write. Needs Linux >= 5.11 and a process allowed to use io_uring. Should waiting
+//     on the ring start failing (io_uring_enter failing with anything but its timeout or
+//     an interruption), the service says so once on stderr and waits as kPortable does
+//     for the rest of its life, rather than spin.
 //   - kPortable: a condition variable waiting until the next deadline. Works everywhere.
 //   - kAuto (default): io_uring when it can be set up, else portable, without error
 //     (seccomp, kernel.io_uring_disabled and old kernels are all handled).
@@ -25,7 +28,13 @@
 // With a manual clock (FakeClock) there is no thread at all: due timers run inside
 // FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
 // at or before Now() then runs at the next Advance (Advance(absl::ZeroDuration()) is
-// enough).
+// enough; for a Now() between two nanoseconds, see Schedule's rounding). The callbacks
+// then run inside the clock's move, which holds FakeClock's move lock: they may schedule
+// and cancel timers and create or destroy other services on the same clock, but must not
+// move the clock (FakeClock fails a check) or wait for a thread that moves it or adds or
+// removes its observers (that would deadlock). Having no backend, such a service ignores
+// Options::backend and does not read KWQ_TIMER_BACKEND (a bad value is not reported), so
+// fake-clock tests behave the same whatever the variable says.
 
 #ifndef KWQ_TIMER_H_
 #define KWQ_TIMER_H_
@@ -41,8 +50,10 @@
 
 namespace kwq {
 
-// Names one scheduled timer. 0 is never a valid id. Ids are not reused while the service
-// lives (a 32-bit generation per slot), so a stale id is harmless: Cancel returns false.
+// Names one scheduled timer. 0 is never a valid id. Ids are never reused while the
+// service lives, so a stale id is harmless: Cancel returns false. (An id is a slot and a
+// 32-bit generation; a slot that has named 2^32 - 1 timers is retired, which keeps about
+// 70 bytes per 2^32 - 1 timers.)
 using TimerId = uint64_t;
 
 namespace internal {
@@ -58,21 +69,25 @@ class TimerService {
     // the service.
     Clock* clock = nullptr;
     // kAuto: io_uring if usable, else portable; KWQ_TIMER_BACKEND overrides it.
-    // An explicit kIoUring fails Create when io_uring is refused.
+    // An explicit kIoUring fails Create when io_uring is refused. Ignored, like the
+    // variable, for a manual clock.
     Backend backend = Backend::kAuto;
   };
 
   // Starts a service (and its thread, for a real clock).
-  // Errors: InvalidArgument for an unknown KWQ_TIMER_BACKEND value; Unavailable when
-  // kIoUring is asked for (by option or variable) and io_uring cannot be set up;
-  // Internal when the thread cannot be started.
+  // Errors, for a real clock: InvalidArgument for an unknown KWQ_TIMER_BACKEND value;
+  // Unavailable when kIoUring is asked for (by option or variable) and io_uring cannot be
+  // set up; Internal when the thread cannot be started. For a manual clock:
+  // FailedPrecondition when its AddObserver refuses the service (returns false), since
+  // nothing would ever run its timers.
   static absl::StatusOr<std::unique_ptr<TimerService>> Create(Options options);
   static absl::StatusOr<std::unique_ptr<TimerService>> Create() { return Create(Options{}); }
 
   // The process-wide service on RealClock::Default(), created on first use and never
   // destroyed. Context deadlines use it unless their root names another service. If
-  // KWQ_TIMER_BACKEND forces a backend that cannot be used, it warns on stderr and falls
-  // back to kAuto.
+  // KWQ_TIMER_BACKEND is not a known value or forces a backend that cannot be used, it
+  // warns on stderr and uses the portable backend; if even that cannot start (no
+  // thread), it says so on stderr and aborts.
   static TimerService& Default();
 
   // Stops the service: timers still pending are dropped without running, a callback
@@ -83,9 +98,13 @@ class TimerService {
   TimerService(const TimerService&) = delete;
   TimerService& operator=(const TimerService&) = delete;
 
-  // Runs `fn` once, on the service thread, at or soon after `deadline`. A deadline in the
-  // past runs as soon as possible; absl::InfiniteFuture() never runs (it can still be
-  // cancelled or rescheduled). Never blocks on the service thread or on callbacks.
+  // Runs `fn` once, on the service thread, at or soon after `deadline`, never before it
+  // (clock().Now() >= deadline when it runs; a deadline between two nanoseconds counts
+  // from the later one). A deadline in the past runs as soon as possible;
+  // absl::InfiniteFuture() never runs (it can still be cancelled or rescheduled). Timers
+  // more than about 292 years from the service's creation are never early either, but
+  // run in scheduling order among themselves. Never blocks on the service thread or on
+  // callbacks.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.
   TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);
@@ -108,7 +127,8 @@ class TimerService {
   size_t Pending() const;
 
   Clock& clock() const;
-  // The backend in use: kPortable or kIoUring for a real clock; kPortable for a manual one.
+  // The backend in use: kPortable or kIoUring for a real clock (kPortable once an
+  // io_uring service has fallen back, see above); kPortable for a manual one.
   Backend backend() const;
   std::string_view backend_name() const;
 

@@ -1,19 +1,23 @@
 #include "internal/timer_heap.h"
 
-#include <limits>
 #include <utility>
 
 namespace kwq::internal {
 
-namespace {
-constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-}
-
-int64_t TimerHeap::KeyOf(absl::Time t) {
+int64_t TimerHeap::KeyOf(absl::Time t, bool round_up) const {
   if (t == absl::InfiniteFuture()) return kNever;
-  if (t == absl::InfinitePast()) return std::numeric_limits<int64_t>::min();
-  const int64_t ns = absl::ToUnixNanos(t);  // saturates outside the int64 range
-  return ns == kNever ? kNever - 1 : ns;    // only InfiniteFuture means never
+  if (t == absl::InfinitePast()) return kPast;
+  const absl::Duration since = t - origin_;      // saturates to +-InfiniteDuration
+  int64_t ns = absl::ToInt64Nanoseconds(since);  // truncates toward zero; saturates
+  if (ns == kNever) return kFar;                 // only InfiniteFuture means never
+  if (ns == kPast) return kPast;
+  const absl::Duration whole = absl::Nanoseconds(ns);
+  if (round_up) {
+    if (whole < since && ns < kFar) ++ns;  // kFar stays kFar, never kNever
+  } else if (whole > since) {
+    --ns;  // ns > kPast here
+  }
+  return ns;
 }
 
 uint64_t TimerHeap::Insert(absl::Time deadline, Callback fn) {
@@ -27,8 +31,9 @@ uint64_t TimerHeap::Insert(absl::Time deadline, Callback fn) {
   }
   Slot& s = slots_[slot];
   s.fn = std::move(fn);
+  s.deadline = deadline;
   s.next_free = kNoSlot;
-  heap_.Push(slot, KeyOf(deadline));
+  heap_.Push(slot, DeadlineKey(deadline));
   return IdOf(slot, s.generation);
 }
 
@@ -53,7 +58,8 @@ bool TimerHeap::Remove(uint64_t id) {
 bool TimerHeap::Update(uint64_t id, absl::Time deadline) {
   const uint32_t slot = Find(id);
   if (slot == kNoSlot) return false;
-  heap_.Update(slot, KeyOf(deadline));
+  slots_[slot].deadline = deadline;
+  heap_.Update(slot, DeadlineKey(deadline));
   return true;
 }
 
@@ -61,12 +67,18 @@ absl::Time TimerHeap::NextDeadline() const {
   if (heap_.empty()) return absl::InfiniteFuture();
   const int64_t key = heap_.TopKey();
   if (key == kNever) return absl::InfiniteFuture();
-  if (key == std::numeric_limits<int64_t>::min()) return absl::InfinitePast();
-  return absl::FromUnixNanos(key);
+  if (key == kFar || key == kPast) return slots_[heap_.TopId()].deadline;
+  return origin_ + absl::Nanoseconds(key);
 }
 
 bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
-  if (heap_.empty() || heap_.TopKey() == kNever || heap_.TopKey() > KeyOf(now)) return false;
+  if (heap_.empty()) return false;
+  const int64_t key = heap_.TopKey();
+  const int64_t now_key = NowKey(now);
+  if (key == kNever || key > now_key) return false;
+  // Within the range a tie means the deadline, rounded up, is at most `now` rounded down;
+  // where both keys saturated, only the exact deadline can tell.
+  if (key == now_key && slots_[heap_.TopId()].deadline > now) return false;
   const uint32_t slot = heap_.TopId();
   heap_.Pop();
   Slot& s = slots_[slot];
@@ -79,8 +91,10 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
 
 void TimerHeap::FreeSlot(uint32_t slot) {
   Slot& s = slots_[slot];
+  // Its last generation used: a wrap would issue its first id again, so retire it (it
+  // stays in slots_, off the free list, and Find rejects its ids since it is not pending).
+  if (s.generation == UINT32_MAX) return;
   ++s.generation;
-  if (s.generation == 0) s.generation = 1;  // keep ids non-zero after wrap-around
   s.next_free = free_head_;
   free_head_ = slot;
 }

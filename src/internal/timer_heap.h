@@ -2,12 +2,23 @@
 // thread-safe; the service's lock guards it).
 //
 // A timer's id is its slot number plus a 32-bit generation that changes each time the
-// slot is freed, so a stale id is rejected instead of cancelling someone else's timer.
+// slot is freed, so a stale id is rejected instead of cancelling someone else's timer. A
+// slot whose generation has named 2^32 - 1 timers is retired rather than wrapped, so an
+// id is never issued twice: that keeps one unused slot (about 70 bytes with its heap
+// index) per 2^32 - 1 timers.
+//
+// Heap keys are whole nanoseconds from an origin (the service's start), deadlines rounded
+// up and the time they are compared with rounded down, so a timer is never due before its
+// deadline: a deadline that is not a whole nanosecond counts from the next one. Keys
+// saturate about 292 years either side of the origin; out there the exact deadline kept
+// in the slot decides (never early), though timers past the range run in scheduling order
+// among themselves rather than by deadline.
 
 #ifndef KWQ_SRC_INTERNAL_TIMER_HEAP_H_
 #define KWQ_SRC_INTERNAL_TIMER_HEAP_H_
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -16,9 +27,15 @@
 
 namespace kwq::internal {
 
+struct TimerHeapPeer;  // tests: a slot's generation
+
 class TimerHeap {
  public:
   using Callback = absl::AnyInvocable<void()>;
+
+  // `origin`: the instant keys count from; timers within about 292 years of it are
+  // ordered exactly (to the nanosecond).
+  explicit TimerHeap(absl::Time origin = absl::UnixEpoch()) : origin_(origin) {}
 
   // Adds a timer; returns its id (never 0).
   uint64_t Insert(absl::Time deadline, Callback fn);
@@ -26,22 +43,34 @@ class TimerHeap {
   bool Remove(uint64_t id);
   // Moves a pending timer (behind others with the same deadline); false if not pending.
   bool Update(uint64_t id, absl::Time deadline);
-  // Earliest deadline, or absl::InfiniteFuture() when empty.
+  // When the earliest timer becomes due (its deadline rounded up to a whole nanosecond),
+  // or absl::InfiniteFuture() when empty.
   absl::Time NextDeadline() const;
-  // If the earliest timer is due at `now`, removes it, moves its callback to `*fn`, sets
-  // `*id` and returns true. A timer at absl::InfiniteFuture() is never due.
+  // If the earliest timer is due at `now` (its deadline <= now), removes it, moves its
+  // callback to `*fn`, sets `*id` and returns true. A timer at absl::InfiniteFuture() is
+  // never due.
   bool PopDue(absl::Time now, uint64_t* id, Callback* fn);
   size_t size() const { return heap_.size(); }
   bool Contains(uint64_t id) const { return Find(id) != kNoSlot; }
 
  private:
+  friend struct TimerHeapPeer;
   static constexpr uint32_t kNoSlot = UINT32_MAX;
+  // Keys: kNever for absl::InfiniteFuture(), kPast for absl::InfinitePast() and instants
+  // too early for the range, kFar for finite instants too late for it.
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  static constexpr int64_t kFar = kNever - 1;
+  static constexpr int64_t kPast = std::numeric_limits<int64_t>::min();
   struct Slot {
     Callback fn;
+    absl::Time deadline;  // exact, for keys that saturated (kFar, kPast)
     uint32_t generation = 1;
     uint32_t next_free = kNoSlot;
   };
-  static int64_t KeyOf(absl::Time t);
+  // The key of a deadline (rounded up) and of the time it is compared with (rounded down).
+  int64_t DeadlineKey(absl::Time deadline) const { return KeyOf(deadline, /*round_up=*/true); }
+  int64_t NowKey(absl::Time now) const { return KeyOf(now, /*round_up=*/false); }
+  int64_t KeyOf(absl::Time t, bool round_up) const;
   static uint64_t IdOf(uint32_t slot, uint32_t generation) {
     return (static_cast<uint64_t>(generation) << 32) | slot;
   }
@@ -49,8 +78,9 @@ class TimerHeap {
   uint32_t Find(uint64_t id) const;
   void FreeSlot(uint32_t slot);
 
+  absl::Time origin_;
   std::vector<Slot> slots_;
-  IndexedHeap heap_;  // pending slots by deadline
+  IndexedHeap heap_;  // pending slots by deadline key
   uint32_t free_head_ = kNoSlot;
 };
 

@@ -28,8 +28,16 @@ class TimerWaiter {
 };
 
 std::unique_ptr<TimerWaiter> NewPortableWaiter();
-// Unavailable (with the reason) when io_uring cannot be used in this process.
+// Unavailable (with the reason) when io_uring cannot be used in this process. If waiting
+// on the ring fails later (io_uring_enter failing with anything but ETIME or EINTR), the
+// waiter reports it once on stderr and waits on a condition variable from then on; its
+// kind() then says kPortable.
 absl::StatusOr<std::unique_ptr<TimerWaiter>> NewIoUringWaiter();
+
+// Tests: while `hook` is set, every io_uring waiter calls it instead of
+// io_uring_submit_and_wait_timeout and takes its result (a negative errno fakes a failing
+// io_uring_enter). nullptr restores the real call. Any thread.
+void SetIoUringWaitHookForTest(int (*hook)());
 
 // The time left until `deadline`, clamped to [0, 1 day]: waits are re-armed at least daily
 // so a far deadline never overflows a kernel timespec.
