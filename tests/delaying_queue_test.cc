@@ -66,6 +66,17 @@ TEST_F(DelayingQueueTest, ItemBecomesReadyAfterDelay) {
   EXPECT_EQ(q_.Waiting(), 0u);
 }
 
+// A delay shorter than a nanosecond still waits (ready times round up; they used to round
+// down, and such an item was ready at once).
+TEST_F(DelayingQueueTest, SubNanosecondDelayIsNotReadyEarly) {
+  q_.AddAfter("a", absl::Nanoseconds(0.5));
+  clock_.Advance(absl::ZeroDuration());
+  EXPECT_TRUE(Ready().empty());
+  EXPECT_EQ(q_.Waiting(), 1u);
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+}
+
 // A waiting item is counted by the `delayed` metric, not by `depth`, from AddAfter until it
 // comes due, is cancelled or is dropped at shutdown.
 TEST(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {

@@ -180,6 +180,15 @@ TEST_F(PriorityQueueTest, DelayedItemIsNotReadyBeforeItsTime) {
   EXPECT_EQ(Drain(*q_), (Strings{"d"}));
 }
 
+// A delay shorter than a nanosecond still waits (due times round up).
+TEST_F(PriorityQueueTest, SubNanosecondDelayIsNotReadyEarly) {
+  EXPECT_TRUE(q_->AddAfter("d", absl::Nanoseconds(0.5)));
+  clock_.Advance(absl::ZeroDuration());
+  EXPECT_FALSE(q_->TryGet().has_value());
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(Drain(*q_), (Strings{"d"}));
+}
+
 TEST_F(PriorityQueueTest, NonPositiveDelayAddsNow) {
   q_->AddAfter("zero", absl::ZeroDuration());
   q_->AddAfter("negative", -absl::Seconds(1));

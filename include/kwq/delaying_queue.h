@@ -54,6 +54,7 @@
 
 #include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/key_table.h"
+#include "kwq/internal/time_key.h"
 #include "kwq/queue.h"
 
 namespace kwq {
@@ -97,7 +98,7 @@ class DelayingQueue {
       return;
     }
     const absl::Time now = clock_->Now();
-    const int64_t ready = ToKey(now + delay);
+    const int64_t ready = ReadyKey(now + delay);
     const uint32_t slot = LeasedSlotOf(item);
     const uint32_t hash = slot == Table::kNone ? Table::HashOf(item) : 0;  // outside the lock
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
@@ -213,7 +214,7 @@ class DelayingQueue {
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
       } else {
-        AfterWaitingLocked(queue_.SetWaitingLocked(slot, fresh, ToKey(now + delay)), now);
+        AfterWaitingLocked(queue_.SetWaitingLocked(slot, fresh, ReadyKey(now + delay)), now);
       }
     }
     if (wake) queue_.ready_cv_.Signal();
@@ -253,18 +254,13 @@ class DelayingQueue {
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
 
-  // Ready times as ns since the Unix epoch. Times past the int64 range (about year
-  // 2262) saturate to kNever: such an item never becomes ready (it can still be added or
-  // cancelled).
-  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-  static int64_t ToKey(absl::Time t) {
-    if (t == absl::InfiniteFuture()) return kNever;
-    return absl::ToUnixNanos(t);
-  }
-  static absl::Time FromKey(int64_t key) {
-    if (key == kNever) return absl::InfiniteFuture();
-    return absl::FromUnixNanos(key);
-  }
+  // Ready times as ns since the Unix epoch (kwq/internal/time_key.h: ready times round
+  // up, current times down). Times past the int64 range (about year 2262) saturate to
+  // kNever: such an item never becomes ready (it can still be added or cancelled).
+  static constexpr int64_t kNever = internal::kNeverKey;
+  static int64_t ToKey(absl::Time now) { return internal::NowKey(now); }
+  static int64_t ReadyKey(absl::Time ready) { return internal::ReadyKey(ready); }
+  static absl::Time FromKey(int64_t key) { return internal::TimeOfKey(key); }
 
   // A delayed add also queues up to kPiggyback waiting items that are already due at `now`
   // (the clock was read anyway). A thread that keeps adding delayed items (a reconcile

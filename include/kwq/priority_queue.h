@@ -111,6 +111,7 @@
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/internal/spin.h"
+#include "kwq/internal/time_key.h"
 #include "kwq/metrics.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
@@ -541,15 +542,11 @@ class PriorityQueue {
     }
   }
 
-  static int64_t ToKey(absl::Time t) {
-    if (t == absl::InfiniteFuture()) return std::numeric_limits<int64_t>::max();
-    if (t == absl::InfinitePast()) return std::numeric_limits<int64_t>::min();
-    return absl::ToUnixNanos(t);
-  }
-  static absl::Time FromKey(int64_t key) {
-    if (key == std::numeric_limits<int64_t>::max()) return absl::InfiniteFuture();
-    return absl::FromUnixNanos(key);
-  }
+  // Times as ns since the Unix epoch (kwq/internal/time_key.h): current times round
+  // down, due times up, so nothing is due before its time.
+  static int64_t ToKey(absl::Time now) { return internal::NowKey(now); }
+  static int64_t ReadyKey(absl::Time due) { return internal::ReadyKey(due); }
+  static absl::Time FromKey(int64_t key) { return internal::TimeOfKey(key); }
 
   Prep Prepare(const T& item, const AddOpts& opts) {
     Prep prep{Table::HashOf(item), group_fn_ ? group_fn_(item) : 0, opts.after, opts.rate_limited,
@@ -655,7 +652,7 @@ class PriorityQueue {
       after = std::max(after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now())));
     }
     const bool immediate = after <= absl::ZeroDuration();
-    const int64_t due = immediate ? 0 : ToKey(now + after);
+    const int64_t due = immediate ? 0 : ReadyKey(now + after);
     SlotInfo& info = info_[slot];
     const uint8_t state = table_.state(slot);
     if (state & kQueued) {  // waiting with no delay: keep its ready time, raise priority
