@@ -6,9 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/time/clock.h"
-
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace kwq {
 namespace {
@@ -60,16 +59,7 @@ TEST(ParallelizeUntilTest, ThrowingPieceIsReported) {
   EXPECT_NE(s.message().find("piece 42"), std::string::npos);
 }
 
-// Polls `pred` for up to `limit` of real time; for effects on other threads.
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(5)) {
-  const absl::Time end = absl::Now() + limit;
-  while (!pred()) {
-    if (absl::Now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
-}
+using testing::Eventually;
 
 // Runs `call` on a thread and reports whether it returned within 5 s (a hang would
 // otherwise stop the whole test binary; the thread is then left behind).

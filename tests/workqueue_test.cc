@@ -12,21 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace kwq {
 namespace {
 
-// Polls `pred` until it holds or `limit` (real time) passes; for effects that happen on
-// worker threads. Returns the final value.
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(5)) {
-  const absl::Time end = absl::Now() + limit;
-  while (!pred()) {
-    if (absl::Now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
-}
+using testing::Eventually;
 
 // A gate a work can wait on (without a BlockingScope, so it looks like CPU work).
 class Gate {
