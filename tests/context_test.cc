@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <latch>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -408,8 +409,15 @@ TEST(ContextRaceTest, ChildrenCreatedWhileParentIsCancelled) {
 TEST(ContextRaceTest, HandlesDroppedDuringCancellation) {
   for (int round = 0; round < 50; ++round) {
     auto [parent, cancel] = WithCancel(Background());
+    // Every child's AfterFunc holds a copy of `alive`: once each child is freed (or its
+    // AfterFunc ran and released its closure), only the test's copy is left.
+    auto alive = std::make_shared<int>(0);
+    std::atomic<int> runs{0};
     std::vector<Context> children;
-    for (int i = 0; i < 500; ++i) children.push_back(WithCancel(parent).context);
+    for (int i = 0; i < 500; ++i) {
+      children.push_back(WithCancel(parent).context);
+      AfterFunc(children.back(), [alive, &runs] { ++runs; });
+    }
     std::latch go(2);
     std::thread dropper([&] {
       go.arrive_and_wait();
@@ -419,30 +427,59 @@ TEST(ContextRaceTest, HandlesDroppedDuringCancellation) {
     cancel();
     dropper.join();
     EXPECT_TRUE(parent.IsCancelled());
+    EXPECT_LE(runs.load(), 500);      // at most once per child
+    EXPECT_EQ(alive.use_count(), 1);  // no child and no AfterFunc record outlived its handles
+    EXPECT_TRUE(WithCancel(parent).context.IsCancelled());  // the parent's list is sound
   }
 }
 
+// Blocks until `timers` has finished every callback that is running or due now: one
+// scheduled at Now() runs after them on the service's single thread.
+void AwaitTimerCallbacks(TimerService& timers) {
+  std::latch ran(1);
+  timers.Schedule(timers.clock().Now(), [&ran] { ran.count_down(); });
+  ran.wait();
+}
+
 TEST(ContextRaceTest, DeadlineFiresWhileContextIsDropped) {
+  std::unique_ptr<TimerService> timers = *TimerService::Create();
+  Context root = BackgroundWithTimers(timers.get());
+  auto alive = std::make_shared<int>(0);
   for (int round = 0; round < 200; ++round) {
-    auto [ctx, cancel] = WithTimeout(Background(), absl::Microseconds(round % 20));
+    auto [ctx, cancel] = WithTimeout(root, absl::Microseconds(round % 20));
+    AfterFunc(ctx, [alive] {});
     std::thread dropper([c = std::move(ctx), k = std::move(cancel)]() mutable {
       c = Background();
       k = CancelFunc();
     });
     dropper.join();
+    // Dropping the last handle cancelled the timer, or it had already been taken to run.
+    EXPECT_EQ(timers->Pending(), 0u);
   }
+  AwaitTimerCallbacks(*timers);     // a callback that won TryRef may hold the last reference
+  EXPECT_EQ(alive.use_count(), 1);  // every node was freed, whoever dropped it last
 }
 
 TEST(ContextRaceTest, CancelRacingDeadlineThenDrop) {
   // The cancel's Cancel(timer) fails while the deadline callback runs; the node must not
   // be freed under that callback (ASan/TSan catch a use after free here).
+  std::unique_ptr<TimerService> timers = *TimerService::Create();
+  Context root = BackgroundWithTimers(timers.get());
+  auto alive = std::make_shared<int>(0);
   for (int round = 0; round < 300; ++round) {
-    CancelableContext parent = WithCancel(Background());
+    CancelableContext parent = WithCancel(root);
     CancelableContext child = WithTimeout(parent.context, absl::Microseconds(round % 10));
+    std::atomic<int> runs{0};
+    AfterFunc(child.context, [alive, &runs] { ++runs; });
     std::thread canceller([c = parent.cancel] { c(); });
     child = CancelableContext{};
     canceller.join();
+    EXPECT_TRUE(parent.context.IsCancelled());
+    EXPECT_EQ(timers->Pending(), 0u);
+    AwaitTimerCallbacks(*timers);  // `runs` must outlive a deadline callback still running
+    EXPECT_LE(runs.load(), 1);     // the deadline or the parent's cancel ran it, not both
   }
+  EXPECT_EQ(alive.use_count(), 1);
 }
 
 TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {

@@ -1,6 +1,8 @@
 #include "kwq/stop_token.h"
 
+#include <atomic>
 #include <latch>
+#include <memory>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -23,8 +25,12 @@ TEST(StopTokenTest, TokenOfCancelledContextIsStopped) {
 }
 
 TEST(StopTokenTest, TokenOfBackgroundNeverStops) {
-  std::stop_token token = ToStopToken(Background());
-  EXPECT_FALSE(token.stop_possible() && token.stop_requested());
+  // Nothing keeps a stop source for a context that can never be cancelled.
+  EXPECT_FALSE(ToStopToken(Background()).stop_possible());
+  auto [ctx, cancel] = WithCancel(Background());
+  std::stop_token detached = ToStopToken(WithoutCancel(ctx));
+  cancel();
+  EXPECT_FALSE(detached.stop_possible());
 }
 
 TEST(StopTokenTest, RequestStopCancelsContext) {
@@ -46,8 +52,15 @@ TEST(StopTokenTest, AlreadyStoppedTokenCancelsAtOnce) {
 
 TEST(StopTokenTest, ContextDroppedBeforeStopIsSafe) {
   std::stop_source source;
-  { auto [ctx, cancel] = WithStopToken(Background(), source.get_token()); }
-  source.request_stop();  // the callback was deregistered with the context
+  auto alive = std::make_shared<int>(0);  // one copy per AfterFunc record still held
+  bool ran = false;
+  {
+    auto [ctx, cancel] = WithStopToken(Background(), source.get_token());
+    AfterFunc(ctx, [alive, &ran] { ran = true; });
+  }
+  EXPECT_EQ(alive.use_count(), 1);     // the context and what it owned are gone
+  EXPECT_TRUE(source.request_stop());  // the callback was deregistered with the context
+  EXPECT_FALSE(ran);
 }
 
 TEST(StopTokenTest, JthreadStopCancelsWorkerContext) {
@@ -68,10 +81,16 @@ TEST(StopTokenTest, JthreadStopCancelsWorkerContext) {
 TEST(StopTokenTest, StopAndDropRace) {
   for (int i = 0; i < 300; ++i) {
     std::stop_source source;
+    auto alive = std::make_shared<int>(0);
+    std::atomic<int> runs{0};
     auto child = WithStopToken(Background(), source.get_token());
+    AfterFunc(child.context, [alive, &runs] { ++runs; });
     std::thread stopper([&] { source.request_stop(); });
     child = CancelableContext{};
     stopper.join();
+    EXPECT_TRUE(source.stop_requested());
+    EXPECT_LE(runs.load(), 1);        // cancelled by the stop, or freed first: once at most
+    EXPECT_EQ(alive.use_count(), 1);  // freed by whichever thread let go last
   }
 }
 
