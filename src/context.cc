@@ -126,48 +126,113 @@ bool TryRef(ContextNode* node) {
   return false;
 }
 
+namespace {
+
+// One cancellation's marking of `node`: unless another one marked it first, sets err,
+// cause and kCancelledBit (and kSubtreeCancelledBit when no child is left to mark), moves
+// its children to `work` (one reference each; children being destroyed are only
+// detached) and its AfterFunc records to the end of `funcs`, and returns nullptr. When
+// `node` was marked already, returns the start of the cancellation to wait for, or
+// nullptr when its subtree is marked.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline ContextNode* Mark(
+    ContextNode* node, ContextNode* start, const absl::Status* err, const absl::Status& cause,
+    absl::InlinedVector<ContextNode*, 16>& work, std::list<std::shared_ptr<AfterFuncRecord>>& funcs)
+    ABSL_LOCKS_EXCLUDED(node->mu) {
+  TimerId timer;
+  uint32_t before;
+  {
+    SpinLockHolder lock(&node->mu);
+    const uint32_t s = node->state.load(std::memory_order_relaxed);
+    if ((s & kCancelledBit) != 0) {
+      return (s & kSubtreeCancelledBit) != 0 ? nullptr : node->marked_by;
+    }
+    node->err = err;
+    node->cause = cause;
+    node->marked_by = start;
+    const size_t depth = work.size();
+    for (ContextNode* child = node->first_child; child != nullptr;) {
+      ContextNode* next = child->next_sibling;
+      child->prev_sibling = child->next_sibling = nullptr;
+      child->linked = false;
+      // A child whose count reached zero is being destroyed; it is unlinked now and
+      // its Destroy will not touch this list.
+      if (TryRef(child)) work.push_back(child);
+      child = next;
+    }
+    node->first_child = nullptr;
+    const bool complete = work.size() == depth;  // no child left to mark
+    before = node->state.fetch_or(complete ? kCancelledBit | kSubtreeCancelledBit : kCancelledBit,
+                                  std::memory_order_release);
+    for (auto& record : node->after_funcs) record->linked = false;
+    funcs.splice(funcs.end(), node->after_funcs);
+    timer = node->timer.load(std::memory_order_relaxed);
+  }
+  // A timer stopped here can never run, so Destroy need not wait for it; one that could
+  // not be stopped is running (or ran) and Destroy's CancelSync waits it out.
+  if (timer != 0 && node->Timers().Cancel(timer)) {
+    node->timer.compare_exchange_strong(timer, 0, std::memory_order_relaxed);
+  }
+  if ((before & kWaitersBit) != 0) FutexWakeAll(&node->state);
+  return nullptr;
+}
+
+// Blocks until `start`, the start of a cancellation, has kSubtreeCancelledBit.
+void AwaitCancellation(ContextNode* start) {
+  uint32_t s = start->state.load(std::memory_order_acquire);
+  while ((s & kSubtreeCancelledBit) == 0) {
+    if ((s & kSubtreeWaitersBit) == 0) {
+      if (!start->state.compare_exchange_weak(s, s | kSubtreeWaitersBit,
+                                              std::memory_order_acquire)) {
+        continue;
+      }
+      s |= kSubtreeWaitersBit;
+    }
+    FutexWait(&start->state, s, absl::InfiniteDuration());
+    s = start->state.load(std::memory_order_acquire);
+  }
+}
+
+}  // namespace
+
+void AwaitSubtreeCancelled(ContextNode* node) {
+  if ((node->state.load(std::memory_order_acquire) & kSubtreeCancelledBit) != 0) return;
+  ContextNode* start;
+  {
+    SpinLockHolder lock(&node->mu);
+    start = node->marked_by;
+  }
+  AwaitCancellation(start);
+}
+
+// Two phases. First every node of the subtree is marked, iteratively; a node some other
+// cancellation marked first is waited for (that cancellation's start gets
+// kSubtreeCancelledBit once its marking is done, never later: waits only go down the
+// tree, so they cannot form a cycle). Only then does `start` get kSubtreeCancelledBit and
+// leave its registrar's list, and do the AfterFuncs run: a parent's cancel finds `start`
+// either in its list (and waits) or gone with its subtree marked, and an AfterFunc may
+// wait on any descendant's Done.
 void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause) {
-  Unlink(start);
-  // Every entry but `start` (which the caller keeps alive) holds one reference.
-  absl::InlinedVector<ContextNode*, 16> work{start};
+  absl::InlinedVector<ContextNode*, 16> work;  // each holds one reference
   std::list<std::shared_ptr<AfterFuncRecord>> funcs;
+  if (ContextNode* other = Mark(start, start, err, cause, work, funcs)) {
+    AwaitCancellation(other);  // being cancelled elsewhere: wait for its marking only
+    return;
+  }
+  // (Mark also returns nullptr for a `start` whose subtree another cancellation has
+  // marked already: what follows is then a no-op.)
+  const bool complete = work.empty();  // Mark set kSubtreeCancelledBit already
   while (!work.empty()) {
     ContextNode* node = work.back();
     work.pop_back();
-    TimerId timer = 0;
-    bool waiters = false;
-    {
-      SpinLockHolder lock(&node->mu);
-      if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
-        node->err = err;
-        node->cause = cause;
-        waiters =
-            (node->state.fetch_or(kCancelledBit, std::memory_order_release) & kWaitersBit) != 0;
-        for (ContextNode* child = node->first_child; child != nullptr;) {
-          ContextNode* next = child->next_sibling;
-          child->prev_sibling = child->next_sibling = nullptr;
-          child->linked = false;
-          // A child whose count reached zero is being destroyed; it is unlinked now and
-          // its Destroy will not touch this list.
-          if (TryRef(child)) work.push_back(child);
-          child = next;
-        }
-        node->first_child = nullptr;
-        for (auto& record : node->after_funcs) record->linked = false;
-        funcs.swap(node->after_funcs);
-        timer = node->timer.load(std::memory_order_relaxed);
-      }
-    }
-    // A timer stopped here can never run, so Destroy need not wait for it; one that could
-    // not be stopped is running (or ran) and Destroy's CancelSync waits it out.
-    if (timer != 0 && node->Timers().Cancel(timer)) {
-      node->timer.compare_exchange_strong(timer, 0, std::memory_order_relaxed);
-    }
-    if (waiters) FutexWakeAll(&node->state);
-    for (auto& record : funcs) RunAfterFunc(*record);
-    funcs.clear();
-    if (node != start) Unref(node);
+    if (ContextNode* other = Mark(node, start, err, cause, work, funcs)) AwaitCancellation(other);
+    Unref(node);
   }
+  if (!complete && (start->state.fetch_or(kSubtreeCancelledBit, std::memory_order_release) &
+                    kSubtreeWaitersBit) != 0) {
+    FutexWakeAll(&start->state);
+  }
+  Unlink(start);
+  for (auto& record : funcs) RunAfterFunc(*record);
 }
 
 ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs) {
@@ -331,7 +396,8 @@ AfterFuncHandle DoneSignal::OnDone(absl::AnyInvocable<void()> fn) const {
 void CancelFunc::operator()(absl::Status cause) const {
   ContextNode* node = ctx_.node();
   if (!node->cancellable()) return;  // default-constructed CancelFunc: Background
-  if ((node->state.load(std::memory_order_acquire) & internal::kCancelledBit) != 0) return;
+  // Done when the whole subtree is marked; a cancel in progress elsewhere is waited for.
+  if ((node->state.load(std::memory_order_acquire) & internal::kSubtreeCancelledBit) != 0) return;
   internal::CancelTree(node, &internal::CanceledError(), cause);
 }
 
@@ -371,7 +437,10 @@ AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
         record->linked = true;
       }
     }
-    if (done) internal::RunAfterFunc(*record);
+    if (done) {
+      internal::AwaitSubtreeCancelled(c);  // a cancel in progress marks the rest first
+      internal::RunAfterFunc(*record);
+    }
   }
   return AfterFuncHandle(std::move(record), ctx);
 }

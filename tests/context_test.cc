@@ -89,6 +89,38 @@ TEST(WithCancelTest, ChildOfCancelledParentIsBornCancelled) {
   EXPECT_EQ(child.Cause(), absl::AbortedError("gone"));
 }
 
+TEST(WithCancelTest, CancelFromAfterFuncReturnsWithSubtreeCancelled) {
+  // The AfterFunc of `parent` runs while its cancel is still in progress; a second cancel
+  // made from it must not return before the child is cancelled too.
+  CancelableContext parent = WithCancel(Background());
+  CancelableContext child = WithCancel(parent.context);
+  bool child_cancelled = false;
+  AfterFunc(parent.context, [&] {
+    parent.cancel();
+    child_cancelled = child.context.IsCancelled();
+  });
+  parent.cancel();
+  EXPECT_TRUE(child_cancelled);
+}
+
+TEST(WithCancelTest, AfterFuncMayWaitForADescendant) {
+  // Every descendant is cancelled before any AfterFunc of the tree runs, so an AfterFunc
+  // that waits for a child's Done does not wait for its own thread.
+  CancelableContext root = WithCancel(Background());
+  CancelableContext child = WithCancel(root.context);
+  Context grandchild = WithValue(WithCancel(child.context).context, kAttempt, 1);
+  bool child_done = false;
+  bool grandchild_done = false;
+  AfterFunc(root.context, [&] {
+    // Bounded only so that a regression fails instead of hanging.
+    child_done = child.context.Done().WaitFor(absl::Seconds(5));
+    grandchild_done = grandchild.IsCancelled();
+  });
+  root.cancel();
+  EXPECT_TRUE(child_done);
+  EXPECT_TRUE(grandchild_done);
+}
+
 TEST(WithCancelTest, DeepChainCancelsWithBoundedStack) {
   // 200,000 levels: recursion would overflow the (ASan-enlarged) stack.
   auto [root, cancel] = WithCancel(Background());
@@ -361,6 +393,53 @@ TEST(ContextRaceTest, ParentAndChildCancelledAtOnce) {
     EXPECT_TRUE(cause == absl::AbortedError("parent") || cause == absl::AbortedError("child"));
     EXPECT_EQ(parent.Cause(), absl::AbortedError("parent"));
   }
+}
+
+TEST(ContextRaceTest, EveryCancelReturnsAfterItsSubtreeIsCancelled) {
+  // A cancels the parent while B cancels the child above a chain: whichever marks the
+  // chain, neither cancel may return before the bottom of the chain is cancelled. The
+  // chain is long enough for the two cancels to overlap.
+  std::atomic<int> early{0};
+  for (int round = 0; round < 200; ++round) {
+    CancelableContext parent = WithCancel(Background());
+    CancelableContext child = WithCancel(parent.context);
+    std::vector<Context> chain{child.context};
+    for (int i = 0; i < 1000; ++i) chain.push_back(WithCancel(chain.back()).context);
+    const Context& bottom = chain.back();
+    std::latch go(2);
+    auto cancel_then_check = [&](CancelFunc cancel) {
+      go.arrive_and_wait();
+      cancel();
+      if (!bottom.IsCancelled()) ++early;
+    };
+    std::thread a(cancel_then_check, parent.cancel);
+    std::thread b(cancel_then_check, child.cancel);
+    a.join();
+    b.join();
+  }
+  EXPECT_EQ(early.load(), 0);
+}
+
+TEST(ContextRaceTest, ParentCancelReturnsAfterSubtreeMarkedByAnotherCanceller) {
+  // Thread B cancels `mid` and blocks in mid's AfterFunc. The parent's cancel must still
+  // return only once `leaf`, below mid, is cancelled.
+  CancelableContext parent = WithCancel(Background());
+  CancelableContext mid = WithCancel(parent.context);
+  CancelableContext leaf = WithCancel(mid.context);
+  std::latch in_after_func(1);
+  std::latch release(1);
+  AfterFunc(mid.context, [&] {
+    in_after_func.count_down();
+    release.wait();
+  });
+  std::thread b([cancel = mid.cancel] { cancel(); });
+  in_after_func.wait();
+  parent.cancel();
+  EXPECT_TRUE(leaf.context.IsCancelled());
+  mid.cancel();  // a second cancel of mid returns at once too (its AfterFunc still runs)
+  EXPECT_TRUE(leaf.context.IsCancelled());
+  release.count_down();
+  b.join();
 }
 
 TEST(ContextRaceTest, AfterFuncStoppedWhileFiring) {

@@ -11,6 +11,11 @@
 // Promises (pinned by tests/context_test.cc):
 //   - Cancelling a context cancels every descendant, with the same Err() and Cause(); a
 //     child's own cancel never touches its parent. Cancel after cancel is a no-op.
+//   - When a cancel function returns, every descendant already reports IsCancelled(), as
+//     in Go. A cancel that finds its context being cancelled by another thread waits for
+//     that cancellation to reach every descendant (not for its AfterFuncs, which may
+//     still be running on that thread). Any cancellation, also by a deadline, reaches
+//     every descendant before the AfterFuncs of the subtree run.
 //   - Err() is OK while live, then Cancelled or DeadlineExceeded; Cause() is the status
 //     given to the cancel function (or the deadline's cause), else Err().
 //   - IsCancelled() is one lock-free atomic load.
@@ -185,7 +190,12 @@ class CancelFunc {
  public:
   CancelFunc() = default;
   // `cause` becomes Cause() of the cancelled contexts; an OK cause is replaced by
-  // Err()'s status. Err() is always Cancelled.
+  // Err()'s status. Err() is always Cancelled. Returns once the context and every
+  // descendant report IsCancelled(): when the context was already being cancelled (by a
+  // parent, its deadline or another call), after waiting for that cancellation to reach
+  // them all; the AfterFuncs it runs may still be running on its thread. When this call
+  // cancels, it runs the AfterFuncs of the subtree itself, after marking the subtree.
+  // Never waits for user code running on another thread.
   void operator()(absl::Status cause = absl::OkStatus()) const;
 
  private:
@@ -234,9 +244,11 @@ Context WithoutCancel(const Context& parent);
 
 // Runs `fn` once after `ctx` is done, on the thread that cancels it (after that thread
 // has released every context lock), or on this thread before returning when `ctx` is
-// already done. An exception thrown by `fn` is caught and reported on stderr; cancellation
-// of the rest of the tree continues. On a context that can never be cancelled, `fn`
-// never runs.
+// already done. Every descendant of `ctx` reports IsCancelled() before `fn` runs, so `fn`
+// may wait on a descendant's Done(). The AfterFuncs of one cancellation run one after
+// another on the cancelling thread: one must not wait for another. An exception thrown by
+// `fn` is caught and reported on stderr; cancellation of the rest of the tree continues.
+// On a context that can never be cancelled, `fn` never runs.
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
 
 // ---- implementation details ----

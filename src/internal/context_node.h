@@ -23,7 +23,15 @@
 
 namespace kwq::internal {
 
-inline constexpr uint32_t kWaitersBit = 2;  // some thread may sleep in FutexWait on state
+// Bits of ContextNode::state besides kCancelledBit (kwq/context.h).
+inline constexpr uint32_t kWaitersBit = 2;  // a Done() waiter may sleep in FutexWait on state
+// Every descendant is marked cancelled too. Set with kCancelledBit on a node with no
+// child to mark, and on the start of a cancellation once it has marked the whole subtree;
+// a node with children marked by a cancellation started above it never gets it (its
+// marked_by start does).
+inline constexpr uint32_t kSubtreeCancelledBit = 4;
+// A thread may sleep in FutexWait on state until kSubtreeCancelledBit is set.
+inline constexpr uint32_t kSubtreeWaitersBit = 8;
 
 // Something a node owns and destroys first when it dies (a std::stop_callback).
 struct ContextAttachment {
@@ -75,7 +83,9 @@ struct ContextNode {
   absl::Status deadline_cause;                    // I: Cause() when the deadline fires
 
   // Cancellable nodes only.
-  // A: kCancelledBit set once with release (under mu); kWaitersBit set by waiters.
+  // A: kCancelledBit set once with release (under mu); kSubtreeCancelledBit set once with
+  // release, with it or later by the same thread; the waiter bits set by waiters
+  // (acquire) before they sleep.
   std::atomic<uint32_t> state{0};
   SpinLock mu;
   // Err(): one of the two process-wide statuses below (no count to bump per node).
@@ -93,6 +103,10 @@ struct ContextNode {
   ContextNode* prev_sibling = nullptr;
   ContextNode* next_sibling = nullptr;
   bool linked = false;
+
+  // The start of the cancellation that marked this node (an ancestor or itself, so kept
+  // alive by this node); its kSubtreeCancelledBit says when this node's subtree is marked.
+  ContextNode* marked_by ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 void Ref(ContextNode* node);
@@ -107,8 +121,15 @@ const absl::Status& DeadlineError();
 
 // Cancels `start` and its subtree (iteratively), unlinking `start` from its registrar.
 // `err` is CanceledError() or DeadlineError(); `cause` is OK when it is the same as
-// *err. The caller holds a reference to `start`.
+// *err. The caller holds a reference to `start` and no node lock. Returns once every node
+// of the subtree is marked cancelled, also when another thread marked `start` first (it
+// waits for that thread's marking, never for its AfterFuncs); runs the AfterFuncs of the
+// nodes it marked itself, after marking them all.
 void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause);
+
+// Blocks until every descendant of `node`, which must be marked cancelled, is marked too.
+// The caller holds a reference to `node` and no node lock.
+void AwaitSubtreeCancelled(ContextNode* node);
 
 // Creates a cancellable child of `parent` (`refs` references, owned by the caller) with
 // the effective deadline `deadline` and registers it, cancelling it at once when the
