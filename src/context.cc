@@ -1,5 +1,6 @@
 #include "kwq/context.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <vector>
@@ -474,11 +475,15 @@ namespace {
 CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, absl::Time now,
                                  absl::Status cause) {
   ContextNode* p = internal::NodeOf(parent);
-  if (deadline >= p->deadline) return WithCancel(parent);  // the parent's is earlier
-  ContextNode* node = internal::NewCancellableChild(p, deadline);
+  // A deadline not in the future cancels at once, even when the parent's is earlier (it
+  // may have passed with its timer still to run). Otherwise a parent's deadline that is
+  // not later serves the child too, with no timer of its own.
+  const bool past = deadline <= now;
+  if (!past && deadline >= p->deadline) return WithCancel(parent);
+  ContextNode* node = internal::NewCancellableChild(p, std::min(deadline, p->deadline));
   node->deadline_cause = std::move(cause);  // before anyone can fire; OK = DeadlineError
   Context ctx = internal::AdoptNode(node);
-  if (deadline <= now) {
+  if (past) {
     internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
   } else if (!ctx.IsCancelled()) {
     // The callback holds no reference (the node may die first); Destroy cancels the timer

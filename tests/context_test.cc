@@ -252,6 +252,33 @@ TEST_F(FakeTimeTest, PastDeadlineCancelsAtOnce) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+TEST_F(FakeTimeTest, PastDeadlineCancelsAtOnceWhileParentDeadlineIsDue) {
+  // The parent's deadline has passed but its timer has not run yet (a timer scheduled
+  // before it at the same instant runs first): a child whose own deadline is not in the
+  // future must still be cancelled before WithDeadline returns, with its own cause.
+  const absl::Time due = clock_.Now() + absl::Seconds(1);
+  CancelableContext parent;
+  bool parent_live = false;
+  bool child_cancelled = false;
+  absl::Status child_err;
+  absl::Status child_cause;
+  timers_->Schedule(due, [&] {
+    parent_live = !parent.context.IsCancelled();
+    CancelableContext child =
+        WithDeadline(parent.context, clock_.Now(), absl::ResourceExhaustedError("mine"));
+    child_cancelled = child.context.IsCancelled();
+    child_err = child.context.Err();
+    child_cause = child.context.Cause();
+  });
+  parent = WithDeadline(root_, due);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(parent_live);  // the case under test
+  EXPECT_TRUE(child_cancelled);
+  EXPECT_EQ(child_err.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(child_cause, absl::ResourceExhaustedError("mine"));
+  EXPECT_TRUE(parent.context.IsCancelled());
+}
+
 TEST_F(FakeTimeTest, InfiniteTimeoutMeansNoDeadline) {
   auto [ctx, cancel] = WithTimeout(root_, absl::InfiniteDuration());
   EXPECT_EQ(ctx.Deadline(), absl::InfiniteFuture());

@@ -224,9 +224,12 @@ CancelableContext WithCancel(const Context& parent);
 CancelableContext WithCancelCause(const Context& parent);
 
 // A child also cancelled, with DeadlineExceeded, at `deadline` (read on the tree's timer
-// clock). If the parent's deadline is earlier, the child keeps that one and gets no timer.
-// A deadline at or before now cancels the child before this returns. `cause`, when not
-// OK, becomes Cause() if the deadline fires.
+// clock). A deadline at or before now cancels the child before this returns, whatever the
+// parent's deadline (unless the parent is cancelled already: then the child has its Err
+// and Cause). Otherwise, if the parent's deadline is not later, the child keeps that one
+// and gets no timer: the parent's expiry cancels it, with the parent's Cause. `cause`,
+// when not OK, becomes Cause() if this child's own deadline fires (as Go's
+// WithDeadlineCause).
 CancelableContext WithDeadline(const Context& parent, absl::Time deadline,
                                absl::Status cause = absl::OkStatus());
 // WithDeadline(parent, now + timeout); saturates for huge timeouts
