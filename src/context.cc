@@ -85,7 +85,8 @@ void Destroy(ContextNode* node) {
     node->attachment.reset();
     if (node->cancellable()) {
       // A cancelled node was unlinked by whoever cancelled it (CancelTree unlinks the
-      // node it starts from; a parent's cancel detaches its children), so only a live
+      // node it starts from; a parent's cancel detaches its children) or never linked
+      // (Register leaves out a node whose deadline fired first), so only a live
       // node needs its registrar's lock. The canceller's reference, released with
       // acq_rel, orders that unlink before this load.
       if ((node->state.load(std::memory_order_acquire) & kCancelledBit) == 0) Unlink(node);
@@ -236,27 +237,40 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
   for (auto& record : funcs) RunAfterFunc(*record);
 }
 
-ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs) {
+ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs) {
   Ref(parent);
   auto* node = new ContextNode(parent, CancelSource::kOwn, parent->timers, deadline);
   node->refs.store(refs, std::memory_order_relaxed);  // before the node is published
+  return node;
+}
+
+void Register(ContextNode* node) {
   ContextNode* reg = node->registrar();
-  if (reg == nullptr) return node;  // the parent can never be cancelled
+  if (reg == nullptr) return;  // the parent can never be cancelled
   const absl::Status* err;
   absl::Status cause;
   {
     SpinLockHolder lock(&reg->mu);
     if ((reg->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
-      node->next_sibling = reg->first_child;
-      if (reg->first_child != nullptr) reg->first_child->prev_sibling = node;
-      reg->first_child = node;
-      node->linked = true;
-      return node;
+      // A node whose deadline fired already stays out: the Unlink of that cancellation
+      // comes after this lock (or came before it, and its mark is visible here).
+      if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
+        node->next_sibling = reg->first_child;
+        if (reg->first_child != nullptr) reg->first_child->prev_sibling = node;
+        reg->first_child = node;
+        node->linked = true;
+      }
+      return;
     }
     err = reg->err;
     cause = reg->cause;
   }
   CancelTree(node, err, cause);
+}
+
+ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs) {
+  ContextNode* node = NewCancellableNode(parent, deadline, refs);
+  Register(node);
   return node;
 }
 
@@ -480,16 +494,13 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
   // not later serves the child too, with no timer of its own.
   const bool past = deadline <= now;
   if (!past && deadline >= p->deadline) return WithCancel(parent);
-  ContextNode* node = internal::NewCancellableChild(p, std::min(deadline, p->deadline));
+  // Two references: one for the context, one for the cancel function.
+  ContextNode* node = internal::NewCancellableNode(p, std::min(deadline, p->deadline), /*refs=*/2);
   node->deadline_cause = std::move(cause);  // before anyone can fire; OK = DeadlineError
-  Context ctx = internal::AdoptNode(node);
-  if (past) {
-    internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
-  } else if (!ctx.IsCancelled()) {
-    // The callback holds no reference (the node may die first); Destroy cancels the timer
-    // with CancelSync, so `node` is valid whenever the callback runs. If the parent
-    // cancels the node before the id is stored, the timer stays armed and later finds
-    // the node cancelled (a no-op), or Destroy removes it.
+  if (!past) {
+    // Armed before the node is published, so that a parent's cancel always finds the id
+    // and stops the timer. The callback holds no reference (the node may die first);
+    // Destroy cancels the timer with CancelSync, so `node` is valid whenever it runs.
     node->timer.store(node->Timers().Schedule(deadline,
                                               [node] {
                                                 if (!internal::TryRef(node)) return;
@@ -500,7 +511,12 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
                                               }),
                       std::memory_order_relaxed);
   }
-  CancelFunc cancel = internal::MakeCancelFunc(ctx);
+  // The handles first: returning them right after they are built would read them back
+  // before their stores complete (a store-forwarding stall of a few ns).
+  Context ctx = internal::AdoptNode(node);
+  CancelFunc cancel = internal::MakeCancelFunc(internal::AdoptNode(node));
+  internal::Register(node);
+  if (past) internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
   return {std::move(ctx), std::move(cancel)};
 }
 

@@ -588,6 +588,47 @@ TEST(ContextRaceTest, CancelRacingDeadlineThenDrop) {
   EXPECT_EQ(alive.use_count(), 1);
 }
 
+TEST_F(FakeTimeTest, DeadlineTimerArmedWhileParentCancelsIsDisarmed) {
+  // The parent's cancel lands while WithTimeout arms the child's timer (the canceller
+  // starts a little later each round, to sweep the window): whichever comes first, no
+  // timer may stay pending for the cancelled child.
+  // Timers that never fire make arming slower (a deeper heap), so the window is wider.
+  for (int i = 0; i < 100'000; ++i) timers_->Schedule(absl::InfiniteFuture(), [] {});
+  const size_t never = timers_->Pending();
+  int left_armed = 0;
+  for (int round = 0; round < 4000; ++round) {
+    CancelableContext parent = WithCancel(root_);
+    std::atomic<bool> go{false};
+    std::thread canceller([&go, round, cancel = parent.cancel] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      std::atomic<int> spin{0};
+      while (spin.fetch_add(1, std::memory_order_relaxed) < round % 200) {
+      }
+      cancel();
+    });
+    go.store(true, std::memory_order_release);
+    CancelableContext child = WithTimeout(parent.context, absl::Hours(1));
+    canceller.join();
+    EXPECT_TRUE(child.context.IsCancelled());
+    if (timers_->Pending() != never) ++left_armed;
+  }
+  EXPECT_EQ(left_armed, 0);
+}
+
+TEST(ContextRaceTest, DeadlineFiringBeforeRegistrationKeepsParentListSound) {
+  // A deadline 1 ns ahead can fire on the timer thread before WithTimeout has linked the
+  // child into its parent's list; the child must then stay out of it (ASan would catch
+  // the parent's cancel walking into a freed child).
+  std::unique_ptr<TimerService> timers = *TimerService::Create();
+  CancelableContext parent = WithCancel(BackgroundWithTimers(timers.get()));
+  for (int round = 0; round < 2000; ++round) {
+    CancelableContext child = WithTimeout(parent.context, absl::Nanoseconds(1));
+  }
+  parent.cancel();
+  EXPECT_TRUE(WithCancel(parent.context).context.IsCancelled());
+}
+
 TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {
   auto [ctx, cancel] = WithCancel(Background());
   std::vector<std::thread> waiters;

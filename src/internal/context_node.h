@@ -94,8 +94,9 @@ struct ContextNode {
   absl::Status cause ABSL_GUARDED_BY(mu);
   ContextNode* first_child ABSL_GUARDED_BY(mu) = nullptr;
   std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
-  // A (relaxed): the deadline timer. Stored once by WithDeadline after arming; reset to 0
-  // by CancelTree when its Cancel stopped the timer. While non-zero, the callback may be
+  // A (relaxed): the deadline timer. Stored once by WithDeadline after arming, before
+  // Register publishes the node (so a parent's cancel always sees it); reset to 0 by
+  // CancelTree when its Cancel stopped the timer. While non-zero, the callback may be
   // pending or running, so Destroy must CancelSync it before freeing the node.
   std::atomic<TimerId> timer{0};
 
@@ -132,8 +133,15 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
 void AwaitSubtreeCancelled(ContextNode* node);
 
 // Creates a cancellable child of `parent` (`refs` references, owned by the caller) with
-// the effective deadline `deadline` and registers it, cancelling it at once when the
-// parent is already done. Arms no timer.
+// the effective deadline `deadline`, not yet registered with its registrar.
+ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs = 1);
+
+// Publishes a node made by NewCancellableNode: links it into its registrar's child list,
+// or cancels it at once when the registrar is already done. A node that is cancelled
+// already (its deadline fired) is left out of the list.
+void Register(ContextNode* node);
+
+// NewCancellableNode and Register. Arms no timer.
 ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs = 1);
 
 }  // namespace kwq::internal
