@@ -76,6 +76,16 @@ void Unlink(ContextNode* node) {
   node->linked = false;
 }
 
+// Stops the AfterFuncs tied to a dying value node (its canceller, an ancestor, is alive).
+void StopTiedFuncs(ContextNode* node) {
+  std::list<std::shared_ptr<AfterFuncRecord>> tied;
+  {
+    SpinLockHolder lock(&node->mu);
+    tied.swap(node->after_funcs);
+  }
+  for (auto& record : tied) StopAfterFunc(*record, node->canceller);
+}
+
 // Frees `node` and then every ancestor whose last reference was the child's, in a loop:
 // a chain of any depth is freed with constant stack.
 void Destroy(ContextNode* node) {
@@ -83,6 +93,7 @@ void Destroy(ContextNode* node) {
     // First the attachment: a std::stop_callback's destructor waits for a callback that
     // is running on another thread, whose TryRef fails from now on.
     node->attachment.reset();
+    if (node->canceller != nullptr && !node->cancellable()) StopTiedFuncs(node);
     if (node->cancellable()) {
       // A cancelled node was unlinked by whoever cancelled it (CancelTree unlinks the
       // node it starts from; a parent's cancel detaches its children) or never linked
@@ -274,6 +285,48 @@ ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32
   return node;
 }
 
+bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record) {
+  if (c == nullptr) return false;  // never cancelled: never runs
+  {
+    SpinLockHolder lock(&c->mu);
+    if ((c->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
+      c->after_funcs.push_back(record);
+      record->it = std::prev(c->after_funcs.end());
+      record->linked = true;
+      return true;
+    }
+  }
+  AwaitSubtreeCancelled(c);  // a cancel in progress marks the rest first
+  RunAfterFunc(*record);
+  return false;
+}
+
+bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner) {
+  int expected = AfterFuncRecord::kPending;
+  if (!record.state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
+                                            std::memory_order_acq_rel)) {
+    return false;
+  }
+  if (owner != nullptr) {
+    std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
+    SpinLockHolder lock(&owner->mu);
+    if (record.linked) {
+      doomed = std::move(*record.it);
+      owner->after_funcs.erase(record.it);
+      record.linked = false;
+    }
+  }
+  return true;
+}
+
+void AfterFuncFreedWithNode(ContextNode* node, absl::AnyInvocable<void()> fn) {
+  auto record = std::make_shared<AfterFuncRecord>(std::move(fn));
+  // A cancellable node frees its own list; a value node's records live on its canceller.
+  if (!AddAfterFunc(node->canceller, record) || node->cancellable()) return;
+  SpinLockHolder lock(&node->mu);
+  node->after_funcs.push_back(std::move(record));
+}
+
 CancelFunc MakeCancelFunc(Context ctx) { return CancelFunc(std::move(ctx)); }
 
 ContextNode* NodeOf(const Context& ctx) { return ctx.node(); }
@@ -420,43 +473,12 @@ void CancelFunc::operator()(absl::Status cause) const {
 
 bool AfterFuncHandle::Stop() const {
   if (record_ == nullptr) return false;
-  int expected = internal::AfterFuncRecord::kPending;
-  if (!record_->state.compare_exchange_strong(expected, internal::AfterFuncRecord::kStopped,
-                                              std::memory_order_acq_rel)) {
-    return false;
-  }
-  ContextNode* owner = internal::NodeOf(owner_)->canceller;
-  if (owner != nullptr) {
-    std::shared_ptr<internal::AfterFuncRecord> doomed;  // freed after the lock
-    internal::SpinLockHolder lock(&owner->mu);
-    if (record_->linked) {
-      doomed = std::move(*record_->it);
-      owner->after_funcs.erase(record_->it);
-      record_->linked = false;
-    }
-  }
-  return true;
+  return internal::StopAfterFunc(*record_, internal::NodeOf(owner_)->canceller);
 }
 
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
   auto record = std::make_shared<internal::AfterFuncRecord>(std::move(fn));
-  ContextNode* c = internal::NodeOf(ctx)->canceller;
-  if (c != nullptr) {
-    bool done;
-    {
-      internal::SpinLockHolder lock(&c->mu);
-      done = (c->state.load(std::memory_order_relaxed) & internal::kCancelledBit) != 0;
-      if (!done) {
-        c->after_funcs.push_back(record);
-        record->it = std::prev(c->after_funcs.end());
-        record->linked = true;
-      }
-    }
-    if (done) {
-      internal::AwaitSubtreeCancelled(c);  // a cancel in progress marks the rest first
-      internal::RunAfterFunc(*record);
-    }
-  }
+  internal::AddAfterFunc(internal::NodeOf(ctx)->canceller, record);
   return AfterFuncHandle(std::move(record), ctx);
 }
 

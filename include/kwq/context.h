@@ -252,6 +252,11 @@ Context WithoutCancel(const Context& parent);
 // another on the cancelling thread: one must not wait for another. An exception thrown by
 // `fn` is caught and reported on stderr; cancellation of the rest of the tree continues.
 // On a context that can never be cancelled, `fn` never runs.
+// The registration lives on the nearest cancellable context at or above `ctx` (a
+// WithValue context has no cancellation of its own): it is freed when `fn` has run, by
+// Stop, or when that context is freed uncancelled (then `fn` never runs). So AfterFuncs
+// registered per request through WithValue contexts of a long-lived root accumulate on
+// the root until they run or are stopped.
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
 
 // ---- implementation details ----

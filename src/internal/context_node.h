@@ -82,7 +82,7 @@ struct ContextNode {
   std::unique_ptr<ContextAttachment> attachment;  // I (destroyed first by Destroy)
   absl::Status deadline_cause;                    // I: Cause() when the deadline fires
 
-  // Cancellable nodes only.
+  // Cancellable nodes only (except mu and after_funcs: see there).
   // A: kCancelledBit set once with release (under mu); kSubtreeCancelledBit set once with
   // release, with it or later by the same thread; the waiter bits set by waiters
   // (acquire) before they sleep.
@@ -93,6 +93,9 @@ struct ContextNode {
   // Cause() when it differs from *err; OK means "the same as *err".
   absl::Status cause ABSL_GUARDED_BY(mu);
   ContextNode* first_child ABSL_GUARDED_BY(mu) = nullptr;
+  // Cancellable nodes: the AfterFuncs registered on this node. Value nodes: those
+  // registered through this node by AfterFuncFreedWithNode, which live on the
+  // canceller's list (their `it` and `linked` are about that list); Destroy stops them.
   std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
   // A (relaxed): the deadline timer. Stored once by WithDeadline after arming, before
   // Register publishes the node (so a parent's cancel always sees it); reset to 0 by
@@ -131,6 +134,21 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
 // Blocks until every descendant of `node`, which must be marked cancelled, is marked too.
 // The caller holds a reference to `node` and no node lock.
 void AwaitSubtreeCancelled(ContextNode* node);
+
+// Registers `record` on `c`, the canceller of a context, and returns true; or, when `c` is
+// done, runs it at once (after AwaitSubtreeCancelled) and returns false; or, when `c` is
+// null (never cancelled), returns false.
+bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record);
+
+// Stops `record`, registered on `owner` (or null), unless it started or was stopped:
+// returns true when this call stopped it. Never blocks on the function.
+bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner);
+
+// AfterFunc(node's context, fn) whose registration is freed with `node` when `node` dies
+// first, also for a value node (whose AfterFuncs otherwise live on the canceller, an
+// ancestor, until it is cancelled or freed). For links that exist only for `node`
+// (ToStopToken). The caller holds a reference to `node`.
+void AfterFuncFreedWithNode(ContextNode* node, absl::AnyInvocable<void()> fn);
 
 // Creates a cancellable child of `parent` (`refs` references, owned by the caller) with
 // the effective deadline `deadline`, not yet registered with its registrar.
