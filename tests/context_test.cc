@@ -364,6 +364,25 @@ TEST(AfterFuncTest, ThrowingCallbackDoesNotStopTheCancel) {
   EXPECT_TRUE(child.IsCancelled());
 }
 
+TEST(AfterFuncTest, SelfCaptureIsReleasedByStopOrCancel) {
+  // An AfterFunc holding its own context is a reference cycle (context.h); Stop or a
+  // cancel breaks it, and everything is freed (LeakSanitizer checks the nodes too).
+  auto alive = std::make_shared<int>(0);
+  {
+    auto [ctx, cancel] = WithCancel(Background());
+    AfterFuncHandle handle = AfterFunc(ctx, [ctx = ctx, alive] { (void)ctx.Err(); });
+    EXPECT_TRUE(handle.Stop());
+  }
+  EXPECT_EQ(alive.use_count(), 1);
+  {
+    auto [ctx, cancel] = WithCancel(Background());
+    Context v = WithValue(ctx, kAttempt, 1);
+    AfterFunc(v, [v = v, alive] { (void)v.Err(); });
+    cancel();
+  }
+  EXPECT_EQ(alive.use_count(), 1);
+}
+
 TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {
   auto [ctx, cancel] = WithCancel(Background());
   std::thread canceller([cancel = cancel] { cancel(); });

@@ -175,7 +175,8 @@ class DoneSignal {
   void Wait() const;
   // Blocks until the context is done or `timeout` (real time) passes. Returns HasFired().
   bool WaitFor(absl::Duration timeout) const;
-  // Runs `fn` once when the context is done: AfterFunc(context, fn).
+  // Runs `fn` once when the context is done: AfterFunc(context, fn) (see there for the
+  // reference cycle an `fn` holding this context's handle makes).
   AfterFuncHandle OnDone(absl::AnyInvocable<void()> fn) const;
 
  private:
@@ -257,6 +258,16 @@ Context WithoutCancel(const Context& parent);
 // Stop, or when that context is freed uncancelled (then `fn` never runs). So AfterFuncs
 // registered per request through WithValue contexts of a long-lived root accumulate on
 // the root until they run or are stopped.
+//
+// Reference cycle: the registration owns `fn`, so an `fn` that holds a handle (Context,
+// CancelFunc, DoneSignal, AfterFuncHandle) of `ctx` - as Go code routinely captures ctx -
+// or of any context at or below the one holding the registration keeps that context
+// alive through its own registration. If it is never cancelled and the registration is
+// never stopped, neither it, its ancestors nor `fn` are ever freed. Break the cycle as Go
+// code does anyway: call the cancel function when the work is done (Go's `defer
+// cancel()`) or Stop() the registration; or capture only what `fn` needs (values, a
+// pointer to a Context that outlives the registration, a handle of an ancestor of the
+// context holding the registration).
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
 
 // ---- implementation details ----
