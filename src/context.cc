@@ -1,5 +1,6 @@
 #include "kwq/context.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <vector>
@@ -75,6 +76,16 @@ void Unlink(ContextNode* node) {
   node->linked = false;
 }
 
+// Stops the AfterFuncs tied to a dying value node (its canceller, an ancestor, is alive).
+void StopTiedFuncs(ContextNode* node) {
+  std::list<std::shared_ptr<AfterFuncRecord>> tied;
+  {
+    SpinLockHolder lock(&node->mu);
+    tied.swap(node->after_funcs);
+  }
+  for (auto& record : tied) StopAfterFunc(*record, node->canceller);
+}
+
 // Frees `node` and then every ancestor whose last reference was the child's, in a loop:
 // a chain of any depth is freed with constant stack.
 void Destroy(ContextNode* node) {
@@ -82,9 +93,11 @@ void Destroy(ContextNode* node) {
     // First the attachment: a std::stop_callback's destructor waits for a callback that
     // is running on another thread, whose TryRef fails from now on.
     node->attachment.reset();
+    if (node->canceller != nullptr && !node->cancellable()) StopTiedFuncs(node);
     if (node->cancellable()) {
       // A cancelled node was unlinked by whoever cancelled it (CancelTree unlinks the
-      // node it starts from; a parent's cancel detaches its children), so only a live
+      // node it starts from; a parent's cancel detaches its children) or never linked
+      // (Register leaves out a node whose deadline fired first), so only a live
       // node needs its registrar's lock. The canceller's reference, released with
       // acq_rel, orders that unlink before this load.
       if ((node->state.load(std::memory_order_acquire) & kCancelledBit) == 0) Unlink(node);
@@ -126,72 +139,192 @@ bool TryRef(ContextNode* node) {
   return false;
 }
 
-void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause) {
-  Unlink(start);
-  // Every entry but `start` (which the caller keeps alive) holds one reference.
-  absl::InlinedVector<ContextNode*, 16> work{start};
-  std::list<std::shared_ptr<AfterFuncRecord>> funcs;
-  while (!work.empty()) {
-    ContextNode* node = work.back();
-    work.pop_back();
-    TimerId timer = 0;
-    bool waiters = false;
-    {
-      SpinLockHolder lock(&node->mu);
-      if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
-        node->err = err;
-        node->cause = cause;
-        waiters =
-            (node->state.fetch_or(kCancelledBit, std::memory_order_release) & kWaitersBit) != 0;
-        for (ContextNode* child = node->first_child; child != nullptr;) {
-          ContextNode* next = child->next_sibling;
-          child->prev_sibling = child->next_sibling = nullptr;
-          child->linked = false;
-          // A child whose count reached zero is being destroyed; it is unlinked now and
-          // its Destroy will not touch this list.
-          if (TryRef(child)) work.push_back(child);
-          child = next;
-        }
-        node->first_child = nullptr;
-        for (auto& record : node->after_funcs) record->linked = false;
-        funcs.swap(node->after_funcs);
-        timer = node->timer.load(std::memory_order_relaxed);
+namespace {
+
+// One cancellation's marking of `node`: unless another one marked it first, sets err,
+// cause and kCancelledBit (and kSubtreeCancelledBit when no child is left to mark), moves
+// its children to `work` (one reference each; children being destroyed are only
+// detached) and its AfterFunc records to the end of `funcs`, and returns nullptr. When
+// `node` was marked already, returns the start of the cancellation to wait for, or
+// nullptr when its subtree is marked.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline ContextNode* Mark(
+    ContextNode* node, ContextNode* start, const absl::Status* err, const absl::Status& cause,
+    absl::InlinedVector<ContextNode*, 16>& work, std::list<std::shared_ptr<AfterFuncRecord>>& funcs)
+    ABSL_LOCKS_EXCLUDED(node->mu) {
+  TimerId timer;
+  uint32_t before;
+  {
+    SpinLockHolder lock(&node->mu);
+    const uint32_t s = node->state.load(std::memory_order_relaxed);
+    if ((s & kCancelledBit) != 0) {
+      return (s & kSubtreeCancelledBit) != 0 ? nullptr : node->marked_by;
+    }
+    node->err = err;
+    node->cause = cause;
+    node->marked_by = start;
+    const size_t depth = work.size();
+    for (ContextNode* child = node->first_child; child != nullptr;) {
+      ContextNode* next = child->next_sibling;
+      child->prev_sibling = child->next_sibling = nullptr;
+      child->linked = false;
+      // A child whose count reached zero is being destroyed; it is unlinked now and
+      // its Destroy will not touch this list.
+      if (TryRef(child)) work.push_back(child);
+      child = next;
+    }
+    node->first_child = nullptr;
+    const bool complete = work.size() == depth;  // no child left to mark
+    before = node->state.fetch_or(complete ? kCancelledBit | kSubtreeCancelledBit : kCancelledBit,
+                                  std::memory_order_release);
+    for (auto& record : node->after_funcs) record->linked = false;
+    funcs.splice(funcs.end(), node->after_funcs);
+    timer = node->timer.load(std::memory_order_relaxed);
+  }
+  // A timer stopped here can never run, so Destroy need not wait for it; one that could
+  // not be stopped is running (or ran) and Destroy's CancelSync waits it out.
+  if (timer != 0 && node->Timers().Cancel(timer)) {
+    node->timer.compare_exchange_strong(timer, 0, std::memory_order_relaxed);
+  }
+  if ((before & kWaitersBit) != 0) FutexWakeAll(&node->state);
+  return nullptr;
+}
+
+// Blocks until `start`, the start of a cancellation, has kSubtreeCancelledBit.
+void AwaitCancellation(ContextNode* start) {
+  uint32_t s = start->state.load(std::memory_order_acquire);
+  while ((s & kSubtreeCancelledBit) == 0) {
+    if ((s & kSubtreeWaitersBit) == 0) {
+      if (!start->state.compare_exchange_weak(s, s | kSubtreeWaitersBit,
+                                              std::memory_order_acquire)) {
+        continue;
       }
+      s |= kSubtreeWaitersBit;
     }
-    // A timer stopped here can never run, so Destroy need not wait for it; one that could
-    // not be stopped is running (or ran) and Destroy's CancelSync waits it out.
-    if (timer != 0 && node->Timers().Cancel(timer)) {
-      node->timer.compare_exchange_strong(timer, 0, std::memory_order_relaxed);
-    }
-    if (waiters) FutexWakeAll(&node->state);
-    for (auto& record : funcs) RunAfterFunc(*record);
-    funcs.clear();
-    if (node != start) Unref(node);
+    FutexWait(&start->state, s, absl::InfiniteDuration());
+    s = start->state.load(std::memory_order_acquire);
   }
 }
 
-ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs) {
+}  // namespace
+
+void AwaitSubtreeCancelled(ContextNode* node) {
+  if ((node->state.load(std::memory_order_acquire) & kSubtreeCancelledBit) != 0) return;
+  ContextNode* start;
+  {
+    SpinLockHolder lock(&node->mu);
+    start = node->marked_by;
+  }
+  AwaitCancellation(start);
+}
+
+// Two phases. First every node of the subtree is marked, iteratively; a node some other
+// cancellation marked first is waited for (that cancellation's start gets
+// kSubtreeCancelledBit once its marking is done, never later: waits only go down the
+// tree, so they cannot form a cycle). Only then does `start` get kSubtreeCancelledBit and
+// leave its registrar's list, and do the AfterFuncs run: a parent's cancel finds `start`
+// either in its list (and waits) or gone with its subtree marked, and an AfterFunc may
+// wait on any descendant's Done.
+void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause) {
+  absl::InlinedVector<ContextNode*, 16> work;  // each holds one reference
+  std::list<std::shared_ptr<AfterFuncRecord>> funcs;
+  if (ContextNode* other = Mark(start, start, err, cause, work, funcs)) {
+    AwaitCancellation(other);  // being cancelled elsewhere: wait for its marking only
+    return;
+  }
+  // (Mark also returns nullptr for a `start` whose subtree another cancellation has
+  // marked already: what follows is then a no-op.)
+  const bool complete = work.empty();  // Mark set kSubtreeCancelledBit already
+  while (!work.empty()) {
+    ContextNode* node = work.back();
+    work.pop_back();
+    if (ContextNode* other = Mark(node, start, err, cause, work, funcs)) AwaitCancellation(other);
+    Unref(node);
+  }
+  if (!complete && (start->state.fetch_or(kSubtreeCancelledBit, std::memory_order_release) &
+                    kSubtreeWaitersBit) != 0) {
+    FutexWakeAll(&start->state);
+  }
+  Unlink(start);
+  for (auto& record : funcs) RunAfterFunc(*record);
+}
+
+ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs) {
   Ref(parent);
   auto* node = new ContextNode(parent, CancelSource::kOwn, parent->timers, deadline);
   node->refs.store(refs, std::memory_order_relaxed);  // before the node is published
+  return node;
+}
+
+void Register(ContextNode* node) {
   ContextNode* reg = node->registrar();
-  if (reg == nullptr) return node;  // the parent can never be cancelled
+  if (reg == nullptr) return;  // the parent can never be cancelled
   const absl::Status* err;
   absl::Status cause;
   {
     SpinLockHolder lock(&reg->mu);
     if ((reg->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
-      node->next_sibling = reg->first_child;
-      if (reg->first_child != nullptr) reg->first_child->prev_sibling = node;
-      reg->first_child = node;
-      node->linked = true;
-      return node;
+      // A node whose deadline fired already stays out: the Unlink of that cancellation
+      // comes after this lock (or came before it, and its mark is visible here).
+      if ((node->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
+        node->next_sibling = reg->first_child;
+        if (reg->first_child != nullptr) reg->first_child->prev_sibling = node;
+        reg->first_child = node;
+        node->linked = true;
+      }
+      return;
     }
     err = reg->err;
     cause = reg->cause;
   }
   CancelTree(node, err, cause);
+}
+
+ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs) {
+  ContextNode* node = NewCancellableNode(parent, deadline, refs);
+  Register(node);
   return node;
+}
+
+bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record) {
+  if (c == nullptr) return false;  // never cancelled: never runs
+  {
+    SpinLockHolder lock(&c->mu);
+    if ((c->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
+      c->after_funcs.push_back(record);
+      record->it = std::prev(c->after_funcs.end());
+      record->linked = true;
+      return true;
+    }
+  }
+  AwaitSubtreeCancelled(c);  // a cancel in progress marks the rest first
+  RunAfterFunc(*record);
+  return false;
+}
+
+bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner) {
+  int expected = AfterFuncRecord::kPending;
+  if (!record.state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
+                                            std::memory_order_acq_rel)) {
+    return false;
+  }
+  if (owner != nullptr) {
+    std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
+    SpinLockHolder lock(&owner->mu);
+    if (record.linked) {
+      doomed = std::move(*record.it);
+      owner->after_funcs.erase(record.it);
+      record.linked = false;
+    }
+  }
+  return true;
+}
+
+void AfterFuncFreedWithNode(ContextNode* node, absl::AnyInvocable<void()> fn) {
+  auto record = std::make_shared<AfterFuncRecord>(std::move(fn));
+  // A cancellable node frees its own list; a value node's records live on its canceller.
+  if (!AddAfterFunc(node->canceller, record) || node->cancellable()) return;
+  SpinLockHolder lock(&node->mu);
+  node->after_funcs.push_back(std::move(record));
 }
 
 CancelFunc MakeCancelFunc(Context ctx) { return CancelFunc(std::move(ctx)); }
@@ -331,7 +464,8 @@ AfterFuncHandle DoneSignal::OnDone(absl::AnyInvocable<void()> fn) const {
 void CancelFunc::operator()(absl::Status cause) const {
   ContextNode* node = ctx_.node();
   if (!node->cancellable()) return;  // default-constructed CancelFunc: Background
-  if ((node->state.load(std::memory_order_acquire) & internal::kCancelledBit) != 0) return;
+  // Done when the whole subtree is marked; a cancel in progress elsewhere is waited for.
+  if ((node->state.load(std::memory_order_acquire) & internal::kSubtreeCancelledBit) != 0) return;
   internal::CancelTree(node, &internal::CanceledError(), cause);
 }
 
@@ -339,40 +473,12 @@ void CancelFunc::operator()(absl::Status cause) const {
 
 bool AfterFuncHandle::Stop() const {
   if (record_ == nullptr) return false;
-  int expected = internal::AfterFuncRecord::kPending;
-  if (!record_->state.compare_exchange_strong(expected, internal::AfterFuncRecord::kStopped,
-                                              std::memory_order_acq_rel)) {
-    return false;
-  }
-  ContextNode* owner = internal::NodeOf(owner_)->canceller;
-  if (owner != nullptr) {
-    std::shared_ptr<internal::AfterFuncRecord> doomed;  // freed after the lock
-    internal::SpinLockHolder lock(&owner->mu);
-    if (record_->linked) {
-      doomed = std::move(*record_->it);
-      owner->after_funcs.erase(record_->it);
-      record_->linked = false;
-    }
-  }
-  return true;
+  return internal::StopAfterFunc(*record_, internal::NodeOf(owner_)->canceller);
 }
 
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
   auto record = std::make_shared<internal::AfterFuncRecord>(std::move(fn));
-  ContextNode* c = internal::NodeOf(ctx)->canceller;
-  if (c != nullptr) {
-    bool done;
-    {
-      internal::SpinLockHolder lock(&c->mu);
-      done = (c->state.load(std::memory_order_relaxed) & internal::kCancelledBit) != 0;
-      if (!done) {
-        c->after_funcs.push_back(record);
-        record->it = std::prev(c->after_funcs.end());
-        record->linked = true;
-      }
-    }
-    if (done) internal::RunAfterFunc(*record);
-  }
+  internal::AddAfterFunc(internal::NodeOf(ctx)->canceller, record);
   return AfterFuncHandle(std::move(record), ctx);
 }
 
@@ -405,17 +511,18 @@ namespace {
 CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, absl::Time now,
                                  absl::Status cause) {
   ContextNode* p = internal::NodeOf(parent);
-  if (deadline >= p->deadline) return WithCancel(parent);  // the parent's is earlier
-  ContextNode* node = internal::NewCancellableChild(p, deadline);
+  // A deadline not in the future cancels at once, even when the parent's is earlier (it
+  // may have passed with its timer still to run). Otherwise a parent's deadline that is
+  // not later serves the child too, with no timer of its own.
+  const bool past = deadline <= now;
+  if (!past && deadline >= p->deadline) return WithCancel(parent);
+  // Two references: one for the context, one for the cancel function.
+  ContextNode* node = internal::NewCancellableNode(p, std::min(deadline, p->deadline), /*refs=*/2);
   node->deadline_cause = std::move(cause);  // before anyone can fire; OK = DeadlineError
-  Context ctx = internal::AdoptNode(node);
-  if (deadline <= now) {
-    internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
-  } else if (!ctx.IsCancelled()) {
-    // The callback holds no reference (the node may die first); Destroy cancels the timer
-    // with CancelSync, so `node` is valid whenever the callback runs. If the parent
-    // cancels the node before the id is stored, the timer stays armed and later finds
-    // the node cancelled (a no-op), or Destroy removes it.
+  if (!past) {
+    // Armed before the node is published, so that a parent's cancel always finds the id
+    // and stops the timer. The callback holds no reference (the node may die first);
+    // Destroy cancels the timer with CancelSync, so `node` is valid whenever it runs.
     node->timer.store(node->Timers().Schedule(deadline,
                                               [node] {
                                                 if (!internal::TryRef(node)) return;
@@ -426,7 +533,12 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
                                               }),
                       std::memory_order_relaxed);
   }
-  CancelFunc cancel = internal::MakeCancelFunc(ctx);
+  // The handles first: returning them right after they are built would read them back
+  // before their stores complete (a store-forwarding stall of a few ns).
+  Context ctx = internal::AdoptNode(node);
+  CancelFunc cancel = internal::MakeCancelFunc(internal::AdoptNode(node));
+  internal::Register(node);
+  if (past) internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
   return {std::move(ctx), std::move(cancel)};
 }
 

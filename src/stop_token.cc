@@ -38,7 +38,10 @@ class StopTokenLink final : public internal::ContextAttachment {
 std::stop_token ToStopToken(const Context& ctx) {
   std::stop_source source;
   std::stop_token token = source.get_token();
-  AfterFunc(ctx, [source = std::move(source)]() mutable { source.request_stop(); });
+  // Freed with ctx's node, also when ctx is a value context whose AfterFuncs would
+  // otherwise stay on a long-lived cancellable ancestor.
+  internal::AfterFuncFreedWithNode(
+      internal::NodeOf(ctx), [source = std::move(source)]() mutable { source.request_stop(); });
   return token;
 }
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <latch>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,6 +87,38 @@ TEST(WithCancelTest, ChildOfCancelledParentIsBornCancelled) {
   auto [child, cancel_child] = WithCancel(parent);
   EXPECT_TRUE(child.IsCancelled());
   EXPECT_EQ(child.Cause(), absl::AbortedError("gone"));
+}
+
+TEST(WithCancelTest, CancelFromAfterFuncReturnsWithSubtreeCancelled) {
+  // The AfterFunc of `parent` runs while its cancel is still in progress; a second cancel
+  // made from it must not return before the child is cancelled too.
+  CancelableContext parent = WithCancel(Background());
+  CancelableContext child = WithCancel(parent.context);
+  bool child_cancelled = false;
+  AfterFunc(parent.context, [&] {
+    parent.cancel();
+    child_cancelled = child.context.IsCancelled();
+  });
+  parent.cancel();
+  EXPECT_TRUE(child_cancelled);
+}
+
+TEST(WithCancelTest, AfterFuncMayWaitForADescendant) {
+  // Every descendant is cancelled before any AfterFunc of the tree runs, so an AfterFunc
+  // that waits for a child's Done does not wait for its own thread.
+  CancelableContext root = WithCancel(Background());
+  CancelableContext child = WithCancel(root.context);
+  Context grandchild = WithValue(WithCancel(child.context).context, kAttempt, 1);
+  bool child_done = false;
+  bool grandchild_done = false;
+  AfterFunc(root.context, [&] {
+    // Bounded only so that a regression fails instead of hanging.
+    child_done = child.context.Done().WaitFor(absl::Seconds(5));
+    grandchild_done = grandchild.IsCancelled();
+  });
+  root.cancel();
+  EXPECT_TRUE(child_done);
+  EXPECT_TRUE(grandchild_done);
 }
 
 TEST(WithCancelTest, DeepChainCancelsWithBoundedStack) {
@@ -219,6 +252,33 @@ TEST_F(FakeTimeTest, PastDeadlineCancelsAtOnce) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+TEST_F(FakeTimeTest, PastDeadlineCancelsAtOnceWhileParentDeadlineIsDue) {
+  // The parent's deadline has passed but its timer has not run yet (a timer scheduled
+  // before it at the same instant runs first): a child whose own deadline is not in the
+  // future must still be cancelled before WithDeadline returns, with its own cause.
+  const absl::Time due = clock_.Now() + absl::Seconds(1);
+  CancelableContext parent;
+  bool parent_live = false;
+  bool child_cancelled = false;
+  absl::Status child_err;
+  absl::Status child_cause;
+  timers_->Schedule(due, [&] {
+    parent_live = !parent.context.IsCancelled();
+    CancelableContext child =
+        WithDeadline(parent.context, clock_.Now(), absl::ResourceExhaustedError("mine"));
+    child_cancelled = child.context.IsCancelled();
+    child_err = child.context.Err();
+    child_cause = child.context.Cause();
+  });
+  parent = WithDeadline(root_, due);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(parent_live);  // the case under test
+  EXPECT_TRUE(child_cancelled);
+  EXPECT_EQ(child_err.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(child_cause, absl::ResourceExhaustedError("mine"));
+  EXPECT_TRUE(parent.context.IsCancelled());
+}
+
 TEST_F(FakeTimeTest, InfiniteTimeoutMeansNoDeadline) {
   auto [ctx, cancel] = WithTimeout(root_, absl::InfiniteDuration());
   EXPECT_EQ(ctx.Deadline(), absl::InfiniteFuture());
@@ -304,6 +364,25 @@ TEST(AfterFuncTest, ThrowingCallbackDoesNotStopTheCancel) {
   EXPECT_TRUE(child.IsCancelled());
 }
 
+TEST(AfterFuncTest, SelfCaptureIsReleasedByStopOrCancel) {
+  // An AfterFunc holding its own context is a reference cycle (context.h); Stop or a
+  // cancel breaks it, and everything is freed (LeakSanitizer checks the nodes too).
+  auto alive = std::make_shared<int>(0);
+  {
+    auto [ctx, cancel] = WithCancel(Background());
+    AfterFuncHandle handle = AfterFunc(ctx, [ctx = ctx, alive] { (void)ctx.Err(); });
+    EXPECT_TRUE(handle.Stop());
+  }
+  EXPECT_EQ(alive.use_count(), 1);
+  {
+    auto [ctx, cancel] = WithCancel(Background());
+    Context v = WithValue(ctx, kAttempt, 1);
+    AfterFunc(v, [v = v, alive] { (void)v.Err(); });
+    cancel();
+  }
+  EXPECT_EQ(alive.use_count(), 1);
+}
+
 TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {
   auto [ctx, cancel] = WithCancel(Background());
   std::thread canceller([cancel = cancel] { cancel(); });
@@ -362,6 +441,53 @@ TEST(ContextRaceTest, ParentAndChildCancelledAtOnce) {
   }
 }
 
+TEST(ContextRaceTest, EveryCancelReturnsAfterItsSubtreeIsCancelled) {
+  // A cancels the parent while B cancels the child above a chain: whichever marks the
+  // chain, neither cancel may return before the bottom of the chain is cancelled. The
+  // chain is long enough for the two cancels to overlap.
+  std::atomic<int> early{0};
+  for (int round = 0; round < 200; ++round) {
+    CancelableContext parent = WithCancel(Background());
+    CancelableContext child = WithCancel(parent.context);
+    std::vector<Context> chain{child.context};
+    for (int i = 0; i < 1000; ++i) chain.push_back(WithCancel(chain.back()).context);
+    const Context& bottom = chain.back();
+    std::latch go(2);
+    auto cancel_then_check = [&](CancelFunc cancel) {
+      go.arrive_and_wait();
+      cancel();
+      if (!bottom.IsCancelled()) ++early;
+    };
+    std::thread a(cancel_then_check, parent.cancel);
+    std::thread b(cancel_then_check, child.cancel);
+    a.join();
+    b.join();
+  }
+  EXPECT_EQ(early.load(), 0);
+}
+
+TEST(ContextRaceTest, ParentCancelReturnsAfterSubtreeMarkedByAnotherCanceller) {
+  // Thread B cancels `mid` and blocks in mid's AfterFunc. The parent's cancel must still
+  // return only once `leaf`, below mid, is cancelled.
+  CancelableContext parent = WithCancel(Background());
+  CancelableContext mid = WithCancel(parent.context);
+  CancelableContext leaf = WithCancel(mid.context);
+  std::latch in_after_func(1);
+  std::latch release(1);
+  AfterFunc(mid.context, [&] {
+    in_after_func.count_down();
+    release.wait();
+  });
+  std::thread b([cancel = mid.cancel] { cancel(); });
+  in_after_func.wait();
+  parent.cancel();
+  EXPECT_TRUE(leaf.context.IsCancelled());
+  mid.cancel();  // a second cancel of mid returns at once too (its AfterFunc still runs)
+  EXPECT_TRUE(leaf.context.IsCancelled());
+  release.count_down();
+  b.join();
+}
+
 TEST(ContextRaceTest, AfterFuncStoppedWhileFiring) {
   for (int round = 0; round < 500; ++round) {
     auto [ctx, cancel] = WithCancel(Background());
@@ -408,8 +534,15 @@ TEST(ContextRaceTest, ChildrenCreatedWhileParentIsCancelled) {
 TEST(ContextRaceTest, HandlesDroppedDuringCancellation) {
   for (int round = 0; round < 50; ++round) {
     auto [parent, cancel] = WithCancel(Background());
+    // Every child's AfterFunc holds a copy of `alive`: once each child is freed (or its
+    // AfterFunc ran and released its closure), only the test's copy is left.
+    auto alive = std::make_shared<int>(0);
+    std::atomic<int> runs{0};
     std::vector<Context> children;
-    for (int i = 0; i < 500; ++i) children.push_back(WithCancel(parent).context);
+    for (int i = 0; i < 500; ++i) {
+      children.push_back(WithCancel(parent).context);
+      AfterFunc(children.back(), [alive, &runs] { ++runs; });
+    }
     std::latch go(2);
     std::thread dropper([&] {
       go.arrive_and_wait();
@@ -419,30 +552,100 @@ TEST(ContextRaceTest, HandlesDroppedDuringCancellation) {
     cancel();
     dropper.join();
     EXPECT_TRUE(parent.IsCancelled());
+    EXPECT_LE(runs.load(), 500);      // at most once per child
+    EXPECT_EQ(alive.use_count(), 1);  // no child and no AfterFunc record outlived its handles
+    EXPECT_TRUE(WithCancel(parent).context.IsCancelled());  // the parent's list is sound
   }
 }
 
+// Blocks until `timers` has finished every callback that is running or due now: one
+// scheduled at Now() runs after them on the service's single thread.
+void AwaitTimerCallbacks(TimerService& timers) {
+  std::latch ran(1);
+  timers.Schedule(timers.clock().Now(), [&ran] { ran.count_down(); });
+  ran.wait();
+}
+
 TEST(ContextRaceTest, DeadlineFiresWhileContextIsDropped) {
+  std::unique_ptr<TimerService> timers = *TimerService::Create();
+  Context root = BackgroundWithTimers(timers.get());
+  auto alive = std::make_shared<int>(0);
   for (int round = 0; round < 200; ++round) {
-    auto [ctx, cancel] = WithTimeout(Background(), absl::Microseconds(round % 20));
+    auto [ctx, cancel] = WithTimeout(root, absl::Microseconds(round % 20));
+    AfterFunc(ctx, [alive] {});
     std::thread dropper([c = std::move(ctx), k = std::move(cancel)]() mutable {
       c = Background();
       k = CancelFunc();
     });
     dropper.join();
+    // Dropping the last handle cancelled the timer, or it had already been taken to run.
+    EXPECT_EQ(timers->Pending(), 0u);
   }
+  AwaitTimerCallbacks(*timers);     // a callback that won TryRef may hold the last reference
+  EXPECT_EQ(alive.use_count(), 1);  // every node was freed, whoever dropped it last
 }
 
 TEST(ContextRaceTest, CancelRacingDeadlineThenDrop) {
   // The cancel's Cancel(timer) fails while the deadline callback runs; the node must not
   // be freed under that callback (ASan/TSan catch a use after free here).
+  std::unique_ptr<TimerService> timers = *TimerService::Create();
+  Context root = BackgroundWithTimers(timers.get());
+  auto alive = std::make_shared<int>(0);
   for (int round = 0; round < 300; ++round) {
-    CancelableContext parent = WithCancel(Background());
+    CancelableContext parent = WithCancel(root);
     CancelableContext child = WithTimeout(parent.context, absl::Microseconds(round % 10));
+    std::atomic<int> runs{0};
+    AfterFunc(child.context, [alive, &runs] { ++runs; });
     std::thread canceller([c = parent.cancel] { c(); });
     child = CancelableContext{};
     canceller.join();
+    EXPECT_TRUE(parent.context.IsCancelled());
+    EXPECT_EQ(timers->Pending(), 0u);
+    AwaitTimerCallbacks(*timers);  // `runs` must outlive a deadline callback still running
+    EXPECT_LE(runs.load(), 1);     // the deadline or the parent's cancel ran it, not both
   }
+  EXPECT_EQ(alive.use_count(), 1);
+}
+
+TEST_F(FakeTimeTest, DeadlineTimerArmedWhileParentCancelsIsDisarmed) {
+  // The parent's cancel lands while WithTimeout arms the child's timer (the canceller
+  // starts a little later each round, to sweep the window): whichever comes first, no
+  // timer may stay pending for the cancelled child.
+  // Timers that never fire make arming slower (a deeper heap), so the window is wider.
+  for (int i = 0; i < 100'000; ++i) timers_->Schedule(absl::InfiniteFuture(), [] {});
+  const size_t never = timers_->Pending();
+  int left_armed = 0;
+  for (int round = 0; round < 4000; ++round) {
+    CancelableContext parent = WithCancel(root_);
+    std::atomic<bool> go{false};
+    std::thread canceller([&go, round, cancel = parent.cancel] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      std::atomic<int> spin{0};
+      while (spin.fetch_add(1, std::memory_order_relaxed) < round % 200) {
+      }
+      cancel();
+    });
+    go.store(true, std::memory_order_release);
+    CancelableContext child = WithTimeout(parent.context, absl::Hours(1));
+    canceller.join();
+    EXPECT_TRUE(child.context.IsCancelled());
+    if (timers_->Pending() != never) ++left_armed;
+  }
+  EXPECT_EQ(left_armed, 0);
+}
+
+TEST(ContextRaceTest, DeadlineFiringBeforeRegistrationKeepsParentListSound) {
+  // A deadline 1 ns ahead can fire on the timer thread before WithTimeout has linked the
+  // child into its parent's list; the child must then stay out of it (ASan would catch
+  // the parent's cancel walking into a freed child).
+  std::unique_ptr<TimerService> timers = *TimerService::Create();
+  CancelableContext parent = WithCancel(BackgroundWithTimers(timers.get()));
+  for (int round = 0; round < 2000; ++round) {
+    CancelableContext child = WithTimeout(parent.context, absl::Nanoseconds(1));
+  }
+  parent.cancel();
+  EXPECT_TRUE(WithCancel(parent.context).context.IsCancelled());
 }
 
 TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {

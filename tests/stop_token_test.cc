@@ -1,12 +1,17 @@
 #include "kwq/stop_token.h"
 
+#include <atomic>
 #include <latch>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "gtest/gtest.h"
 
 namespace kwq {
 namespace {
+
+inline constexpr ContextKey<int> kAttempt{"attempt"};
 
 TEST(StopTokenTest, ContextCancelRequestsStop) {
   auto [ctx, cancel] = WithCancel(Background());
@@ -23,8 +28,38 @@ TEST(StopTokenTest, TokenOfCancelledContextIsStopped) {
 }
 
 TEST(StopTokenTest, TokenOfBackgroundNeverStops) {
-  std::stop_token token = ToStopToken(Background());
-  EXPECT_FALSE(token.stop_possible() && token.stop_requested());
+  // Nothing keeps a stop source for a context that can never be cancelled.
+  EXPECT_FALSE(ToStopToken(Background()).stop_possible());
+  auto [ctx, cancel] = WithCancel(Background());
+  std::stop_token detached = ToStopToken(WithoutCancel(ctx));
+  cancel();
+  EXPECT_FALSE(detached.stop_possible());
+}
+
+TEST(StopTokenTest, LinkOfValueContextIsFreedWithIt) {
+  // A value context has no cancellation of its own; its link must still be freed with
+  // it, not kept by the long-lived cancellable ancestor until that one is cancelled.
+  auto [root, cancel] = WithCancel(Background());
+  std::stop_token token;
+  {
+    Context v = WithValue(root, kAttempt, 1);
+    token = ToStopToken(v);
+    EXPECT_TRUE(token.stop_possible());
+  }
+  EXPECT_FALSE(token.stop_possible());  // its stop source is gone
+  cancel();
+  EXPECT_FALSE(token.stop_requested());
+}
+
+TEST(StopTokenTest, ValueContextTokenStopsWithTheAncestor) {
+  auto [root, cancel] = WithCancel(Background());
+  Context v = WithValue(WithValue(root, kAttempt, 1), kAttempt, 2);
+  std::stop_token token = ToStopToken(v);
+  std::stop_token again = ToStopToken(v);
+  cancel();
+  EXPECT_TRUE(token.stop_requested());
+  EXPECT_TRUE(again.stop_requested());
+  EXPECT_TRUE(ToStopToken(v).stop_requested());  // already done: at once
 }
 
 TEST(StopTokenTest, RequestStopCancelsContext) {
@@ -46,8 +81,15 @@ TEST(StopTokenTest, AlreadyStoppedTokenCancelsAtOnce) {
 
 TEST(StopTokenTest, ContextDroppedBeforeStopIsSafe) {
   std::stop_source source;
-  { auto [ctx, cancel] = WithStopToken(Background(), source.get_token()); }
-  source.request_stop();  // the callback was deregistered with the context
+  auto alive = std::make_shared<int>(0);  // one copy per AfterFunc record still held
+  bool ran = false;
+  {
+    auto [ctx, cancel] = WithStopToken(Background(), source.get_token());
+    AfterFunc(ctx, [alive, &ran] { ran = true; });
+  }
+  EXPECT_EQ(alive.use_count(), 1);     // the context and what it owned are gone
+  EXPECT_TRUE(source.request_stop());  // the callback was deregistered with the context
+  EXPECT_FALSE(ran);
 }
 
 TEST(StopTokenTest, JthreadStopCancelsWorkerContext) {
@@ -68,10 +110,30 @@ TEST(StopTokenTest, JthreadStopCancelsWorkerContext) {
 TEST(StopTokenTest, StopAndDropRace) {
   for (int i = 0; i < 300; ++i) {
     std::stop_source source;
+    auto alive = std::make_shared<int>(0);
+    std::atomic<int> runs{0};
     auto child = WithStopToken(Background(), source.get_token());
+    AfterFunc(child.context, [alive, &runs] { ++runs; });
     std::thread stopper([&] { source.request_stop(); });
     child = CancelableContext{};
     stopper.join();
+    EXPECT_TRUE(source.stop_requested());
+    EXPECT_LE(runs.load(), 1);        // cancelled by the stop, or freed first: once at most
+    EXPECT_EQ(alive.use_count(), 1);  // freed by whichever thread let go last
+  }
+}
+
+TEST(StopTokenTest, ValueContextDroppedWhileAncestorCancels) {
+  for (int i = 0; i < 300; ++i) {
+    CancelableContext root = WithCancel(Background());
+    std::optional<Context> v = WithValue(root.context, kAttempt, i);
+    std::stop_token token = ToStopToken(*v);
+    std::thread canceller([cancel = root.cancel] { cancel(); });
+    v.reset();
+    canceller.join();
+    // Either the cancel ran the link, or the drop freed it first: never both, never
+    // neither (a link left on the root would keep stop_possible() true).
+    EXPECT_TRUE(token.stop_requested() || !token.stop_possible());
   }
 }
 

@@ -11,6 +11,11 @@
 // Promises (pinned by tests/context_test.cc):
 //   - Cancelling a context cancels every descendant, with the same Err() and Cause(); a
 //     child's own cancel never touches its parent. Cancel after cancel is a no-op.
+//   - When a cancel function returns, every descendant already reports IsCancelled(), as
+//     in Go. A cancel that finds its context being cancelled by another thread waits for
+//     that cancellation to reach every descendant (not for its AfterFuncs, which may
+//     still be running on that thread). Any cancellation, also by a deadline, reaches
+//     every descendant before the AfterFuncs of the subtree run.
 //   - Err() is OK while live, then Cancelled or DeadlineExceeded; Cause() is the status
 //     given to the cancel function (or the deadline's cause), else Err().
 //   - IsCancelled() is one lock-free atomic load.
@@ -170,7 +175,8 @@ class DoneSignal {
   void Wait() const;
   // Blocks until the context is done or `timeout` (real time) passes. Returns HasFired().
   bool WaitFor(absl::Duration timeout) const;
-  // Runs `fn` once when the context is done: AfterFunc(context, fn).
+  // Runs `fn` once when the context is done: AfterFunc(context, fn) (see there for the
+  // reference cycle an `fn` holding this context's handle makes).
   AfterFuncHandle OnDone(absl::AnyInvocable<void()> fn) const;
 
  private:
@@ -185,7 +191,12 @@ class CancelFunc {
  public:
   CancelFunc() = default;
   // `cause` becomes Cause() of the cancelled contexts; an OK cause is replaced by
-  // Err()'s status. Err() is always Cancelled.
+  // Err()'s status. Err() is always Cancelled. Returns once the context and every
+  // descendant report IsCancelled(): when the context was already being cancelled (by a
+  // parent, its deadline or another call), after waiting for that cancellation to reach
+  // them all; the AfterFuncs it runs may still be running on its thread. When this call
+  // cancels, it runs the AfterFuncs of the subtree itself, after marking the subtree.
+  // Never waits for user code running on another thread.
   void operator()(absl::Status cause = absl::OkStatus()) const;
 
  private:
@@ -214,9 +225,12 @@ CancelableContext WithCancel(const Context& parent);
 CancelableContext WithCancelCause(const Context& parent);
 
 // A child also cancelled, with DeadlineExceeded, at `deadline` (read on the tree's timer
-// clock). If the parent's deadline is earlier, the child keeps that one and gets no timer.
-// A deadline at or before now cancels the child before this returns. `cause`, when not
-// OK, becomes Cause() if the deadline fires.
+// clock). A deadline at or before now cancels the child before this returns, whatever the
+// parent's deadline (unless the parent is cancelled already: then the child has its Err
+// and Cause). Otherwise, if the parent's deadline is not later, the child keeps that one
+// and gets no timer: the parent's expiry cancels it, with the parent's Cause. `cause`,
+// when not OK, becomes Cause() if this child's own deadline fires (as Go's
+// WithDeadlineCause).
 CancelableContext WithDeadline(const Context& parent, absl::Time deadline,
                                absl::Status cause = absl::OkStatus());
 // WithDeadline(parent, now + timeout); saturates for huge timeouts
@@ -234,9 +248,26 @@ Context WithoutCancel(const Context& parent);
 
 // Runs `fn` once after `ctx` is done, on the thread that cancels it (after that thread
 // has released every context lock), or on this thread before returning when `ctx` is
-// already done. An exception thrown by `fn` is caught and reported on stderr; cancellation
-// of the rest of the tree continues. On a context that can never be cancelled, `fn`
-// never runs.
+// already done. Every descendant of `ctx` reports IsCancelled() before `fn` runs, so `fn`
+// may wait on a descendant's Done(). The AfterFuncs of one cancellation run one after
+// another on the cancelling thread: one must not wait for another. An exception thrown by
+// `fn` is caught and reported on stderr; cancellation of the rest of the tree continues.
+// On a context that can never be cancelled, `fn` never runs.
+// The registration lives on the nearest cancellable context at or above `ctx` (a
+// WithValue context has no cancellation of its own): it is freed when `fn` has run, by
+// Stop, or when that context is freed uncancelled (then `fn` never runs). So AfterFuncs
+// registered per request through WithValue contexts of a long-lived root accumulate on
+// the root until they run or are stopped.
+//
+// Reference cycle: the registration owns `fn`, so an `fn` that holds a handle (Context,
+// CancelFunc, DoneSignal, AfterFuncHandle) of `ctx` - as Go code routinely captures ctx -
+// or of any context at or below the one holding the registration keeps that context
+// alive through its own registration. If it is never cancelled and the registration is
+// never stopped, neither it, its ancestors nor `fn` are ever freed. Break the cycle as Go
+// code does anyway: call the cancel function when the work is done (Go's `defer
+// cancel()`) or Stop() the registration; or capture only what `fn` needs (values, a
+// pointer to a Context that outlives the registration, a handle of an ancestor of the
+// context holding the registration).
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
 
 // ---- implementation details ----

@@ -21,7 +21,10 @@ namespace kwq {
 
 // A stop token whose stop is requested when `ctx` is done (at once if it already is).
 // The link lives as long as `ctx`'s node: it costs one AfterFunc registration, freed with
-// the context. For a context that can never be cancelled the token never stops.
+// the context, also when `ctx` is a WithValue context whose cancellation is a long-lived
+// ancestor's (the registration does not stay behind on the ancestor). Once it is freed
+// the token's stop_possible() is false. For a context that can never be cancelled the
+// token never stops (and stop_possible() is false).
 std::stop_token ToStopToken(const Context& ctx);
 
 // A child of `parent`, also cancelled (Err() Cancelled, Cause() Cancelled "stop

@@ -23,7 +23,15 @@
 
 namespace kwq::internal {
 
-inline constexpr uint32_t kWaitersBit = 2;  // some thread may sleep in FutexWait on state
+// Bits of ContextNode::state besides kCancelledBit (kwq/context.h).
+inline constexpr uint32_t kWaitersBit = 2;  // a Done() waiter may sleep in FutexWait on state
+// Every descendant is marked cancelled too. Set with kCancelledBit on a node with no
+// child to mark, and on the start of a cancellation once it has marked the whole subtree;
+// a node with children marked by a cancellation started above it never gets it (its
+// marked_by start does).
+inline constexpr uint32_t kSubtreeCancelledBit = 4;
+// A thread may sleep in FutexWait on state until kSubtreeCancelledBit is set.
+inline constexpr uint32_t kSubtreeWaitersBit = 8;
 
 // Something a node owns and destroys first when it dies (a std::stop_callback).
 struct ContextAttachment {
@@ -74,8 +82,10 @@ struct ContextNode {
   std::unique_ptr<ContextAttachment> attachment;  // I (destroyed first by Destroy)
   absl::Status deadline_cause;                    // I: Cause() when the deadline fires
 
-  // Cancellable nodes only.
-  // A: kCancelledBit set once with release (under mu); kWaitersBit set by waiters.
+  // Cancellable nodes only (except mu and after_funcs: see there).
+  // A: kCancelledBit set once with release (under mu); kSubtreeCancelledBit set once with
+  // release, with it or later by the same thread; the waiter bits set by waiters
+  // (acquire) before they sleep.
   std::atomic<uint32_t> state{0};
   SpinLock mu;
   // Err(): one of the two process-wide statuses below (no count to bump per node).
@@ -83,9 +93,13 @@ struct ContextNode {
   // Cause() when it differs from *err; OK means "the same as *err".
   absl::Status cause ABSL_GUARDED_BY(mu);
   ContextNode* first_child ABSL_GUARDED_BY(mu) = nullptr;
+  // Cancellable nodes: the AfterFuncs registered on this node. Value nodes: those
+  // registered through this node by AfterFuncFreedWithNode, which live on the
+  // canceller's list (their `it` and `linked` are about that list); Destroy stops them.
   std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
-  // A (relaxed): the deadline timer. Stored once by WithDeadline after arming; reset to 0
-  // by CancelTree when its Cancel stopped the timer. While non-zero, the callback may be
+  // A (relaxed): the deadline timer. Stored once by WithDeadline after arming, before
+  // Register publishes the node (so a parent's cancel always sees it); reset to 0 by
+  // CancelTree when its Cancel stopped the timer. While non-zero, the callback may be
   // pending or running, so Destroy must CancelSync it before freeing the node.
   std::atomic<TimerId> timer{0};
 
@@ -93,6 +107,10 @@ struct ContextNode {
   ContextNode* prev_sibling = nullptr;
   ContextNode* next_sibling = nullptr;
   bool linked = false;
+
+  // The start of the cancellation that marked this node (an ancestor or itself, so kept
+  // alive by this node); its kSubtreeCancelledBit says when this node's subtree is marked.
+  ContextNode* marked_by ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 void Ref(ContextNode* node);
@@ -107,12 +125,41 @@ const absl::Status& DeadlineError();
 
 // Cancels `start` and its subtree (iteratively), unlinking `start` from its registrar.
 // `err` is CanceledError() or DeadlineError(); `cause` is OK when it is the same as
-// *err. The caller holds a reference to `start`.
+// *err. The caller holds a reference to `start` and no node lock. Returns once every node
+// of the subtree is marked cancelled, also when another thread marked `start` first (it
+// waits for that thread's marking, never for its AfterFuncs); runs the AfterFuncs of the
+// nodes it marked itself, after marking them all.
 void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause);
 
+// Blocks until every descendant of `node`, which must be marked cancelled, is marked too.
+// The caller holds a reference to `node` and no node lock.
+void AwaitSubtreeCancelled(ContextNode* node);
+
+// Registers `record` on `c`, the canceller of a context, and returns true; or, when `c` is
+// done, runs it at once (after AwaitSubtreeCancelled) and returns false; or, when `c` is
+// null (never cancelled), returns false.
+bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record);
+
+// Stops `record`, registered on `owner` (or null), unless it started or was stopped:
+// returns true when this call stopped it. Never blocks on the function.
+bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner);
+
+// AfterFunc(node's context, fn) whose registration is freed with `node` when `node` dies
+// first, also for a value node (whose AfterFuncs otherwise live on the canceller, an
+// ancestor, until it is cancelled or freed). For links that exist only for `node`
+// (ToStopToken). The caller holds a reference to `node`.
+void AfterFuncFreedWithNode(ContextNode* node, absl::AnyInvocable<void()> fn);
+
 // Creates a cancellable child of `parent` (`refs` references, owned by the caller) with
-// the effective deadline `deadline` and registers it, cancelling it at once when the
-// parent is already done. Arms no timer.
+// the effective deadline `deadline`, not yet registered with its registrar.
+ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs = 1);
+
+// Publishes a node made by NewCancellableNode: links it into its registrar's child list,
+// or cancels it at once when the registrar is already done. A node that is cancelled
+// already (its deadline fired) is left out of the list.
+void Register(ContextNode* node);
+
+// NewCancellableNode and Register. Arms no timer.
 ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32_t refs = 1);
 
 }  // namespace kwq::internal
