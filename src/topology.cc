@@ -103,8 +103,10 @@ class HwlocHandle {
   HwlocHandle(const HwlocHandle&) = delete;
   HwlocHandle& operator=(const HwlocHandle&) = delete;
 
-  // hwloc_topology_init plus the filters kwq wants: no I/O objects (faster, and nothing
-  // here uses them), every L3 cache kept even where it adds no structure.
+  // hwloc_topology_init plus the flags and filters kwq wants: CPUs outside the allowed
+  // cpuset (cgroup) kept in the topology, so the "N of M" total counts them (ExtractCpus
+  // leaves them out of cpus()); no I/O objects (faster, and nothing here uses them);
+  // every L3 cache kept even where it adds no structure.
   absl::Status Init() {
     hwloc_topology_t topology;
     if (hwloc_topology_init(&topology) != 0) {
@@ -112,6 +114,7 @@ class HwlocHandle {
           absl::StrCat("hwloc_topology_init failed: ", std::strerror(errno)));
     }
     topology_ = topology;
+    hwloc_topology_set_flags(topology_, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED);
     hwloc_topology_set_io_types_filter(topology_, HWLOC_TYPE_FILTER_KEEP_NONE);
     hwloc_topology_set_type_filter(topology_, HWLOC_OBJ_L3CACHE, HWLOC_TYPE_FILTER_KEEP_ALL);
     return absl::OkStatus();
