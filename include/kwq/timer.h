@@ -32,7 +32,10 @@
 // then run inside the clock's move, which holds FakeClock's move lock: they may schedule
 // and cancel timers and create or destroy other services on the same clock, but must not
 // move the clock (FakeClock fails a check) or wait for a thread that moves it or adds or
-// removes its observers (that would deadlock). Having no backend, such a service ignores
+// removes its observers (that would deadlock). A timer a callback schedules at or before
+// Now() runs in the same move (unlike the kernel, which defers it to the next tick), so
+// a callback that keeps rescheduling itself at Now() keeps the move from returning:
+// reschedule periodic work at Now() + period. Having no backend, such a service ignores
 // Options::backend and does not read KWQ_TIMER_BACKEND (a bad value is not reported), so
 // fake-clock tests behave the same whatever the variable says.
 
