@@ -730,7 +730,7 @@ class PriorityQueue {
   // Puts a kQueued slot that is not in flight into the ready structures.
   void MakeReadyLocked(uint32_t slot, absl::Time ready_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     LinkLocked(slot, static_cast<int64_t>(next_seq_++));
-    if (aging_) aged_.Push(slot, ToKey(ready_at));
+    if (aging_) aged_.Push(slot, ReadyKey(ready_at));
   }
 
   // Finds or creates the group of (priority, key).
