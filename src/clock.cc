@@ -139,6 +139,9 @@ absl::Time FakeClock::Now() const {
 
 void FakeClock::SleepUntil(absl::Time deadline) {
   internal::MutexLock lock(&mu_);
+  KWQ_CHECK(now_ >= deadline || !CalledByObserver(),
+            "FakeClock::SleepUntil called from inside one of its observers (a timer callback) "
+            "for a time still ahead; no other thread can move the clock before it returns.");
   ++sleepers_;
   while (now_ < deadline) moved_.Wait(&mu_);
   --sleepers_;

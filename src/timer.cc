@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "internal/timer_heap.h"
 #include "internal/timer_waiter.h"
+#include "kwq/internal/check.h"
 #include "kwq/internal/mutex.h"
 
 namespace kwq {
@@ -46,6 +48,13 @@ class TimerCore final : public ClockObserver {
 
   ~TimerCore() override {
     if (observing_) {
+      {
+        MutexLock lock(&mu_);
+        // RemoveObserver below would not wait (the move in progress is this thread's),
+        // and RunDue would then go on in a freed service.
+        KWQ_CHECK(running_thread_ != std::this_thread::get_id(),
+                  "TimerService destroyed from inside one of its own callbacks");
+      }
       clock_->RemoveObserver(this);  // waits for an Advance in progress (on other threads)
     } else if (thread_.joinable()) {
       {
@@ -111,10 +120,13 @@ class TimerCore final : public ClockObserver {
     return heap_.size();
   }
 
+  // A callback's exception leaves the move (Advance/SetTime) after the service's state is
+  // restored; the timers still due run at the next move.
   void OnClockMoved(absl::Time now) override {
     mu_.Lock();
-    RunDue(now);
+    std::exception_ptr thrown = RunDue(now);
     mu_.Unlock();
+    if (thrown) std::rethrow_exception(thrown);
   }
 
   Clock& clock() const { return *clock_; }
@@ -123,21 +135,30 @@ class TimerCore final : public ClockObserver {
   }
 
  private:
-  // Runs every timer due at `now`, one at a time, without the lock while each runs.
-  void RunDue(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Runs every timer due at `now`, one at a time, without the lock while each runs. A
+  // callback that throws stops the run: its exception is returned (the record of the
+  // running callback cleared first, so CancelSync does not wait for it for ever).
+  std::exception_ptr RunDue(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint64_t id;
     TimerHeap::Callback fn;
     while (!stopping_ && heap_.PopDue(now, &id, &fn)) {
       running_id_ = id;
       running_thread_ = std::this_thread::get_id();
       mu_.Unlock();
-      fn();
+      std::exception_ptr thrown;
+      try {
+        fn();
+      } catch (...) {
+        thrown = std::current_exception();
+      }
       fn = nullptr;  // destroy captured state outside the lock too
       mu_.Lock();
       running_id_ = 0;
       running_thread_ = std::thread::id();
       running_done_.SignalAll();
+      if (thrown) return thrown;
     }
+    return nullptr;
   }
 
   void Loop() {
@@ -147,7 +168,8 @@ class TimerCore final : public ClockObserver {
     mu_.Lock();
     while (!stopping_) {
       armed_ = absl::InfinitePast();  // awake: nobody needs to wake us
-      RunDue(clock_->Now());
+      // A real clock's callbacks must not throw: as on any thread, that terminates.
+      if (std::exception_ptr thrown = RunDue(clock_->Now())) std::rethrow_exception(thrown);
       if (stopping_) break;
       armed_ = heap_.NextDeadline();
       if (armed_ <= clock_->Now()) continue;

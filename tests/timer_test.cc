@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <latch>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -334,6 +335,62 @@ TEST(FakeTimerDeathTest, CallbackMovingItsOwnClockFailsLoudly) {
     clock.Advance(absl::Seconds(1));
   };
   EXPECT_DEATH(move_from_callback(), "FakeClock::Advance called from inside one of its");
+}
+
+// Destroying a fake-clock service from its own callback used to free it under its own
+// RunDue (a silent use-after-free); it now fails a check.
+TEST(FakeTimerDeathTest, DestroyingTheServiceFromItsOwnCallbackFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto destroy_from_callback = [] {
+    FakeClock clock;
+    auto service = *TimerService::Create({.clock = &clock});
+    service->ScheduleAfter(absl::Seconds(1), [&] { service.reset(); });
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(destroy_from_callback(), "TimerService destroyed from inside one of its own");
+}
+
+// A sleep on the fake clock from its callback could never end; it fails a check.
+TEST(FakeTimerDeathTest, SleepingOnTheClockFromACallbackFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto sleep_from_callback = [] {
+    FakeClock clock;
+    auto service = *TimerService::Create({.clock = &clock});
+    service->ScheduleAfter(absl::Seconds(1), [&] { clock.SleepFor(absl::Seconds(1)); });
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(sleep_from_callback(), "FakeClock::SleepUntil called from inside one of its");
+}
+
+// A callback that throws leaves Advance with its exception; the service is left sound:
+// CancelSync of that timer returns, and the timers still due run at the next move.
+TEST(FakeTimerTest, CallbackExceptionLeavesTheServiceUsable) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  const TimerId thrower =
+      service->ScheduleAfter(absl::Seconds(1), [] { throw std::runtime_error("boom"); });
+  bool later_ran = false;
+  service->ScheduleAfter(absl::Seconds(1), [&] { later_ran = true; });
+  EXPECT_THROW(clock.Advance(absl::Seconds(1)), std::runtime_error);
+  std::atomic<bool> returned{false};
+  std::thread canceller([&] {
+    service->CancelSync(thrower);  // used to wait for ever for the "running" callback
+    returned = true;
+  });
+  for (int i = 0; i < 5000 && !returned.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool ok = returned.load();
+  EXPECT_TRUE(ok) << "CancelSync waits for a callback that threw";
+  if (ok) {
+    canceller.join();
+  } else {
+    canceller.detach();  // failing anyway; do not hang the binary
+    return;
+  }
+  EXPECT_FALSE(later_ran);
+  clock.Advance(absl::ZeroDuration());
+  EXPECT_TRUE(later_ran);
 }
 
 TEST(FakeTimerTest, ManualClockRefusingObserversIsFailedPrecondition) {

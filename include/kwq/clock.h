@@ -35,7 +35,8 @@ class ClockObserver {
   // Called on the thread that moved the clock, one move at a time: a manual clock must
   // not call its observers for two moves at once (FakeClock holds its move lock around
   // the calls; TimerService relies on it when it records the callback it is running).
-  // `now` is the new time, never earlier than the previous call's. May call
+  // `now` is the new time, never earlier than the previous call's unless a backward
+  // jump (which calls no observer) came in between. May call
   // Clock::Now(); must not move the clock (the move in progress is still running; a
   // FakeClock fails a check rather than deadlock). FakeClock also lets it add and remove
   // observers of the same clock.
@@ -129,7 +130,9 @@ class FakeClock final : public Clock {
 
   absl::Time Now() const override;
 
-  // Blocks until another thread moves the clock to or past `deadline`.
+  // Blocks until another thread moves the clock to or past `deadline`. From inside one of
+  // its observers (a timer callback) with `deadline` still ahead it fails a KWQ_CHECK: no
+  // other thread can move the clock before that observer returns.
   void SleepUntil(absl::Time deadline) override;
 
   // Moves the clock forward by `d` (negative `d` is treated as zero; use SetTime to jump
