@@ -76,14 +76,29 @@ void Unlink(ContextNode* node) {
   node->linked = false;
 }
 
-// Stops the AfterFuncs tied to a dying value node (its canceller, an ancestor, is alive).
+// Stops the AfterFuncs tied to a dying value node (its canceller, an ancestor, is alive),
+// unless a cancellation of the canceller has taken them already: those run (the value
+// context was cancelled before it died, so its stop must be requested).
 void StopTiedFuncs(ContextNode* node) {
   std::list<std::shared_ptr<AfterFuncRecord>> tied;
   {
     SpinLockHolder lock(&node->mu);
     tied.swap(node->after_funcs);
   }
-  for (auto& record : tied) StopAfterFunc(*record, node->canceller);
+  ContextNode* const owner = node->canceller;
+  for (auto& record : tied) {
+    std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
+    SpinLockHolder lock(&owner->mu);
+    if (!record->linked) continue;  // taken by a cancellation (Mark): it runs
+    int expected = AfterFuncRecord::kPending;
+    if (!record->state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
+                                               std::memory_order_acq_rel)) {
+      continue;
+    }
+    doomed = std::move(*record->it);
+    owner->after_funcs.erase(record->it);
+    record->linked = false;
+  }
 }
 
 // Frees `node` and then every ancestor whose last reference was the child's, in a loop:
@@ -140,6 +155,19 @@ bool TryRef(ContextNode* node) {
 }
 
 namespace {
+
+// Drops one reference unless it is the last; returns false (and drops nothing) then.
+bool UnrefIfNotLast(ContextNode* node) {
+  if (node->immortal) return true;
+  int32_t refs = node->refs.load(std::memory_order_relaxed);
+  while (refs > 1) {
+    if (node->refs.compare_exchange_weak(refs, refs - 1, std::memory_order_release,
+                                         std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+  return false;
+}
 
 // One cancellation's marking of `node`: unless another one marked it first, sets err,
 // cause and kCancelledBit (and kSubtreeCancelledBit when no child is left to mark), moves
@@ -234,17 +262,23 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
   // (Mark also returns nullptr for a `start` whose subtree another cancellation has
   // marked already: what follows is then a no-op.)
   const bool complete = work.empty();  // Mark set kSubtreeCancelledBit already
+  // A last reference is released only once `start` has its subtree bit: freeing a node
+  // can run a value's destructor (user code), which may cancel or wait on an ancestor
+  // marked by this cancellation, and so wait for that bit. Other references go at once,
+  // while the node is still in cache.
+  absl::InlinedVector<ContextNode*, 16> last;
   while (!work.empty()) {
     ContextNode* node = work.back();
     work.pop_back();
     if (ContextNode* other = Mark(node, start, err, cause, work, funcs)) AwaitCancellation(other);
-    Unref(node);
+    if (!UnrefIfNotLast(node)) last.push_back(node);
   }
   if (!complete && (start->state.fetch_or(kSubtreeCancelledBit, std::memory_order_release) &
                     kSubtreeWaitersBit) != 0) {
     FutexWakeAll(&start->state);
   }
   Unlink(start);
+  for (ContextNode* node : last) Unref(node);
   for (auto& record : funcs) RunAfterFunc(*record);
 }
 

@@ -663,5 +663,51 @@ TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {
   EXPECT_EQ(woke.load(), 8);
 }
 
+// A value whose destructor cancels an ancestor (RAII "cancel on scope exit"). When the
+// last handle of its context goes while a cancellation of that ancestor is marking, the
+// canceller may be the one to free it. It used to do so mid-marking, and the destructor's
+// cancel then waited for the very marking that thread was doing: cancel() never returned.
+// A wide sibling subtree, being marked by another thread, holds the marking open long
+// enough for the handles to be dropped inside it (the interleaving that fails; the
+// checks hold for any).
+struct CancelOnDestroy {
+  explicit CancelOnDestroy(CancelFunc c) : cancel(std::move(c)) {}
+  ~CancelOnDestroy() { cancel(); }
+  CancelFunc cancel;
+};
+inline constexpr ContextKey<std::shared_ptr<CancelOnDestroy>> kGuard{"guard"};
+
+TEST(ContextTest, ValueDestructorMayCancelTheAncestorBeingCancelled) {
+  auto [root, cancel_root] = WithCancel(Background());
+  auto [wide, cancel_wide] = WithCancel(root);  // root's cancel meets it first
+  std::vector<CancelableContext> leaves;
+  leaves.reserve(200'000);
+  for (int i = 0; i < 200'000; ++i) leaves.push_back(WithCancel(wide));
+  auto value = std::make_unique<Context>(
+      WithValue(root, kGuard, std::make_shared<CancelOnDestroy>(cancel_root)));
+  auto child = std::make_unique<CancelableContext>(WithCancel(*value));
+
+  std::thread wide_canceller([c = cancel_wide] { c(); });
+  while (!wide.IsCancelled()) std::this_thread::yield();
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  std::thread root_canceller([c = cancel_root, returned] {
+    c();  // waits for wide's marking, then marks value's child
+    *returned = true;
+  });
+  while (!root.IsCancelled()) std::this_thread::yield();
+  child.reset();  // the root's canceller may now hold the last references
+  value.reset();
+  for (int i = 0; i < 5000 && !returned->load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool ok = returned->load();
+  EXPECT_TRUE(ok) << "cancel() deadlocked on a value destructor that cancels";
+  wide_canceller.join();
+  if (ok) {
+    root_canceller.join();
+  } else {
+    root_canceller.detach();  // stuck for good; the test has failed
+  }
+}
 }  // namespace
 }  // namespace kwq

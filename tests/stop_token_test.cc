@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -137,5 +138,27 @@ TEST(StopTokenTest, ValueContextDroppedWhileAncestorCancels) {
   }
 }
 
+// ToStopToken of a value context that is cancelled and then dropped: its stop must be
+// requested (a cancellable context's would be). Dropping it used to stop the link that
+// the cancellation had already taken to run. A wide sibling subtree being marked by
+// another thread holds the root's cancellation open while the value context is dropped.
+TEST(StopTokenTest, ValueContextCancelledThenDroppedRequestsStop) {
+  auto [root, cancel_root] = WithCancel(Background());
+  auto [wide, cancel_wide] = WithCancel(root);
+  std::vector<CancelableContext> leaves;
+  leaves.reserve(200'000);
+  for (int i = 0; i < 200'000; ++i) leaves.push_back(WithCancel(wide));
+  std::optional<Context> value = WithValue(root, kAttempt, 1);
+  std::stop_token token = ToStopToken(*value);
+  std::thread wide_canceller([c = cancel_wide] { c(); });
+  while (!wide.IsCancelled()) std::this_thread::yield();
+  std::thread root_canceller([c = cancel_root] { c(); });
+  while (!root.IsCancelled()) std::this_thread::yield();
+  ASSERT_TRUE(value->IsCancelled());
+  value.reset();
+  root_canceller.join();
+  wide_canceller.join();
+  EXPECT_TRUE(token.stop_requested());
+}
 }  // namespace
 }  // namespace kwq
