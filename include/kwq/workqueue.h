@@ -19,7 +19,9 @@
 //   - Bound pools are concurrency-managed: one worker runs at a time per CPU pool; when it
 //     blocks in a BlockingScope, or runs longer than the CPU-intensive threshold (the
 //     watchdog marks it a CPU hog), another worker is woken or created. kCpuIntensive
-//     work does not count. Unbound pools run as many works as max_active allows.
+//     work does not count. Unbound pools run, besides blocked and hogging workers, one
+//     worker per CPU they may run on (the pod's when strict, every allowed CPU when not),
+//     and max_active bounds the workqueue.
 //   - max_active limits a workqueue's concurrently active works per CPU (bound) or per
 //     NUMA node (unbound: max_active split over nodes by their CPU counts, never below
 //     min_active). Works beyond the limit wait, in order, on the workqueue.

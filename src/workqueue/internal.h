@@ -169,13 +169,10 @@ class WorkerPool {
   // without a trip through the worklist), or null.
   Work* Execute(Worker* self, Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers that may run at once without blocking: 1 per CPU pool (the kernel's
-  // concurrency management), the pod's CPU count for unbound pools (a non-strict pool's
-  // workers may run on every CPU, but it still runs only as many at once as its pod has).
-  int concurrency() const {
-    if (bound()) return 1;
-    const size_t n = pod.empty() ? cpus.size() : pod.size();
-    return n == 0 ? 1 : static_cast<int>(n);
-  }
+  // concurrency management); for unbound pools, one per CPU they may run on: the pod's
+  // CPUs when strict, every allowed CPU when not (their workers start in the pod but the
+  // scheduler may place them anywhere, as the kernel's non-strict scopes do).
+  int concurrency() const { return bound() || cpus.empty() ? 1 : static_cast<int>(cpus.size()); }
   // Claims the next work for `self`, or null.
   Work* NextLocked(Worker* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void JoinDead();

@@ -411,7 +411,10 @@ bool WorkerPool::Check(absl::Time now) {
     const bool fresh = watch_epoch_ != epoch;  // the watchdog was paused: look anew
     watch_epoch_ = epoch;
     busy = !worklist_.empty();
-    for (auto& w : workers_) {
+    // By index: WakeOrCreateLocked below may add a worker, and growing workers_ would
+    // leave a range-for's iterator in freed memory.
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker* w = workers_[i].get();
       if (w->current == nullptr) continue;
       busy = true;
       if (fresh || w->watch_epoch != epoch || w->watch_execs != w->execs) {

@@ -146,6 +146,9 @@ WorkqueueCore::~WorkqueueCore() {
     MutexLock lock(&timer_mu_);
     if (timed_.empty() && Queued() == 0) break;
   }
+  // A worker counting the last instance gone with a waiter does so under mu_ and then
+  // signals cv_ (InstanceGone): wait for it to let go before the memory goes.
+  { MutexLock lock(&mu_); }
   rt->Unregister(this);
   if (rescuer_.joinable()) {
     {
@@ -550,9 +553,15 @@ bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
   Work* w = A::work(d);
   // Taken off its timer and queued now: it counts as flushed even if a worker finishes
   // it before Flush below looks (then Flush has nothing left to wait for).
-  const bool queued_now = WhereOf(w) == WorkWhere::kTimer && GrabPending(w) &&
-                          (timer_entered_.fetch_add(1, std::memory_order_relaxed),
-                           Enqueue(A::target_cpu(d), -1, w), true);
+  bool queued_now = false;
+  if (WhereOf(w) == WorkWhere::kTimer && GrabPending(w)) {
+    // Under timer_mu_, as in TimerFired, so that Stats never sees one count without the
+    // other.
+    MutexLock lock(&timer_mu_);
+    timer_entered_.fetch_add(1, std::memory_order_relaxed);
+    Enqueue(A::target_cpu(d), -1, w);
+    queued_now = true;
+  }
   return Flush(w) || queued_now;
 }
 
@@ -584,11 +593,15 @@ WorkqueueStats WorkqueueCore::Stats() const {
   WorkqueueStats s;
   // Successful calls: instances that entered a pool, plus delayed works put on a timer,
   // less those that went from a timer into a pool (counted once already). A cancelled
-  // timer still counts: the call succeeded.
-  const uint64_t entered = timer_entered_.load(std::memory_order_relaxed);  // read first: <= armed
-  s.queued = timer_armed_.load(std::memory_order_relaxed) - entered;
-  for (int b = 0; b < kColorBuckets; ++b)
-    s.queued += color_queued_[b].load(std::memory_order_relaxed);
+  // timer still counts: the call succeeded. Read under timer_mu_, under which a timer's
+  // work moves into a pool (both counts at once).
+  {
+    MutexLock lock(&timer_mu_);
+    s.queued = timer_armed_.load(std::memory_order_relaxed) -
+               timer_entered_.load(std::memory_order_relaxed);
+    for (int b = 0; b < kColorBuckets; ++b)
+      s.queued += color_queued_[b].load(std::memory_order_relaxed);
+  }
   int64_t busy_ticks = 0;
   for (const auto& pwq : pwqs_) pwq->pool->AddStats(pwq.get(), &s, &busy_ticks);
   s.in_flight = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed);
