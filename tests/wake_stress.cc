@@ -5,7 +5,7 @@
 // over 20 ms, B sat ready while a worker slept: a stall, reported and counted. Exits 1 on
 // any stall.
 //
-//   make wake-stress ROUNDS=200000            (or build/release/tests/kwq-wake-stress)
+//   make wake-stress ROUNDS=200000            (or build/release-tests/tests/kwq-wake-stress)
 //
 // Not a ctest: the race it targets needed about 21,000 rounds per hit on the machine it
 // was found on, and none in 150,000 on another, so a bounded unit test could not fail

@@ -79,7 +79,8 @@ class Clock {
   // manual clock must override it (TimerService::Create refuses one that returns false).
   virtual bool AddObserver(ClockObserver* observer);
   // Removes an observer. After it returns, the observer is not being called and will not
-  // be called again. Must not be called from inside that observer's OnClockMoved.
+  // be called again. Must not be called from inside that observer's OnClockMoved unless
+  // the clock allows it (FakeClock does: that call goes on, and no later one comes).
   // Whether either may be called from inside another observer's OnClockMoved is up to
   // the clock (FakeClock allows it).
   virtual void RemoveObserver(ClockObserver* observer);

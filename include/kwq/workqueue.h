@@ -171,7 +171,7 @@ struct WorkqueueStats {
   uint64_t started = 0;              // function executions started
   uint64_t completed = 0;            // function executions finished
   int64_t in_flight = 0;             // started - completed
-  absl::Duration cpu_time;           // summed thread CPU time of executions
+  absl::Duration cpu_time;           // summed wall time of executions (TSC)
   uint64_t cpu_hogs = 0;             // executions the watchdog marked CPU-intensive
   uint64_t concurrency_wakeups = 0;  // extra workers woken for blocked/hogging ones
   uint64_t rescued = 0;              // works executed by the rescuer
@@ -272,8 +272,8 @@ class WorkqueueRuntime {
     TimerService* timers = nullptr;
     // Idle workers beyond two per pool exit after this long (the kernel's 5 minutes).
     absl::Duration idle_timeout = absl::Minutes(5);
-    // A work running longer than this on a bound pool is marked a CPU hog and stops
-    // counting for concurrency (wq_cpu_intensive_thresh_us, 10 ms).
+    // A work running longer than this on a counted worker (of any pool) is marked a CPU
+    // hog and stops counting for concurrency (wq_cpu_intensive_thresh_us, 10 ms).
     absl::Duration cpu_intensive_threshold = absl::Milliseconds(10);
     // A pool with pending work that starts nothing for this long is reported stalled.
     absl::Duration stall_threshold = absl::Seconds(30);

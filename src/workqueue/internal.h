@@ -384,7 +384,9 @@ class WorkqueueCore {
   Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;  // guards cv_ waits
   CondVar cv_;        // completions, for flushers, drainers, freezers, CancelSync
-  std::atomic<bool> draining_{false};
+  // Drains in progress (a count: when one of two concurrent drains ends, the other still
+  // refuses outside queueing, as the kernel's nr_drainers does).
+  std::atomic<int> draining_{0};
 
   mutable Mutex timer_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::flat_hash_set<DelayedWork*> timed_ ABSL_GUARDED_BY(timer_mu_);  // on a timer

@@ -186,7 +186,7 @@ PoolWorkqueue* WorkqueueCore::PwqOfPool(WorkerPool* pool) const {
 }
 
 bool WorkqueueCore::RefusedWhileDraining() const {
-  if (!draining_.load(std::memory_order_acquire)) return false;
+  if (draining_.load(std::memory_order_acquire) == 0) return false;
   // Only chained queueing while draining: from a work of this workqueue.
   const Worker* self = CurrentWorker();
   return self == nullptr || self->current_pwq == nullptr || self->current_pwq->wq != this;
@@ -458,11 +458,11 @@ void WorkqueueCore::FlushAll() {
 }
 
 void WorkqueueCore::Drain() {
-  draining_.store(true, std::memory_order_release);
+  draining_.fetch_add(1, std::memory_order_acq_rel);
   do {
     FlushAll();
   } while (Queued() > 0);
-  draining_.store(false, std::memory_order_release);
+  draining_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 bool WorkqueueCore::Disable(Work* w) {
