@@ -32,12 +32,12 @@ echo "setup: installing missing packages: ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 # env: sudo's env_reset would drop a DEBIAN_FRONTEND set in front of it.
-apt() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
-apt update -qq
-apt install -y -qq --no-install-recommends "${missing[@]}"
+apt_get() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
+apt_get update -qq
+apt_get install -y -qq --no-install-recommends "${missing[@]}"
 # Optional packages must not fail the set-up when a mirror lacks one.
 for p in "${optional[@]}"; do
   installed "$p" && continue
-  apt install -y -qq --no-install-recommends "$p" ||
+  apt_get install -y -qq --no-install-recommends "$p" ||
     echo "setup: optional package $p not installed; dependent benchmarks are skipped"
 done

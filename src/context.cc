@@ -79,26 +79,20 @@ void Unlink(ContextNode* node) {
 // Stops the AfterFuncs tied to a dying value node (its canceller, an ancestor, is alive),
 // unless a cancellation of the canceller has taken them already: those run (the value
 // context was cancelled before it died, so its stop must be requested).
+// Whether a dying value node has tied AfterFuncs. Without the lock: its count is zero, and
+// only AfterFuncFreedWithNode, whose caller holds a reference, adds to the list.
+bool HasTiedFuncs(const ContextNode* node) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  return !node->after_funcs.empty();
+}
+
 void StopTiedFuncs(ContextNode* node) {
+  if (!HasTiedFuncs(node)) return;  // the common case: no lock taken
   std::list<std::shared_ptr<AfterFuncRecord>> tied;
   {
     SpinLockHolder lock(&node->mu);
     tied.swap(node->after_funcs);
   }
-  ContextNode* const owner = node->canceller;
-  for (auto& record : tied) {
-    std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
-    SpinLockHolder lock(&owner->mu);
-    if (!record->linked) continue;  // taken by a cancellation (Mark): it runs
-    int expected = AfterFuncRecord::kPending;
-    if (!record->state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
-                                               std::memory_order_acq_rel)) {
-      continue;
-    }
-    doomed = std::move(*record->it);
-    owner->after_funcs.erase(record->it);
-    record->linked = false;
-  }
+  for (auto& record : tied) StopAfterFunc(*record, node->canceller, /*only_if_linked=*/true);
 }
 
 // Frees `node` and then every ancestor whose last reference was the child's, in a loop:
@@ -335,20 +329,21 @@ bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record
   return false;
 }
 
-bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner) {
-  int expected = AfterFuncRecord::kPending;
-  if (!record.state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
-                                            std::memory_order_acq_rel)) {
-    return false;
-  }
-  if (owner != nullptr) {
-    std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
-    SpinLockHolder lock(&owner->mu);
-    if (record.linked) {
-      doomed = std::move(*record.it);
-      owner->after_funcs.erase(record.it);
-      record.linked = false;
-    }
+bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner, bool only_if_linked) {
+  auto try_stop = [&record] {
+    int expected = AfterFuncRecord::kPending;
+    return record.state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
+                                                std::memory_order_acq_rel);
+  };
+  if (owner == nullptr) return !only_if_linked && try_stop();
+  std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
+  SpinLockHolder lock(&owner->mu);
+  if (only_if_linked && !record.linked) return false;  // taken by a cancellation: it runs
+  if (!try_stop()) return false;
+  if (record.linked) {
+    doomed = std::move(*record.it);
+    owner->after_funcs.erase(record.it);
+    record.linked = false;
   }
   return true;
 }
@@ -507,7 +502,8 @@ void CancelFunc::operator()(absl::Status cause) const {
 
 bool AfterFuncHandle::Stop() const {
   if (record_ == nullptr) return false;
-  return internal::StopAfterFunc(*record_, internal::NodeOf(owner_)->canceller);
+  return internal::StopAfterFunc(*record_, internal::NodeOf(owner_)->canceller,
+                                 /*only_if_linked=*/false);
 }
 
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {

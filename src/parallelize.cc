@@ -37,25 +37,23 @@ class Pieces {
       if (chunk >= chunks_) return;
       const int64_t begin = chunk * chunk_size_;
       const int64_t end = std::min<int64_t>(pieces_, begin + chunk_size_);
-      int64_t piece = begin;
-      for (; piece < end && !Stopped(); ++piece) {
-        if (!RunPiece(static_cast<int>(piece))) break;
+      for (int64_t piece = begin; piece < end; ++piece) {
+        if (Stopped() || !RunPiece(static_cast<int>(piece))) {
+          stopped_early_.store(true, std::memory_order_relaxed);
+          return;
+        }
       }
-      completed_.fetch_add(piece - begin, std::memory_order_relaxed);
-      if (piece < end) return;
     }
   }
 
-  // OK when every piece ran; otherwise why not.
+  // OK when every piece ran; otherwise why not. Called once every runner is done.
   absl::Status Result() {
     if (failed_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(error_mu_);
       return absl::InternalError(absl::StrCat("ParallelizeUntil: a piece threw: ", error_));
     }
-    if (completed_.load(std::memory_order_relaxed) == pieces_) return absl::OkStatus();
-    // Runners stop early only when a piece threw (above) or ctx is done.
-    return ctx_.IsCancelled() ? ctx_.Err()
-                              : absl::InternalError("ParallelizeUntil: pieces left unrun");
+    // A runner leaves a chunk unfinished only when a piece threw (above) or ctx is done.
+    return stopped_early_.load(std::memory_order_relaxed) ? ctx_.Err() : absl::OkStatus();
   }
 
  private:
@@ -86,7 +84,7 @@ class Pieces {
   const int64_t chunks_;
   const absl::FunctionRef<void(int)> fn_;
   std::atomic<int64_t> next_chunk_{0};
-  std::atomic<int64_t> completed_{0};  // pieces that ran to the end
+  std::atomic<bool> stopped_early_{false};  // a runner left a chunk unfinished
   std::atomic<bool> failed_{false};
   std::mutex error_mu_;
   std::string error_;  // the first exception's message, under error_mu_
@@ -102,8 +100,8 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
                      workers, ", ", pieces, ", ", options.chunk_size));
   }
   if (pieces == 0) return absl::OkStatus();
-  Pieces work(ctx, pieces, options.chunk_size, fn);
-  const int helpers = static_cast<int>(std::min<int64_t>(workers, work.chunks())) - 1;
+  Pieces shared(ctx, pieces, options.chunk_size, fn);
+  const int helpers = static_cast<int>(std::min<int64_t>(workers, shared.chunks())) - 1;
   Workqueue& wq = options.workqueue != nullptr ? *options.workqueue : SystemUnboundWq();
 
   // The caller is one of the runners. So a call from a work item whose workqueue has no
@@ -112,10 +110,10 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
   std::vector<std::unique_ptr<Work>> items;
   items.reserve(helpers);
   for (int i = 0; i < helpers; ++i) {
-    items.push_back(std::make_unique<Work>([&work] { work.Run(); }));
+    items.push_back(std::make_unique<Work>([&shared] { shared.Run(); }));
     if (!wq.Queue(items.back().get())) items.pop_back();  // refused (draining): not needed
   }
-  work.Run();
+  shared.Run();
   // Nothing is left to hand out. Helpers still pending never started: take them back;
   // wait for those that run (they stop after their current piece once ctx is done).
   {
@@ -124,7 +122,7 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
       if (!wq.Cancel(item.get())) wq.Flush(item.get());
     }
   }
-  return work.Result();
+  return shared.Result();
 }
 
 }  // namespace kwq

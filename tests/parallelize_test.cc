@@ -60,23 +60,7 @@ TEST(ParallelizeUntilTest, ThrowingPieceIsReported) {
 }
 
 using testing::Eventually;
-
-// Runs `call` on a thread and reports whether it returned within 5 s (a hang would
-// otherwise stop the whole test binary; the thread is then left behind).
-template <typename Call>
-bool ReturnsInTime(Call call) {
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread t([call, done]() mutable {
-    call();
-    *done = true;
-  });
-  if (!Eventually([&] { return done->load(); })) {
-    t.detach();
-    return false;
-  }
-  t.join();
-  return true;
-}
+using testing::ReturnsInTime;
 
 // A chunk size near INT_MAX used to overflow the chunk count: OK came back with nothing run.
 TEST(ParallelizeUntilTest, HugeChunkSizeRunsEveryPiece) {
@@ -148,10 +132,13 @@ TEST(ParallelizeUntilTest, DrainingWorkqueueStillRunsEveryPiece) {
   Work probe([] {});
   ASSERT_TRUE(Eventually([&] { return !wq->Queue(&probe) && !probe.pending(); }));  // draining
   std::atomic<int> ran{0};
-  absl::Status s =
-      ParallelizeUntil(Background(), 4, 100, [&](int) { ++ran; }, {.workqueue = wq.get()});
+  absl::Status s;
+  const bool returned = ReturnsInTime([&] {
+    s = ParallelizeUntil(Background(), 4, 100, [&](int) { ++ran; }, {.workqueue = wq.get()});
+  });
   release = true;
   drainer.join();
+  ASSERT_TRUE(returned) << "ParallelizeUntil on a draining workqueue hangs";
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(ran.load(), 100);
 }

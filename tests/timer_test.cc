@@ -520,15 +520,19 @@ TEST(TimerBackendTest, FailingIoUringWaitFallsBackToTheConditionVariable) {
   RealClock& clock = *RealClock::Default();
   internal::Mutex mu;
   mu.Lock();
-  (*waiter)->Wait(&mu, clock.Now() + absl::Hours(1), clock);  // fails: returns at once
+  // The waits below end early (a failure, a Wake) or the test fails: a 5 s deadline, so a
+  // regression fails it instead of stalling the binary.
+  const absl::Time start = clock.Now();
+  (*waiter)->Wait(&mu, clock.Now() + absl::Seconds(5), clock);  // fails: returns at once
   EXPECT_EQ(failed_io_uring_waits.load(), 1);
   EXPECT_EQ((*waiter)->kind(), TimerService::Backend::kPortable);
   // From now on it waits on the condition variable: a Wake made before the Wait ends it
   // (not lost), and io_uring is not tried again, so the service thread cannot spin on it.
   (*waiter)->Wake();
-  (*waiter)->Wait(&mu, clock.Now() + absl::Hours(1), clock);
+  (*waiter)->Wait(&mu, clock.Now() + absl::Seconds(5), clock);
   (*waiter)->Wait(&mu, clock.Now() - absl::Seconds(1), clock);  // deadline passed
   mu.Unlock();
+  EXPECT_LT(clock.Now() - start, absl::Seconds(4)) << "a wait ran to its deadline";
   EXPECT_EQ(failed_io_uring_waits.load(), 1);
 }
 

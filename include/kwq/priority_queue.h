@@ -476,7 +476,7 @@ class PriorityQueue {
     int64_t seq;         // while ready: its ready sequence
     uint32_t local;      // while ready: kInFifo, or its id in the group's heap
     uint64_t group_key;  // Options::group(item), or 0
-    int64_t due;         // kProcessing | kDelayed: ready time (ToKey) of the re-add
+    int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
   };
 
   // The ready items of one (priority, group key), by ready sequence. Items almost always
@@ -1157,9 +1157,9 @@ class PriorityQueue {
   size_t empty_groups_ ABSL_GUARDED_BY(mu_) = 0;        // live groups with no ready item
   std::vector<uint32_t> emptied_ ABSL_GUARDED_BY(mu_);  // groups that emptied since a sweep
   internal::IndexedHeap level_heap_ ABSL_GUARDED_BY(mu_);
-  // Aging only: every ready slot by ready time (ToKey), so the top is the oldest.
+  // Aging only: every ready slot by ready time (ReadyKey), so the top is the oldest.
   internal::IndexedHeap aged_ ABSL_GUARDED_BY(mu_);
-  // Delayed slots not in flight, by ready time (ToKey).
+  // Delayed slots not in flight, by ready time (ReadyKey).
   internal::IndexedHeap delayed_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ready sequence: items made ready so far
 

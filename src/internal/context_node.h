@@ -141,8 +141,10 @@ void AwaitSubtreeCancelled(ContextNode* node);
 bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record);
 
 // Stops `record`, registered on `owner` (or null), unless it started or was stopped:
-// returns true when this call stopped it. Never blocks on the function.
-bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner);
+// returns true when this call stopped it. With `only_if_linked`, a record a cancellation
+// has already taken from `owner`'s list (to run it) is left alone. Never blocks on the
+// function.
+bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner, bool only_if_linked);
 
 // AfterFunc(node's context, fn) whose registration is freed with `node` when `node` dies
 // first, also for a value node (whose AfterFuncs otherwise live on the canceller, an

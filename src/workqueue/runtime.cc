@@ -300,7 +300,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   }
   self->hog = false;
   // Clearing running_pool is the last touch of `w` (a waiter may free it next): Flush
-  // checks it, and running_seq, besides done_seq (FlushDone).
+  // checks it, and running_seq, besides done_seq (FinishedAndReleased).
   A::done_seq(w).store(A::running_seq(w).load(std::memory_order_relaxed),
                        std::memory_order_release);
   A::runner(w) = nullptr;
