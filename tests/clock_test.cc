@@ -172,12 +172,15 @@ TEST(FakeClockTest, AdvanceWakesSleeperThatBecameDue) {
   EXPECT_EQ(clock.NumSleepers(), 0u);
 }
 
+// Records every time an observed clock reports.
+struct MoveRecorder : ClockObserver {
+  std::vector<absl::Time> seen;
+  void OnClockMoved(absl::Time now) override { seen.push_back(now); }
+};
+
 TEST(FakeClockTest, ObserversSeeEveryMoveInOrder) {
   FakeClock clock;
-  struct Recorder : ClockObserver {
-    std::vector<absl::Time> seen;
-    void OnClockMoved(absl::Time now) override { seen.push_back(now); }
-  } recorder;
+  MoveRecorder recorder;
   ASSERT_TRUE(clock.AddObserver(&recorder));
   const absl::Time start = clock.Now();
   clock.Advance(absl::Seconds(1));
@@ -250,10 +253,7 @@ TEST(FakeClockDeathTest, MovingTheClockFromItsObserverFailsLoudly) {
 
 TEST(FakeClockTest, BackwardJumpCallsNoObserver) {
   FakeClock clock;
-  struct Recorder : ClockObserver {
-    std::vector<absl::Time> seen;
-    void OnClockMoved(absl::Time now) override { seen.push_back(now); }
-  } recorder;
+  MoveRecorder recorder;
   ASSERT_TRUE(clock.AddObserver(&recorder));
   const absl::Time start = clock.Now();
   clock.SetTime(start - absl::Hours(1));
