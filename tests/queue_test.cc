@@ -291,12 +291,27 @@ TEST(QueueTest, SlotsAreReusedAfterDone) {
 
 // ---- metrics ----
 
-TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
+// A queue reporting to `rec` on a fake clock.
+class QueueMetricsTest : public ::testing::Test {
+ protected:
+  StringQueue& MakeQueue(bool refresh_gauges = true) {
+    provider_ = std::make_unique<testing::RecordingProvider>(&rec, refresh_gauges);
+    queue_ = std::make_unique<StringQueue>(StringQueue::Options{
+        .name = "q", .metrics = provider_.get(), .clock = &clock, .timers = timers_.get()});
+    return *queue_;
+  }
+
   FakeClock clock;
-  auto timers = *TimerService::Create({.clock = &clock});
   testing::RecordedMetrics rec;
-  testing::RecordingProvider provider(&rec);
-  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+
+ private:
+  std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock});
+  std::unique_ptr<testing::RecordingProvider> provider_;
+  std::unique_ptr<StringQueue> queue_;  // destroyed first
+};
+
+TEST_F(QueueMetricsTest, RecordsClientGoMetricSet) {
+  StringQueue& q = MakeQueue();
   q.Add("a");
   q.Add("a");  // deduplicated: not counted
   q.Add("b");
@@ -317,12 +332,8 @@ TEST(QueueMetricsTest, RecordsClientGoMetricSet) {
 
 // unfinished work is the sum of the in-flight items' ages, longest running the oldest one
 // (with one item in flight the two are equal, so this needs two).
-TEST(QueueMetricsTest, UnfinishedIsTheSumAndLongestTheMaxOverLeases) {
-  FakeClock clock;
-  auto timers = *TimerService::Create({.clock = &clock});
-  testing::RecordedMetrics rec;
-  testing::RecordingProvider provider(&rec);
-  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+TEST_F(QueueMetricsTest, UnfinishedIsTheSumAndLongestTheMaxOverLeases) {
+  StringQueue& q = MakeQueue();
   q.Add("a");
   q.Add("b");
   auto first = q.TryGet();
@@ -334,12 +345,8 @@ TEST(QueueMetricsTest, UnfinishedIsTheSumAndLongestTheMaxOverLeases) {
 }
 
 // depth counts what client-go's does: queued items plus in-flight ones added again.
-TEST(QueueMetricsTest, DepthCountsAnInFlightItemAddedAgain) {
-  FakeClock clock;
-  auto timers = *TimerService::Create({.clock = &clock});
-  testing::RecordedMetrics rec;
-  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
-  StringQueue q({.metrics = &provider, .clock = &clock, .timers = timers.get()});
+TEST_F(QueueMetricsTest, DepthCountsAnInFlightItemAddedAgain) {
+  StringQueue& q = MakeQueue(/*refresh_gauges=*/false);
   q.Add("a");
   auto lease = q.TryGet();
   ASSERT_TRUE(lease.has_value());
