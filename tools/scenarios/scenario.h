@@ -4,6 +4,7 @@
 #ifndef KWQ_TOOLS_SCENARIOS_SCENARIO_H_
 #define KWQ_TOOLS_SCENARIOS_SCENARIO_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -42,14 +43,16 @@ void PinTo(const std::vector<int>& cpus, int index);
 // --polling_workers (QueueOptions::polling_workers of the queue scenarios; 0: default).
 int PollingWorkersFlag();
 
-// Monotonic stopwatch.
+// Monotonic stopwatch (std::chrono::steady_clock: a wall-clock step cannot skew it).
 class Stopwatch {
  public:
-  Stopwatch() : start_(absl::Now()) {}
-  absl::Duration Elapsed() const { return absl::Now() - start_; }
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  absl::Duration Elapsed() const {
+    return absl::FromChrono(std::chrono::steady_clock::now() - start_);
+  }
 
  private:
-  absl::Time start_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // Keeps the compiler from deleting or hoisting a computation.
