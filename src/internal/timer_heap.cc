@@ -76,9 +76,12 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
   const int64_t key = heap_.TopKey();
   const int64_t now_key = NowKey(now);
   if (key == kNever || key > now_key) return false;
-  // Within the range a tie means the deadline, rounded up, is at most `now` rounded down;
-  // where both keys saturated, only the exact deadline can tell.
-  if (key == now_key && slots_[heap_.TopId()].deadline > now) return false;
+  // Within the range a tie means the deadline, rounded up, is at most `now` rounded down,
+  // so it is due; only where both keys saturated can the exact deadline tell otherwise
+  // (and only then is the slot read).
+  if (key == now_key && (key == kFar || key == kPast) && slots_[heap_.TopId()].deadline > now) {
+    return false;
+  }
   const uint32_t slot = heap_.TopId();
   heap_.Pop();
   Slot& s = slots_[slot];
