@@ -420,16 +420,14 @@ ContextNode* Context::node() const {
   return node_ != nullptr ? node_ : internal::BackgroundNode();
 }
 
-absl::Status Context::Err() const {
+absl::Status Context::CancelledErr() const {
   ContextNode* c = node()->canceller;
-  if (!IsCancelled()) return absl::OkStatus();
   internal::SpinLockHolder lock(&c->mu);
   return *c->err;
 }
 
-absl::Status Context::Cause() const {
+absl::Status Context::CancelledCause() const {
   ContextNode* c = node()->canceller;
-  if (!IsCancelled()) return absl::OkStatus();
   internal::SpinLockHolder lock(&c->mu);
   return c->cause.ok() ? *c->err : c->cause;
 }

@@ -106,12 +106,29 @@ class Context {
   }
 
   // OK while live; then absl::CancelledError("context canceled") or
-  // absl::DeadlineExceededError("context deadline exceeded"). Lock-free while live.
-  absl::Status Err() const;
+  // absl::DeadlineExceededError("context deadline exceeded"). While live it is
+  // IsCancelled() inlined (one load); after the cancel it takes the canceller's lock.
+  absl::Status Err() const {
+    if (!IsCancelled()) {
+#ifndef NDEBUG
+      (void)node();  // dies on a moved-from handle, as every other use does
+#endif
+      return absl::OkStatus();
+    }
+    return CancelledErr();
+  }
 
   // The cause given when this context (or the ancestor that cancelled it) was cancelled;
-  // Err() when none was given; OK while live.
-  absl::Status Cause() const;
+  // Err() when none was given; OK while live (one load, like Err()).
+  absl::Status Cause() const {
+    if (!IsCancelled()) {
+#ifndef NDEBUG
+      (void)node();  // dies on a moved-from handle, as every other use does
+#endif
+      return absl::OkStatus();
+    }
+    return CancelledCause();
+  }
 
   // The earliest deadline of this context and its ancestors; InfiniteFuture if none.
   absl::Time Deadline() const;
@@ -142,6 +159,9 @@ class Context {
   // Takes over one reference to `node`.
   explicit Context(internal::ContextNode* node);
   const void* FindValue(const void* key) const;
+  // Err() and Cause() once IsCancelled(): read under the canceller's lock.
+  absl::Status CancelledErr() const;
+  absl::Status CancelledCause() const;
   internal::ContextNode* node() const;  // the node, or Background's for a moved-from handle
 
   internal::ContextNode* node_;
