@@ -1,5 +1,7 @@
 #include "kwq/parallelize.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -90,6 +92,29 @@ class Pieces {
   std::string error_;  // the first exception's message, under error_mu_
 };
 
+// Where helper i goes. A bound workqueue's per-CPU pool runs one work at a time unless
+// it blocks, so helpers queued on the caller's CPU would run one after another: spread
+// them over the topology's CPUs, starting with the one after the caller's. An unbound
+// workqueue's pod pool runs them side by side: -1 (QueueOn's "the caller's choice").
+class HelperCpus {
+ public:
+  explicit HelperCpus(const Workqueue& wq) {
+    if ((wq.flags() & kUnbound) != 0) return;
+    const std::vector<CpuInfo>& all = wq.topology().cpus();
+    const int self = sched_getcpu();
+    for (const CpuInfo& cpu : all) cpus_.push_back(cpu.cpu);
+    // Rotate so that the CPU after the caller's comes first (the caller's own comes last).
+    const auto it = std::find(cpus_.begin(), cpus_.end(), self);
+    if (it != cpus_.end()) std::rotate(cpus_.begin(), it + 1, cpus_.end());
+  }
+  int ForHelper(int i) const {
+    return cpus_.empty() ? -1 : cpus_[static_cast<size_t>(i) % cpus_.size()];
+  }
+
+ private:
+  std::vector<int> cpus_;
+};
+
 }  // namespace
 
 absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
@@ -109,9 +134,11 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
   // helpers, and workers = 1 all still finish: the caller runs what no helper takes.
   std::vector<std::unique_ptr<Work>> items;
   items.reserve(helpers);
+  const HelperCpus cpus(wq);
   for (int i = 0; i < helpers; ++i) {
     items.push_back(std::make_unique<Work>([&shared] { shared.Run(); }));
-    if (!wq.Queue(items.back().get())) items.pop_back();  // refused (draining): not needed
+    // Refused (draining): not needed.
+    if (!wq.QueueOn(cpus.ForHelper(i), items.back().get())) items.pop_back();
   }
   shared.Run();
   // Nothing is left to hand out. Helpers still pending never started: take them back;

@@ -1,8 +1,11 @@
 #include "kwq/parallelize.h"
 
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -141,6 +144,38 @@ TEST(ParallelizeUntilTest, DrainingWorkqueueStillRunsEveryPiece) {
   ASSERT_TRUE(returned) << "ParallelizeUntil on a draining workqueue hangs";
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(ran.load(), 100);
+}
+
+// A bound workqueue's per-CPU pool runs one work at a time while it does not block (and
+// the CPU-hog threshold is far away here), so helpers queued on the caller's CPU ran one
+// after another: with 4 workers only 2 runners ever met. They are spread over the CPUs.
+TEST(ParallelizeUntilTest, BoundWorkqueueRunsHelpersSideBySide) {
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:4 pu:1"),
+                                       .cpu_intensive_threshold = absl::Hours(1),
+                                       .stall_threshold = absl::Hours(1)});
+  {
+    auto wq = *Workqueue::Create({.name = "bound", .runtime = rt.get()});
+    constexpr int kRunners = 4;
+    std::mutex mu;
+    std::condition_variable cv;
+    int arrived = 0;
+    std::atomic<int> met_all{0};
+    // Each piece waits (without telling the pool: no BlockingScope) until all 4 runners
+    // hold a piece at once, or gives up after a while.
+    ASSERT_TRUE(ParallelizeUntil(Background(), kRunners, kRunners,
+                                 [&](int) {
+                                   std::unique_lock<std::mutex> lock(mu);
+                                   ++arrived;
+                                   cv.notify_all();
+                                   if (cv.wait_for(lock, std::chrono::seconds(5),
+                                                   [&] { return arrived == kRunners; })) {
+                                     ++met_all;
+                                   }
+                                 },
+                                 {.workqueue = wq.get()})
+                    .ok());
+    EXPECT_EQ(met_all.load(), kRunners) << "the runners never all ran at once";
+  }
 }
 
 TEST(ParallelizeUntilTest, BadArgumentsAreRejected) {

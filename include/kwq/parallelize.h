@@ -14,8 +14,9 @@
 // finishes, also when the workqueue cannot start the helpers: called from a work item of
 // a workqueue with no free slot (nested calls), on a frozen workqueue, or while it
 // drains (its Queue refuses). Helpers that never started are cancelled. With workers = 1
-// every piece runs on the calling thread. On a bound (per-CPU) workqueue the helpers go
-// to the calling CPU's pool, which runs one at a time: use an unbound one (the default).
+// every piece runs on the calling thread. On a bound (per-CPU) workqueue the helpers are
+// spread over its topology's CPUs (QueueOn), one per CPU pool starting after the
+// caller's, since a per-CPU pool runs one work at a time unless it blocks.
 // Blocks until every helper that started has finished; the wait is a BlockingScope.
 // Thread safety: fn is called concurrently from several threads, the caller's included.
 

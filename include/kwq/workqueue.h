@@ -253,6 +253,9 @@ class Workqueue {
   uint32_t flags() const;
   // The max_active in force (after defaults).
   int max_active() const;
+  // The topology of the runtime this workqueue runs on: the CPUs QueueOn knows. Lives as
+  // long as the workqueue.
+  const Topology& topology() const;
 
  private:
   friend struct internal::WorkAccess;

@@ -720,6 +720,7 @@ WorkqueueStats Workqueue::stats() const { return core_->Stats(); }
 const std::string& Workqueue::name() const { return core_->options.name; }
 uint32_t Workqueue::flags() const { return core_->options.flags; }
 int Workqueue::max_active() const { return core_->options.max_active; }
+const Topology& Workqueue::topology() const { return *core_->rt->topology; }
 
 // ---- system workqueues ----
 
