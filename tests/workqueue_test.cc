@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <latch>
 #include <mutex>
 #include <string>
@@ -580,6 +581,27 @@ TEST_F(WorkqueueTest, ExceptionsAreCaughtAndCounted) {
   EXPECT_EQ(wq->stats().completed, 2u);
   EXPECT_EQ(wq->stats().queued, 2u);
   EXPECT_EQ(wq->stats().in_flight, 0);
+}
+
+// run_time sums the executions' wall time: at least what the works themselves measured.
+TEST_F(WorkqueueTest, RunTimeCoversTheExecutions) {
+  auto wq = Make({.flags = kUnbound});
+  std::atomic<int64_t> measured_ns{0};
+  auto busy = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+    }
+    measured_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+  };
+  Work a(busy), b(busy);
+  EXPECT_EQ(wq->stats().run_time, absl::ZeroDuration());
+  wq->Queue(&a);
+  wq->Queue(&b);
+  wq->Flush();
+  // The TSC's rate is calibrated against the clock: allow it 10% error.
+  EXPECT_GE(wq->stats().run_time, absl::Nanoseconds(measured_ns.load()) * 0.9);
 }
 
 TEST_F(WorkqueueTest, IdleWorkersAreReaped) {

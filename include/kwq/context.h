@@ -108,27 +108,11 @@ class Context {
   // OK while live; then absl::CancelledError("context canceled") or
   // absl::DeadlineExceededError("context deadline exceeded"). While live it is
   // IsCancelled() inlined (one load); after the cancel it takes the canceller's lock.
-  absl::Status Err() const {
-    if (!IsCancelled()) {
-#ifndef NDEBUG
-      (void)node();  // dies on a moved-from handle, as every other use does
-#endif
-      return absl::OkStatus();
-    }
-    return CancelledErr();
-  }
+  absl::Status Err() const { return LiveForStatus() ? absl::OkStatus() : CancelledErr(); }
 
   // The cause given when this context (or the ancestor that cancelled it) was cancelled;
   // Err() when none was given; OK while live (one load, like Err()).
-  absl::Status Cause() const {
-    if (!IsCancelled()) {
-#ifndef NDEBUG
-      (void)node();  // dies on a moved-from handle, as every other use does
-#endif
-      return absl::OkStatus();
-    }
-    return CancelledCause();
-  }
+  absl::Status Cause() const { return LiveForStatus() ? absl::OkStatus() : CancelledCause(); }
 
   // The earliest deadline of this context and its ancestors; InfiniteFuture if none.
   absl::Time Deadline() const;
@@ -159,6 +143,14 @@ class Context {
   // Takes over one reference to `node`.
   explicit Context(internal::ContextNode* node);
   const void* FindValue(const void* key) const;
+  // !IsCancelled(), for Err() and Cause(); debug builds die on a moved-from handle there,
+  // as every use other than IsCancelled() does.
+  bool LiveForStatus() const {
+#ifndef NDEBUG
+    (void)node();
+#endif
+    return !IsCancelled();
+  }
   // Err() and Cause() once IsCancelled(): read under the canceller's lock.
   absl::Status CancelledErr() const;
   absl::Status CancelledCause() const;

@@ -171,7 +171,7 @@ struct WorkqueueStats {
   uint64_t started = 0;              // function executions started
   uint64_t completed = 0;            // function executions finished
   int64_t in_flight = 0;             // started - completed
-  absl::Duration cpu_time;           // summed wall time of executions (TSC)
+  absl::Duration run_time;           // summed wall-clock time of executions (TSC)
   uint64_t cpu_hogs = 0;             // executions the watchdog marked CPU-intensive
   uint64_t concurrency_wakeups = 0;  // extra workers woken for blocked/hogging ones
   uint64_t rescued = 0;              // works executed by the rescuer

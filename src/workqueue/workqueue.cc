@@ -605,7 +605,7 @@ WorkqueueStats WorkqueueCore::Stats() const {
   int64_t busy_ticks = 0;
   for (const auto& pwq : pwqs_) pwq->pool->AddStats(pwq.get(), &s, &busy_ticks);
   s.in_flight = static_cast<int64_t>(s.started) - static_cast<int64_t>(s.completed);
-  s.cpu_time = CycleClock::ToDuration(busy_ticks);
+  s.run_time = CycleClock::ToDuration(busy_ticks);
   s.cpu_hogs = hogs_.load(std::memory_order_relaxed);
   s.concurrency_wakeups = wakeups_.load(std::memory_order_relaxed);
   s.rescued = rescued_.load(std::memory_order_relaxed);
