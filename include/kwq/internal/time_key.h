@@ -6,6 +6,12 @@
 // quarter-nanosecond steps). Times past the int64 range (about year 2262) saturate:
 // InfiniteFuture and later times map to kNeverKey, InfinitePast and earlier to INT64_MIN.
 // Internal: used by DelayingQueue and PriorityQueue.
+//
+// The timer service's heap (src/internal/timer_heap.h) rounds the same way but counts
+// from the service's start and keeps each timer's exact deadline for keys that
+// saturate, so a timer centuries away still fires at its time. The queues do without
+// that slot of exact time per item: an item ready after 2262 waits until the clock
+// passes 2262 (late, never early).
 
 #ifndef KWQ_INTERNAL_TIME_KEY_H_
 #define KWQ_INTERNAL_TIME_KEY_H_
