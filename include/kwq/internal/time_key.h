@@ -10,8 +10,8 @@
 // The timer service's heap (src/internal/timer_heap.h) rounds the same way but counts
 // from the service's start and keeps each timer's exact deadline for keys that
 // saturate, so a timer centuries away still fires at its time. The queues do without
-// that slot of exact time per item: an item ready after 2262 waits until the clock
-// passes 2262 (late, never early).
+// that slot of exact time per item: an item ready after about 2262 saturates to
+// kNeverKey (see the queues' own notes on what that means for them).
 
 #ifndef KWQ_INTERNAL_TIME_KEY_H_
 #define KWQ_INTERNAL_TIME_KEY_H_
