@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/hash/hash.h"
@@ -92,6 +93,30 @@ TEST_F(RateLimitingQueueTest, ALimiterKeepingItsOwnCountsIsCalledWithTheItem) {
   EXPECT_FALSE(q.TryGet().has_value());
   clock_.Advance(absl::Nanoseconds(1));
   EXPECT_TRUE(q.TryGet().has_value());
+}
+
+// Go embeds the delaying queue's interface in the rate-limiting one, so ported code holds
+// a RateLimitingQueue as a DelayingQueue; deleting it that way must destroy all of it.
+TEST_F(RateLimitingQueueTest, DeletingThroughADelayingQueuePointerDestroysTheLimiter) {
+  static_assert(std::has_virtual_destructor_v<DelayingQueue<std::string>>);
+  class Tracked final : public RateLimiter<std::string> {
+   public:
+    explicit Tracked(bool* destroyed) : destroyed_(destroyed) {}
+    ~Tracked() override { *destroyed_ = true; }
+    absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
+    void Forget(const std::string&) override {}
+    int NumRequeues(const std::string&) override { return 0; }
+
+   private:
+    bool* const destroyed_;
+  };
+  bool destroyed = false;
+  std::unique_ptr<DelayingQueue<std::string>> q = std::make_unique<RateLimitingQueue<std::string>>(
+      std::make_unique<Tracked>(&destroyed),
+      QueueOptions{.clock = &clock_, .timers = timers_.get()});
+  q->Add("a");
+  q.reset();
+  EXPECT_TRUE(destroyed);
 }
 
 TEST_F(RateLimitingQueueTest, ForgetResetsBackoff) {

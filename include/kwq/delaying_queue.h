@@ -74,8 +74,9 @@ class DelayingQueue {
   }
 
   // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
-  // the queue down.
-  ~DelayingQueue() { ShutDown(); }
+  // the queue down. Virtual: a RateLimitingQueue may be owned and deleted as a
+  // DelayingQueue (Go embeds the one interface in the other).
+  virtual ~DelayingQueue() { ShutDown(); }
 
   friend struct internal::QueuePeer;  // tests: the keys stored
 

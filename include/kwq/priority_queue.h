@@ -951,7 +951,6 @@ class PriorityQueue {
 
   // A lease ended: queue the item again if it was added meanwhile.
   void Finish(uint32_t slot) {
-    WakeKind wake;
     {
       internal::MutexLock lock(&mu_);
       const uint64_t ready_before = next_seq_;
@@ -979,11 +978,13 @@ class PriorityQueue {
       } else {
         KeepIdleLocked(slot);
       }
-      wake = WakeLocked(next_seq_ - ready_before);
-      // Signalled under mu_: a drainer that returns may destroy the queue at once.
+      // Both signals under mu_: this lease already counts as ended, so once mu_ is free
+      // another worker may take the re-added item and end it, a drain may return and
+      // the owner may destroy the queue (its condition variables with it). Queue::Finish
+      // signals after unlocking because it counts its lease as ended only after that.
+      Notify(WakeLocked(next_seq_ - ready_before));
       if (draining_ > 0 && queued_ + in_flight_ == 0) drained_cv_.SignalAll();
     }
-    Notify(wake);  // after unlocking, as Queue::Finish
   }
 
   // Lists a slot that just went idle and erases the oldest idle keys beyond kMaxIdle (in

@@ -778,13 +778,15 @@ class Queue {
   bool QueueMarkedLocked(uint32_t slot, uint8_t old, bool* pushed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     added_.store(added_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    if (!(old & kProcessing)) {
-      PushLocked(slot);
-      *pushed = true;
-    }
+    // The add is recorded before the item is pushed: once pushed, a worker (under out_mu_,
+    // not mu_) may hand it out, and its OnGet must find this add's time.
     if (metrics_) {
       internal::MutexLock lock(&metrics_mu_);
       metrics_->OnAdd(slot);
+    }
+    if (!(old & kProcessing)) {
+      PushLocked(slot);
+      *pushed = true;
     }
     return true;
   }
@@ -830,12 +832,15 @@ class Queue {
 
   // Hands out `slot` (just taken from the ready order).
   Lease HandOutLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
-    State(slot).fetch_xor(kDirty | kProcessing, std::memory_order_acq_rel);  // dirty -> processing
-    taken_.store(taken_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    // The hand-out is recorded while the item is still dirty: an add (under mu_, not
+    // out_mu_) merges into it until the flip below, and one after the flip records a
+    // new add time, which this OnGet must have read first.
     if (metrics_) {
       internal::MutexLock lock(&metrics_mu_);
       metrics_->OnGet(slot);
     }
+    State(slot).fetch_xor(kDirty | kProcessing, std::memory_order_acq_rel);  // dirty -> processing
+    taken_.store(taken_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (track_hand_outs_) hand_outs_.Record(slot);
     return Lease(this, slot, ItemOf(slot));
   }
