@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "testing/eventually.h"
+#include "testing/pause_points.h"
+#include "workqueue/internal.h"
 
 namespace kwq {
 namespace {
@@ -953,6 +955,69 @@ TEST_F(FakeTimeWorkqueueTest, RescuerRunsMemReclaimWorkWhenThreadsCannotBeCreate
   wq->Flush();
   EXPECT_EQ(wq->stats().rescued, 1u);
   fail_spawn_ = false;
+}
+
+// ---- races pinned with the implementation's test hooks (src/workqueue/test_hooks.h) ----
+// Each window below is a few instructions wide: the test stops one thread inside it at a
+// named hook point and runs the other side through it.
+
+using internal::HookPoint;
+using internal::WorkAccess;
+using testing::PausePoints;
+
+bool Parked(Work* w) {
+  return static_cast<internal::WorkWhere>(WorkAccess::where(w).load()) ==
+         internal::WorkWhere::kInactive;
+}
+
+// Freeze stores frozen_ and then counts the taken slots; a queuer that found the workqueue
+// not frozen takes its slot after that count must see the freeze and park the work (it
+// used to insert it, and the work started after Freeze had returned).
+TEST_F(WorkqueueTest, QueueRacingFreezeParksItsWork) {
+  auto wq = Make({.flags = kFreezable});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  PausePoints hooks;
+  PausePoints::Pause& reserving = hooks.Arm(HookPoint::kEnqueueWillReserve, core);
+  std::thread queuer([&] { EXPECT_TRUE(wq->Queue(&work)); });
+  ASSERT_TRUE(reserving.WaitPaused());  // saw the workqueue not frozen, holds no slot yet
+  wq->Freeze();                         // no slot taken: returns at once
+  reserving.Resume();
+  queuer.join();
+  EXPECT_TRUE(Parked(&work)) << "a work entered a pool after Freeze returned";
+  wq->Thaw();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// The same for a waiting work activated by the producer that parked it: the activation
+// reserves its slot after Freeze counted none, and must leave the work parked.
+TEST_F(WorkqueueTest, ActivationRacingFreezeLeavesTheWorkParked) {
+  auto wq = Make({.flags = kOrdered | kFreezable});  // one slot
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  Gate gate;
+  Work holder([&] { gate.Wait(); });
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  ASSERT_TRUE(wq->Queue(&holder));  // takes the slot
+  PausePoints hooks;
+  PausePoints::Pause& activating = hooks.Arm(HookPoint::kActivateWillReserve, core);
+  // `work` finds the slot taken, parks, and stops in ActivateWaiting, which saw the
+  // workqueue not frozen.
+  std::thread queuer([&] { EXPECT_TRUE(wq->Queue(&work)); });
+  ASSERT_TRUE(activating.WaitPaused());
+  std::thread freezer([&] { wq->Freeze(); });
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFreezeWaits, core));  // frozen; waits for `holder`
+  gate.Open();
+  freezer.join();  // `holder` finished while frozen: its slot is free and nothing took it
+  activating.Resume();
+  queuer.join();
+  EXPECT_TRUE(Parked(&work)) << "a waiting work was activated after Freeze returned";
+  EXPECT_EQ(runs.load(), 0);
+  wq->Thaw();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
 }
 
 }  // namespace
