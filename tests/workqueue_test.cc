@@ -1020,5 +1020,30 @@ TEST_F(WorkqueueTest, ActivationRacingFreezeLeavesTheWorkParked) {
   EXPECT_EQ(runs.load(), 1);
 }
 
+// Flush(work) must not return until the worker is done with the Work (clearing its
+// running state is the worker's last touch), so that the caller may destroy it next. It
+// used to return once done_seq was stored, while the worker was still to write the Work.
+TEST_F(WorkqueueTest, FlushWorkWaitsForTheWorkersLastTouch) {
+  auto wq = Make({});
+  auto work = std::make_unique<Work>([] {});
+  PausePoints hooks;
+  PausePoints::Pause& releasing = hooks.Arm(HookPoint::kWorkerWillRelease, work.get());
+  ASSERT_TRUE(wq->Queue(work.get()));
+  ASSERT_TRUE(releasing.WaitPaused());  // the function ran and done_seq is stored
+  std::atomic<bool> flushed{false};
+  std::thread flusher([&] {
+    EXPECT_TRUE(wq->Flush(work.get()));
+    flushed = true;
+  });
+  // Flush either returns or decides to wait: one of them soon (the limit only bounds a
+  // failure).
+  ASSERT_TRUE(Eventually(
+      [&] { return flushed.load() || hooks.Seen(HookPoint::kFlushWorkWaits, work.get()) > 0; }));
+  EXPECT_FALSE(flushed.load()) << "Flush(work) returned while the worker still touches the work";
+  releasing.Resume();
+  flusher.join();
+  work.reset();  // safe now: under ASan a later touch by the worker is a use after free
+}
+
 }  // namespace
 }  // namespace kwq
