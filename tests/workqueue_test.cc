@@ -1045,5 +1045,23 @@ TEST_F(WorkqueueTest, FlushWorkWaitsForTheWorkersLastTouch) {
   work.reset();  // safe now: under ASan a later touch by the worker is a use after free
 }
 
+// Drains in progress are counted: the first of two overlapping drains to end must not
+// reopen queueing from outside while the other still drains (a flag used to).
+TEST_F(WorkqueueTest, OverlappingDrainsRefuseOutsidersUntilTheLastEnds) {
+  auto wq = Make({});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  Work outsider([] {});
+  PausePoints hooks;
+  PausePoints::Pause& first_flushed = hooks.Arm(HookPoint::kDrainFlushed, core);
+  std::thread long_drain([&] { wq->Drain(); });
+  ASSERT_TRUE(first_flushed.WaitPaused());  // still draining
+  wq->Drain();                              // begins and ends inside the other
+  EXPECT_FALSE(wq->Queue(&outsider)) << "accepted while a drain was still in progress";
+  first_flushed.Resume();
+  long_drain.join();
+  EXPECT_TRUE(wq->Queue(&outsider));  // accepted once no drain is left
+  wq->Flush();
+}
+
 }  // namespace
 }  // namespace kwq
