@@ -1063,5 +1063,54 @@ TEST_F(WorkqueueTest, OverlappingDrainsRefuseOutsidersUntilTheLastEnds) {
   wq->Flush();
 }
 
+// ~Workqueue must not return while the worker that counted the last instance gone is
+// still signalling cv_ and unlocking mu_ under the workqueue's lock (the memory goes
+// next). Here that worker saw a waiter (the destructor's flush of an older color), was
+// overtaken by that flush ending and then counted its own instance, of a newer color,
+// which the destructor's drain saw without taking mu_.
+TEST(WorkqueueHooksTest, DestroyWaitsForTheWorkerSignallingTheLastInstance) {
+  // Two per-CPU pools, so the two workers below hold different pool locks (the counting
+  // worker holds its own across the hooks).
+  auto runtime = *WorkqueueRuntime::Create(
+      {.topology = *Topology::FromSynthetic("pack:1 core:2 pu:1"), .bind_workers = false});
+  const int cpu0 = runtime->topology().cpus()[0].cpu;
+  const int cpu1 = runtime->topology().cpus()[1].cpu;
+  auto wq = *Workqueue::Create({.name = "destroy", .runtime = runtime.get()});
+  Workqueue* q = wq.get();
+  internal::WorkqueueCore* core = WorkAccess::core(q);
+  Gate chain, finish;
+  Work last([] {});
+  Work first([&] {
+    chain.Wait();
+    EXPECT_TRUE(q->QueueOn(cpu1, &last));  // chained while draining: the newer color
+    finish.Wait();
+  });
+  PausePoints hooks;
+  PausePoints::Pause& will_lock = hooks.Arm(HookPoint::kInstanceGoneWillLock, core);
+  PausePoints::Pause& flushed = hooks.Arm(HookPoint::kDrainFlushed, core);
+  ASSERT_TRUE(q->QueueOn(cpu0, &first));
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    wq.reset();
+    destroyed = true;
+  });
+  // The drain's flush took the next color and waits for `first`'s.
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFlushAllWaits, core));
+  chain.Open();
+  ASSERT_TRUE(will_lock.WaitPaused());  // `last` ran; its worker saw the flusher waiting
+  finish.Open();
+  ASSERT_TRUE(flushed.WaitPaused());  // `first` is gone: the flush ended, nobody waits
+  PausePoints::Pause& counted = hooks.Arm(HookPoint::kInstanceGoneCounted, core);
+  will_lock.Resume();
+  ASSERT_TRUE(counted.WaitPaused());  // the last instance counted, mu_ held
+  flushed.Resume();                   // the drain sees nothing queued
+  // A negative check: the limit can only miss a failure, never report a false one.
+  EXPECT_FALSE(Eventually([&] { return destroyed.load(); }, absl::Milliseconds(100)))
+      << "~Workqueue returned while a worker still held its lock";
+  counted.Resume();
+  destroyer.join();
+  EXPECT_TRUE(destroyed.load());
+}
+
 }  // namespace
 }  // namespace kwq
