@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "testing/eventually.h"
+#include "testing/pause_points.h"
+#include "workqueue/internal.h"
 
 namespace kwq {
 namespace {
@@ -975,6 +977,161 @@ TEST_F(FakeTimeWorkqueueTest, RescuerRunsMemReclaimWorkWhenThreadsCannotBeCreate
   wq->Flush();
   EXPECT_EQ(wq->stats().rescued, 1u);
   fail_spawn_ = false;
+}
+
+// ---- races pinned with the implementation's test hooks (src/workqueue/test_hooks.h) ----
+// Each window below is a few instructions wide: the test stops one thread inside it at a
+// named hook point and runs the other side through it.
+
+using internal::HookPoint;
+using internal::WorkAccess;
+using testing::PausePoints;
+
+bool Parked(Work* w) {
+  return static_cast<internal::WorkWhere>(WorkAccess::where(w).load()) ==
+         internal::WorkWhere::kInactive;
+}
+
+// Freeze stores frozen_ and then counts the taken slots; a queuer that found the workqueue
+// not frozen takes its slot after that count must see the freeze and park the work (it
+// used to insert it, and the work started after Freeze had returned).
+TEST_F(WorkqueueTest, QueueRacingFreezeParksItsWork) {
+  auto wq = Make({.flags = kFreezable});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  PausePoints hooks;
+  PausePoints::Pause& reserving = hooks.Arm(HookPoint::kEnqueueWillReserve, core);
+  std::thread queuer([&] { EXPECT_TRUE(wq->Queue(&work)); });
+  ASSERT_TRUE(reserving.WaitPaused());  // saw the workqueue not frozen, holds no slot yet
+  wq->Freeze();                         // no slot taken: returns at once
+  reserving.Resume();
+  queuer.join();
+  EXPECT_TRUE(Parked(&work)) << "a work entered a pool after Freeze returned";
+  wq->Thaw();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// The same for a waiting work activated by the producer that parked it: the activation
+// reserves its slot after Freeze counted none, and must leave the work parked.
+TEST_F(WorkqueueTest, ActivationRacingFreezeLeavesTheWorkParked) {
+  auto wq = Make({.flags = kOrdered | kFreezable});  // one slot
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  Gate gate;
+  Work holder([&] { gate.Wait(); });
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  ASSERT_TRUE(wq->Queue(&holder));  // takes the slot
+  PausePoints hooks;
+  PausePoints::Pause& activating = hooks.Arm(HookPoint::kActivateWillReserve, core);
+  // `work` finds the slot taken, parks, and stops in ActivateWaiting, which saw the
+  // workqueue not frozen.
+  std::thread queuer([&] { EXPECT_TRUE(wq->Queue(&work)); });
+  ASSERT_TRUE(activating.WaitPaused());
+  std::thread freezer([&] { wq->Freeze(); });
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFreezeWaits, core));  // frozen; waits for `holder`
+  gate.Open();
+  freezer.join();  // `holder` finished while frozen: its slot is free and nothing took it
+  activating.Resume();
+  queuer.join();
+  EXPECT_TRUE(Parked(&work)) << "a waiting work was activated after Freeze returned";
+  EXPECT_EQ(runs.load(), 0);
+  wq->Thaw();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// Flush(work) must not return until the worker is done with the Work (clearing its
+// running state is the worker's last touch), so that the caller may destroy it next. It
+// used to return once done_seq was stored, while the worker was still to write the Work.
+TEST_F(WorkqueueTest, FlushWorkWaitsForTheWorkersLastTouch) {
+  auto wq = Make({});
+  auto work = std::make_unique<Work>([] {});
+  PausePoints hooks;
+  PausePoints::Pause& releasing = hooks.Arm(HookPoint::kWorkerWillRelease, work.get());
+  ASSERT_TRUE(wq->Queue(work.get()));
+  ASSERT_TRUE(releasing.WaitPaused());  // the function ran and done_seq is stored
+  std::atomic<bool> flushed{false};
+  std::thread flusher([&] {
+    EXPECT_TRUE(wq->Flush(work.get()));
+    flushed = true;
+  });
+  // Flush either returns or decides to wait: one of them soon (the limit only bounds a
+  // failure).
+  ASSERT_TRUE(Eventually(
+      [&] { return flushed.load() || hooks.Seen(HookPoint::kFlushWorkWaits, work.get()) > 0; }));
+  EXPECT_FALSE(flushed.load()) << "Flush(work) returned while the worker still touches the work";
+  releasing.Resume();
+  flusher.join();
+  work.reset();  // safe now: under ASan a later touch by the worker is a use after free
+}
+
+// Drains in progress are counted: the first of two overlapping drains to end must not
+// reopen queueing from outside while the other still drains (a flag used to).
+TEST_F(WorkqueueTest, OverlappingDrainsRefuseOutsidersUntilTheLastEnds) {
+  auto wq = Make({});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  Work outsider([] {});
+  PausePoints hooks;
+  PausePoints::Pause& first_flushed = hooks.Arm(HookPoint::kDrainFlushed, core);
+  std::thread long_drain([&] { wq->Drain(); });
+  ASSERT_TRUE(first_flushed.WaitPaused());  // still draining
+  wq->Drain();                              // begins and ends inside the other
+  EXPECT_FALSE(wq->Queue(&outsider)) << "accepted while a drain was still in progress";
+  first_flushed.Resume();
+  long_drain.join();
+  EXPECT_TRUE(wq->Queue(&outsider));  // accepted once no drain is left
+  wq->Flush();
+}
+
+// ~Workqueue must not return while the worker that counted the last instance gone is
+// still signalling cv_ and unlocking mu_ under the workqueue's lock (the memory goes
+// next). Here that worker saw a waiter (the destructor's flush of an older color), was
+// overtaken by that flush ending and then counted its own instance, of a newer color,
+// which the destructor's drain saw without taking mu_.
+TEST(WorkqueueHooksTest, DestroyWaitsForTheWorkerSignallingTheLastInstance) {
+  // Two per-CPU pools, so the two workers below hold different pool locks (the counting
+  // worker holds its own across the hooks).
+  auto runtime = *WorkqueueRuntime::Create(
+      {.topology = *Topology::FromSynthetic("pack:1 core:2 pu:1"), .bind_workers = false});
+  const int cpu0 = runtime->topology().cpus()[0].cpu;
+  const int cpu1 = runtime->topology().cpus()[1].cpu;
+  auto wq = *Workqueue::Create({.name = "destroy", .runtime = runtime.get()});
+  Workqueue* q = wq.get();
+  internal::WorkqueueCore* core = WorkAccess::core(q);
+  Gate chain, finish;
+  Work last([] {});
+  Work first([&] {
+    chain.Wait();
+    EXPECT_TRUE(q->QueueOn(cpu1, &last));  // chained while draining: the newer color
+    finish.Wait();
+  });
+  PausePoints hooks;
+  PausePoints::Pause& will_lock = hooks.Arm(HookPoint::kInstanceGoneWillLock, core);
+  PausePoints::Pause& flushed = hooks.Arm(HookPoint::kDrainFlushed, core);
+  ASSERT_TRUE(q->QueueOn(cpu0, &first));
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    wq.reset();
+    destroyed = true;
+  });
+  // The drain's flush took the next color and waits for `first`'s.
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFlushAllWaits, core));
+  chain.Open();
+  ASSERT_TRUE(will_lock.WaitPaused());  // `last` ran; its worker saw the flusher waiting
+  finish.Open();
+  ASSERT_TRUE(flushed.WaitPaused());  // `first` is gone: the flush ended, nobody waits
+  PausePoints::Pause& counted = hooks.Arm(HookPoint::kInstanceGoneCounted, core);
+  will_lock.Resume();
+  ASSERT_TRUE(counted.WaitPaused());  // the last instance counted, mu_ held
+  flushed.Resume();                   // the drain sees nothing queued
+  // A negative check: the limit can only miss a failure, never report a false one.
+  EXPECT_FALSE(Eventually([&] { return destroyed.load(); }, absl::Milliseconds(100)))
+      << "~Workqueue returned while a worker still held its lock";
+  counted.Resume();
+  destroyer.join();
+  EXPECT_TRUE(destroyed.load());
 }
 
 }  // namespace

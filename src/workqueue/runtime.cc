@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "internal/cycle_clock.h"
 #include "workqueue/internal.h"
+#include "workqueue/test_hooks.h"
 
 namespace kwq {
 namespace internal {
@@ -303,6 +304,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   // checks it, and running_seq, besides done_seq (FinishedAndReleased).
   A::done_seq(w).store(A::running_seq(w).load(std::memory_order_relaxed),
                        std::memory_order_release);
+  TestHook(HookPoint::kWorkerWillRelease, w);
   A::runner(w) = nullptr;
   A::running_pool(w).store(nullptr, std::memory_order_release);
   self->current = nullptr;

@@ -10,6 +10,7 @@
 #include "internal/cycle_clock.h"
 #include "kwq/internal/check.h"
 #include "workqueue/internal.h"
+#include "workqueue/test_hooks.h"
 
 namespace kwq {
 namespace internal {
@@ -215,16 +216,18 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   Node& n = *nodes_[pwq->node];
   // Take a free slot only when no work waits: a parked work must not be overtaken (FIFO,
   // which kOrdered relies on).
-  if (!frozen_.load(std::memory_order_acquire) && n.Waiting() == 0 &&
-      TryReserve(n, node_limit_[pwq->node])) {
-    // Freeze stores frozen_ and then reads the slot counts; this took a slot and now reads
-    // frozen_ (both seq_cst): either Freeze waits for this slot or this sees it frozen
-    // and parks the work instead, so nothing starts once Freeze has returned.
-    if (!frozen_.load(std::memory_order_seq_cst)) {
-      pwq->pool->Insert(w);
-      return;
+  if (!frozen_.load(std::memory_order_acquire) && n.Waiting() == 0) {
+    TestHook(HookPoint::kEnqueueWillReserve, this);
+    if (TryReserve(n, node_limit_[pwq->node])) {
+      // Freeze stores frozen_ and then reads the slot counts; this took a slot and now
+      // reads frozen_ (both seq_cst): either Freeze waits for this slot or this sees it
+      // frozen and parks the work instead, so nothing starts once Freeze has returned.
+      if (!frozen_.load(std::memory_order_seq_cst)) {
+        pwq->pool->Insert(w);
+        return;
+      }
+      Release(n);
     }
-    Release(n);
   }
   {
     MutexLock lock(&n.in_mu);
@@ -266,7 +269,10 @@ void WorkqueueCore::ActivateWaiting(int node) {
   Node& n = *nodes_[node];
   // Reserve first: while the node is saturated that is one read of a line the workers do
   // not write (they hand their slots over), and Waiting() is not read at all.
-  while (!frozen_.load(std::memory_order_acquire) && TryReserve(n, node_limit_[node])) {
+  for (;;) {
+    if (frozen_.load(std::memory_order_acquire)) return;
+    TestHook(HookPoint::kActivateWillReserve, this);
+    if (!TryReserve(n, node_limit_[node])) return;
     if (frozen_.load(std::memory_order_seq_cst)) {  // Freeze came in between (see Enqueue)
       Release(n);
       // Thaw stores frozen_ and then reserves: either it sees the released slot or this
@@ -290,8 +296,10 @@ void WorkqueueCore::InstanceGone(uint64_t color) {
   // nothing to be queued may destroy it right after. With a waiter, count and signal
   // under mu_ (the waiter re-checks under mu_); without one, a later waiter polls.
   if (waiters_.load(std::memory_order_seq_cst) > 0) {
+    TestHook(HookPoint::kInstanceGoneWillLock, this);
     MutexLock lock(&mu_);
     color_gone_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
+    TestHook(HookPoint::kInstanceGoneCounted, this);
     cv_.SignalAll();
     return;
   }
@@ -429,6 +437,7 @@ bool WorkqueueCore::Flush(Work* w) {
   MutexLock lock(&mu_);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
   while (!FinishedAndReleased(w, target) && (Pending(w) || Running(w))) {
+    TestHook(HookPoint::kFlushWorkWaits, w);
     cv_.WaitFor(&mu_, kPollPeriod);
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
@@ -452,6 +461,7 @@ void WorkqueueCore::FlushAll() {
   for (;;) {
     const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
     if (gone >= color_queued_[b].load(std::memory_order_acquire)) break;
+    TestHook(HookPoint::kFlushAllWaits, this);
     cv_.WaitFor(&mu_, kPollPeriod);
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
@@ -461,6 +471,7 @@ void WorkqueueCore::Drain() {
   draining_.fetch_add(1, std::memory_order_acq_rel);
   do {
     FlushAll();
+    TestHook(HookPoint::kDrainFlushed, this);
   } while (Queued() > 0);
   draining_.fetch_sub(1, std::memory_order_acq_rel);
 }
@@ -492,7 +503,10 @@ void WorkqueueCore::Freeze() {
   BlockingScope blocking;
   MutexLock lock(&mu_);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
-  while (busy()) cv_.WaitFor(&mu_, kPollPeriod);
+  while (busy()) {
+    TestHook(HookPoint::kFreezeWaits, this);
+    cv_.WaitFor(&mu_, kPollPeriod);
+  }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 

@@ -1,0 +1,92 @@
+// File: src/workqueue/test_hooks.h
+//
+// Named points inside the workqueue implementation where a test can stop a thread, so
+// that races whose windows are a few instructions wide can be tested deterministically
+// (the test pauses one side inside the window and runs the other side through it).
+// Internal: only kwq's own tests use it.
+//
+// The implementation calls TestHook(point, subject) at each point. With no hooks
+// installed (always, outside tests) that is one relaxed load of a global that is never
+// written and a branch predicted not taken; the call itself is out of line. A test
+// installs a TestHooks object with ScopedTestHooks; its At() runs on the thread that
+// reached the point, may block it (while it holds whatever locks the point's comment
+// names), and must filter on `subject`: the hooks are process-wide and other workqueues'
+// threads reach the same points.
+
+#ifndef KWQ_SRC_WORKQUEUE_TEST_HOOKS_H_
+#define KWQ_SRC_WORKQUEUE_TEST_HOOKS_H_
+
+#include <atomic>
+#include <cstdint>
+
+namespace kwq::internal {
+
+// Where a hook runs, and what its `subject` is. "Per item" marks the points on the path
+// every work takes (one relaxed load each without hooks).
+enum class HookPoint : uint8_t {
+  // Enqueue found the workqueue not frozen and nothing waiting, and is about to reserve
+  // an active slot (then it re-checks frozen_). Subject: the WorkqueueCore. Per item.
+  kEnqueueWillReserve,
+  // ActivateWaiting found the workqueue not frozen and is about to reserve an active slot
+  // for a waiting work (then it re-checks frozen_). Subject: the WorkqueueCore. Per item
+  // (a completing worker calls ActivateWaiting when no work waited).
+  kActivateWillReserve,
+  // A worker finished a work and stored its done_seq, and is about to clear its runner
+  // and running_pool (its last touch of the Work). The worker holds its pool's lock.
+  // Subject: the Work. Per item.
+  kWorkerWillRelease,
+  // Flush(work) found the instance it waits for not finished and released, and is about
+  // to wait (again). Holds the workqueue's mu_. Subject: the Work.
+  kFlushWorkWaits,
+  // Flush() (FlushAll) found its color's bucket not empty and is about to wait (again).
+  // Holds the workqueue's flush_mu_ and mu_. Subject: the WorkqueueCore.
+  kFlushAllWaits,
+  // Freeze found a slot still taken and is about to wait (again). Holds the workqueue's
+  // mu_. Subject: the WorkqueueCore.
+  kFreezeWaits,
+  // Drain finished a flush and is about to check whether anything is still queued (and
+  // leave, ending its count in draining_, when nothing is). Subject: the WorkqueueCore.
+  kDrainFlushed,
+  // An instance left the workqueue while someone waited (waiters_ > 0): its counter is
+  // about to take the workqueue's mu_. Subject: the WorkqueueCore.
+  kInstanceGoneWillLock,
+  // The same counter counted the instance gone under the workqueue's mu_ and is about to
+  // signal cv_ and unlock mu_. Holds mu_ (and, from a worker, its pool's lock). Subject:
+  // the WorkqueueCore.
+  kInstanceGoneCounted,
+};
+
+// What a test installs. At() is called at every point reached while installed.
+class TestHooks {
+ public:
+  virtual ~TestHooks() = default;
+  virtual void At(HookPoint point, const void* subject) = 0;
+};
+
+// The installed hooks, or null (A: relaxed on the fast path; CallTestHooks re-reads it
+// seq_cst before use).
+extern std::atomic<TestHooks*> installed_test_hooks;
+
+// The slow path of TestHook.
+void CallTestHooks(HookPoint point, const void* subject);
+
+inline void TestHook(HookPoint point, const void* subject) {
+  if (installed_test_hooks.load(std::memory_order_relaxed) != nullptr) [[unlikely]] {
+    CallTestHooks(point, subject);
+  }
+}
+
+// Installs `hooks` for its lifetime (one at a time). The destructor uninstalls them and
+// then waits until no thread is inside hooks->At(), so `hooks` may be destroyed next;
+// the test must have let every paused thread go first.
+class ScopedTestHooks {
+ public:
+  explicit ScopedTestHooks(TestHooks* hooks);
+  ~ScopedTestHooks();
+  ScopedTestHooks(const ScopedTestHooks&) = delete;
+  ScopedTestHooks& operator=(const ScopedTestHooks&) = delete;
+};
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_SRC_WORKQUEUE_TEST_HOOKS_H_
