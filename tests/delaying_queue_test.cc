@@ -3,12 +3,16 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kwq/rate_limiting_queue.h"
+#include "testing/eventually.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
@@ -64,6 +68,32 @@ TEST_F(DelayingQueueTest, ItemBecomesReadyAfterDelay) {
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
   EXPECT_EQ(q_.Waiting(), 0u);
+}
+
+// With a FakeClock and no timer service, the queue makes one on that clock. Delays used
+// to go to the default service on the real clock: a Get asleep when the fake clock
+// passed the ready time slept on for 10 real seconds (a TryGet, which reads the clock
+// itself, did not show it).
+TEST(DelayingQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
+  FakeClock clock;
+  for (bool rate_limiting : {false, true}) {
+    std::unique_ptr<DelayingQueue<std::string>> q =
+        rate_limiting
+            ? std::make_unique<RateLimitingQueue<std::string>>(QueueOptions{.clock = &clock})
+            : std::make_unique<DelayingQueue<std::string>>(QueueOptions{.clock = &clock});
+    q->AddAfter("a", absl::Seconds(10));
+    std::atomic<bool> got{false};
+    std::thread getter([&] {
+      std::optional<DelayingQueue<std::string>::Lease> lease = q->Get();
+      got = lease.has_value() && lease->item() == "a";
+    });
+    while (internal::QueuePeer::Sleepers(*q) == 0) std::this_thread::yield();
+    clock.Advance(absl::Seconds(10));
+    EXPECT_TRUE(testing::Eventually([&] { return got.load(); }, absl::Seconds(5)))
+        << "the Get slept through its item's ready time, rate_limiting " << rate_limiting;
+    q->ShutDown();
+    getter.join();
+  }
 }
 
 // A delay shorter than a nanosecond still waits (ready times round up; they used to round

@@ -47,7 +47,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -66,10 +68,15 @@ class DelayingQueue {
   using Lease = typename Queue<T, Hash, Eq>::Lease;
 
   DelayingQueue() : DelayingQueue(Options{}) {}
+  // Without options.timers, delays run on TimerService::Default() for the real clock,
+  // and on a service of the queue's own for any other clock (a FakeClock included).
   explicit DelayingQueue(Options options)
       : clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
-        timers_(options.timers != nullptr ? options.timers : &TimerService::Default()),
-        queue_(std::move(options)) {
+        own_timers_(OwnTimers(clock_, options)),
+        timers_(options.timers != nullptr ? options.timers
+                : own_timers_ != nullptr  ? own_timers_.get()
+                                          : &TimerService::Default()),
+        queue_(WithTimers(std::move(options), timers_)) {
     queue_.EnableHandOutTracking();
   }
 
@@ -447,8 +454,27 @@ class DelayingQueue {
   // A polling Get reads the clock every this many polls (each poll is a pause).
   static constexpr int kDueCheckEvery = 8;
 
-  Clock* const clock_;          // I
-  TimerService* const timers_;  // I
+  // A timer service on clock_ when the options named none and clock_ is not the real
+  // clock (the default service runs on the real clock, where a FakeClock's delays would
+  // never come due). Null when it cannot start (said on stderr; then the default one).
+  static std::unique_ptr<TimerService> OwnTimers(Clock* clock, const Options& options) {
+    if (options.timers != nullptr || clock == RealClock::Default()) return nullptr;
+    absl::StatusOr<std::unique_ptr<TimerService>> timers = TimerService::Create({.clock = clock});
+    if (!timers.ok()) {
+      std::fprintf(stderr, "kwq::DelayingQueue: no timer service on its clock (%s)\n",
+                   timers.status().ToString().c_str());
+      return nullptr;
+    }
+    return *std::move(timers);
+  }
+  static Options WithTimers(Options options, TimerService* timers) {
+    options.timers = timers;  // the inner queue's metric refreshes run on it too
+    return options;
+  }
+
+  Clock* const clock_;                              // I
+  const std::unique_ptr<TimerService> own_timers_;  // I; outlives queue_
+  TimerService* const timers_;                      // I
   // The keys, the waiting items (Queue::waiting_) and the lock (Queue::mu_) that also
   // guards the timer state below.
   Queue<T, Hash, Eq> queue_;
