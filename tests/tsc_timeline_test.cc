@@ -369,8 +369,12 @@ void CountReversals(int64_t slack, int64_t* self, int64_t* other) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_GT(timeline.NanosPerTick(), 0);
+  // Only a sanity check: with calibration_error_ppm at 100% a pair whose reads were
+  // preempted is accepted, and its spread (half of it) is the timeline's error until the
+  // next pair. Under TSan on a loaded 2-CPU machine that was 1.75 ms once, so 1 ms is too
+  // tight here; the default options bound it (TscTimeline's calibration tests).
   EXPECT_NEAR(static_cast<double>(timeline.Now()),
-              static_cast<double>(SystemTimeSource().KernelNanos()), 1e6);
+              static_cast<double>(SystemTimeSource().KernelNanos()), 20e6);
   *self = self_reversals.load();
   *other = other_reversals.load();
 }
