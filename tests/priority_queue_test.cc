@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
 #include "testing/drain_check.h"
+#include "testing/eventually.h"
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
@@ -846,6 +848,30 @@ class NoDelayLimiter : public RateLimiter<T> {
   int NumRequeues(const T&) override { return 0; }
 };
 
+// With a FakeClock and no timer service, Create makes one on that clock (it used to
+// refuse), and a Get asleep wakes when the clock passes the item's ready time.
+TEST(PriorityQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
+  FakeClock clock;
+  PQ::Options options;
+  options.clock = &clock;
+  absl::StatusOr<std::unique_ptr<PQ>> created = PQ::Create(std::move(options));
+  ASSERT_TRUE(created.ok()) << created.status();
+  PQ& q = **created;
+  q.AddAfter("a", absl::Seconds(10));
+  std::atomic<bool> got{false};
+  std::thread getter([&] {
+    std::optional<PQ::Lease> lease = q.Get();
+    got = lease.has_value() && lease->item() == "a";
+  });
+  clock.Advance(absl::Seconds(9));
+  EXPECT_FALSE(testing::Eventually([&] { return got.load(); }, absl::Milliseconds(50)));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); }))
+      << "the Get slept through its item's ready time";
+  q.ShutDown();
+  getter.join();
+}
+
 TEST_F(PriorityQueueTest, InvalidOptionsAreRejected) {
   for (absl::Duration aging :
        {-absl::Seconds(1), absl::ZeroDuration(), -absl::InfiniteDuration()}) {
@@ -856,6 +882,7 @@ TEST_F(PriorityQueueTest, InvalidOptionsAreRejected) {
   }
   PQ::Options fake_clock_real_timers;
   fake_clock_real_timers.clock = &clock_;
+  fake_clock_real_timers.timers = &TimerService::Default();
   EXPECT_EQ(PQ::Create(std::move(fake_clock_real_timers)).status().code(),
             absl::StatusCode::kInvalidArgument);
   FakeClock other;

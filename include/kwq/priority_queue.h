@@ -163,10 +163,11 @@ class PriorityQueue {
   friend Lease;                       // calls Finish
   friend struct internal::QueuePeer;  // tests: the keys stored
 
-  // Builds a queue. Errors (InvalidArgument): aging <= 0; `timers` not running on
-  // `clock` (a FakeClock needs a TimerService built on it; with both unset the queue
-  // uses RealClock::Default() and TimerService::Default(), created on first delay); no
-  // rate_limiter for a T that is not copyable.
+  // Builds a queue. Without `timers`, delays run on TimerService::Default() (created on
+  // the first delay) for the real clock, and on a service of the queue's own for any
+  // other clock (a FakeClock included). Errors (InvalidArgument): aging <= 0; `timers`
+  // not running on `clock`; no rate_limiter for a T that is not copyable; and that own
+  // service's errors.
   static absl::StatusOr<std::unique_ptr<PriorityQueue>> Create(Options options) {
     if (!(options.aging > absl::ZeroDuration())) {
       return absl::InvalidArgumentError(
@@ -174,12 +175,17 @@ class PriorityQueue {
           absl::FormatDuration(options.aging));
     }
     Clock* const clock = options.clock != nullptr ? options.clock : RealClock::Default();
+    std::unique_ptr<TimerService> own_timers;
+    if (options.timers == nullptr && clock != RealClock::Default()) {
+      absl::StatusOr<std::unique_ptr<TimerService>> timers = TimerService::Create({.clock = clock});
+      if (!timers.ok()) return timers.status();
+      own_timers = *std::move(timers);
+      options.timers = own_timers.get();
+    }
     Clock* const timer_clock =
         options.timers != nullptr ? &options.timers->clock() : RealClock::Default();
     if (timer_clock != clock) {
-      return absl::InvalidArgumentError(
-          "PriorityQueue: options.timers must run on options.clock (for a FakeClock, pass a "
-          "TimerService built on it)");
+      return absl::InvalidArgumentError("PriorityQueue: options.timers must run on options.clock");
     }
     if (options.rate_limiter == nullptr) {
       if constexpr (std::is_copy_constructible_v<T>) {
@@ -189,7 +195,8 @@ class PriorityQueue {
             "PriorityQueue: a non-copyable item type needs an explicit rate_limiter");
       }
     }
-    return std::unique_ptr<PriorityQueue>(new PriorityQueue(std::move(options), clock));
+    return std::unique_ptr<PriorityQueue>(
+        new PriorityQueue(std::move(options), clock, std::move(own_timers)));
   }
   // Create with default options (fails only for a non-copyable T, which needs a
   // rate_limiter).
@@ -527,8 +534,9 @@ class PriorityQueue {
     }
   };
 
-  PriorityQueue(Options options, Clock* clock)
-      : clock_(clock),
+  PriorityQueue(Options options, Clock* clock, std::unique_ptr<TimerService> own_timers)
+      : own_timers_(std::move(own_timers)),
+        clock_(clock),
         limiter_(std::move(options.rate_limiter)),
         counting_(limiter_->Counting()),
         group_fn_(std::move(options.group)),
@@ -1123,8 +1131,11 @@ class PriorityQueue {
     return timer;
   }
 
-  Clock* const clock_;                      // I
-  const std::unique_ptr<Limiter> limiter_;  // I, thread-safe
+  // Create's timer service on clock_ when the options named none and clock_ is not the
+  // real clock; first, so it outlives everything that schedules on it.
+  const std::unique_ptr<TimerService> own_timers_;  // I, may be null
+  Clock* const clock_;                              // I
+  const std::unique_ptr<Limiter> limiter_;          // I, thread-safe
   // Set by the first rate-limited add: from then on hand-outs name the next item to the
   // limiter (HintNextLocked). Until then a hand-out pays one relaxed load for it.
   std::atomic<bool> hint_limiter_{false};

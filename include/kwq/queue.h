@@ -86,9 +86,9 @@ struct QueueOptions {
   // Time source for metrics and (delaying queues) for delays. nullptr: RealClock.
   Clock* clock = nullptr;
   // Timer service for delays and metric refreshes. nullptr: TimerService::Default(), or
-  // for a DelayingQueue or RateLimitingQueue on a clock other than the real one, a
-  // service of the queue's own on that clock. A PriorityQueue on a FakeClock needs one
-  // built on that clock (Create says so); so do a plain Queue's metric refreshes.
+  // for a DelayingQueue, RateLimitingQueue or PriorityQueue on a clock other than the
+  // real one, a service of the queue's own on that clock. A plain Queue's metric
+  // refreshes on a FakeClock need one built on that clock.
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;
   // the others poll briefly, sleep, and are woken when items pile up (by the producer
