@@ -1134,5 +1134,44 @@ TEST(WorkqueueHooksTest, DestroyWaitsForTheWorkerSignallingTheLastInstance) {
   EXPECT_TRUE(destroyed.load());
 }
 
+// Flush(delayed work) takes the work off its timer and queues it now. A work whose timer
+// fired meanwhile is queued already and keeps its place: it used to be taken out of its
+// pool and queued again at the back, behind works queued after it.
+TEST_F(FakeTimeWorkqueueTest, FlushDelayedRacingItsTimerKeepsTheWorksPlace) {
+  auto wq = *Workqueue::Create({.name = "order", .flags = kOrdered, .runtime = runtime_.get()});
+  Gate gate;
+  std::mutex order_mu;
+  std::vector<std::string> order;
+  Work holder([&] { gate.Wait(); });
+  DelayedWork delayed([&] {
+    std::lock_guard<std::mutex> lock(order_mu);
+    order.push_back("delayed");
+  });
+  Work later([&] {
+    std::lock_guard<std::mutex> lock(order_mu);
+    order.push_back("later");
+  });
+  ASSERT_TRUE(wq->Queue(&holder));  // takes the one slot
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Seconds(1)));
+  PausePoints hooks;
+  PausePoints::Pause& grabbing = hooks.Arm(HookPoint::kFlushDelayedWillGrab, &delayed.work());
+  bool ran_by_flush_end = false;
+  std::thread flusher([&] {
+    wq->Flush(&delayed);  // false when the work ran before the flush began to wait
+    std::lock_guard<std::mutex> lock(order_mu);
+    ran_by_flush_end = !order.empty() && order.front() == "delayed";
+  });
+  ASSERT_TRUE(grabbing.WaitPaused());  // saw the work on its timer
+  clock_.Advance(absl::Seconds(1));    // the timer fires: the work parks behind `holder`
+  ASSERT_TRUE(Eventually([&] { return Parked(&delayed.work()); }));
+  ASSERT_TRUE(wq->Queue(&later));  // parks behind it
+  grabbing.Resume();
+  gate.Open();
+  flusher.join();
+  EXPECT_TRUE(ran_by_flush_end);
+  wq->Flush();
+  EXPECT_EQ(order, (std::vector<std::string>{"delayed", "later"}));
+}
+
 }  // namespace
 }  // namespace kwq

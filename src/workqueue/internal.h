@@ -319,6 +319,11 @@ class WorkqueueCore {
   // Grabs a pending instance off whatever list holds it. Returns true when it was
   // pending (the caller then owns the pending bit and must clear or reuse it).
   bool GrabPending(Work* w);
+  // GrabPending for a work on a timer (its pwq read as `pwq`): kGrabbed when taken off
+  // the timer (pending bit now the caller's); kGone when it is no longer on that timer;
+  // kFiring when the timer is running and about to move it into a pool.
+  enum class TimerGrab { kGrabbed, kGone, kFiring };
+  TimerGrab GrabFromTimer(Work* w, PoolWorkqueue* pwq);
   void Activate(Work* w, PoolWorkqueue* pwq);
   void WaitIdle(Work* w);
   void RescuerMain();

@@ -35,6 +35,9 @@ enum class HookPoint : uint8_t {
   // and running_pool (its last touch of the Work). The worker holds its pool's lock.
   // Subject: the Work. Per item.
   kWorkerWillRelease,
+  // Flush(delayed work) found the work on its timer and is about to take it off (to
+  // queue it now). Subject: the Work.
+  kFlushDelayedWillGrab,
   // Flush(work) found the instance it waits for not finished and released, and is about
   // to wait (again). Holds the workqueue's mu_. Subject: the Work.
   kFlushWorkWaits,

@@ -339,30 +339,30 @@ Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, WorkerPool* here) {
 
 void WorkqueueCore::Finished(uint64_t color) { InstanceGone(color); }
 
+WorkqueueCore::TimerGrab WorkqueueCore::GrabFromTimer(Work* w, PoolWorkqueue* pwq) {
+  WorkqueueCore* owner_wq = pwq->wq;
+  MutexLock lock(&owner_wq->timer_mu_);
+  // pwq_ may be stale (the work moved on): re-check under the owner's lock.
+  if (WhereOf(w) != WorkWhere::kTimer || A::pwq(w).load(std::memory_order_acquire) != pwq) {
+    return TimerGrab::kGone;
+  }
+  auto* d = static_cast<DelayedWork*>(A::list(w));
+  if (!rt->timers->Cancel(A::timer(d))) return TimerGrab::kFiring;
+  SetWhere(w, WorkWhere::kNone);
+  A::list(w) = nullptr;
+  owner_wq->timed_.erase(d);
+  return TimerGrab::kGrabbed;
+}
+
 bool WorkqueueCore::GrabPending(Work* w) {
   for (;;) {
     if (!Pending(w)) return false;
     PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
     switch (WhereOf(w)) {
       case WorkWhere::kTimer: {
-        WorkqueueCore* owner_wq = pwq->wq;
-        TimerId timer = 0;
-        {
-          MutexLock lock(&owner_wq->timer_mu_);
-          // pwq_ may be stale (the work moved on): re-check under the owner's lock.
-          if (WhereOf(w) != WorkWhere::kTimer || A::pwq(w).load(std::memory_order_acquire) != pwq) {
-            break;
-          }
-          auto* d = static_cast<DelayedWork*>(A::list(w));
-          timer = A::timer(d);
-          if (rt->timers->Cancel(timer)) {
-            SetWhere(w, WorkWhere::kNone);
-            A::list(w) = nullptr;
-            owner_wq->timed_.erase(d);
-            return true;
-          }
-        }
-        std::this_thread::yield();  // the timer is firing: it moves the work to a pool
+        const TimerGrab grab = GrabFromTimer(w, pwq);
+        if (grab == TimerGrab::kGrabbed) return true;
+        if (grab == TimerGrab::kFiring) std::this_thread::yield();  // it moves to a pool
         break;
       }
       case WorkWhere::kInactive: {
@@ -567,14 +567,22 @@ bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
   Work* w = A::work(d);
   // Taken off its timer and queued now: it counts as flushed even if a worker finishes
   // it before Flush below looks (then Flush has nothing left to wait for).
+  // Only off the timer: a work its timer moved into a pool meanwhile keeps its place
+  // there (GrabPending would take it from any list and queue it again at the back).
   bool queued_now = false;
-  if (WhereOf(w) == WorkWhere::kTimer && GrabPending(w)) {
-    // Under timer_mu_, as in TimerFired, so that Stats never sees one count without the
-    // other.
-    MutexLock lock(&timer_mu_);
-    timer_entered_.fetch_add(1, std::memory_order_relaxed);
-    Enqueue(A::target_cpu(d), -1, w);
-    queued_now = true;
+  while (WhereOf(w) == WorkWhere::kTimer) {
+    TestHook(HookPoint::kFlushDelayedWillGrab, w);
+    const TimerGrab grab = GrabFromTimer(w, A::pwq(w).load(std::memory_order_acquire));
+    if (grab == TimerGrab::kGrabbed) {
+      // Under timer_mu_, as in TimerFired, so that Stats never sees one count without the
+      // other.
+      MutexLock lock(&timer_mu_);
+      timer_entered_.fetch_add(1, std::memory_order_relaxed);
+      Enqueue(A::target_cpu(d), -1, w);
+      queued_now = true;
+      break;
+    }
+    if (grab == TimerGrab::kFiring) std::this_thread::yield();
   }
   return Flush(w) || queued_now;
 }
