@@ -95,7 +95,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -110,6 +109,7 @@
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/ready_levels.h"
 #include "kwq/internal/spin.h"
 #include "kwq/internal/time_key.h"
 #include "kwq/metrics.h"
@@ -337,8 +337,8 @@ class PriorityQueue {
   // queue is shut down and nothing is ready.
   std::optional<Lease> Get() {
     internal::MutexLock lock(&mu_);
-    if (ready_count_ == 0 && !shutting_down_) SpinLocked();
-    while (ready_count_ == 0) {
+    if (ready_.empty() && !shutting_down_) SpinLocked();
+    while (ready_.empty()) {
       if (shutting_down_) return std::nullopt;
       WaitLocked();
     }
@@ -348,7 +348,7 @@ class PriorityQueue {
   // Returns a ready item's lease, or nullopt at once when none is ready.
   std::optional<Lease> TryGet() {
     internal::MutexLock lock(&mu_);
-    if (ready_count_ == 0) return std::nullopt;
+    if (ready_.empty()) return std::nullopt;
     return PopLocked();
   }
 
@@ -358,7 +358,7 @@ class PriorityQueue {
   std::optional<Lease> Get(const Context& ctx) {
     {
       internal::MutexLock lock(&mu_);
-      if (ready_count_ != 0) return PopLocked();
+      if (!ready_.empty()) return PopLocked();
       if (shutting_down_ || ctx.IsCancelled()) return std::nullopt;
     }
     Waker waker{this};
@@ -366,8 +366,8 @@ class PriorityQueue {
     std::optional<Lease> lease;
     {
       internal::MutexLock lock(&mu_);
-      while (ready_count_ == 0 && !shutting_down_ && !ctx.IsCancelled()) WaitLocked();
-      if (ready_count_ != 0) lease.emplace(PopLocked());
+      while (ready_.empty() && !shutting_down_ && !ctx.IsCancelled()) WaitLocked();
+      if (!ready_.empty()) lease.emplace(PopLocked());
     }
     // The waker touches this queue: make sure it is not running when we return.
     if (!handle.Stop()) {
@@ -380,7 +380,7 @@ class PriorityQueue {
   // an Add or Done noticing it is due).
   size_t Len() const {
     internal::MutexLock lock(&mu_);
-    return ready_count_;
+    return ready_.size();
   }
   // Items waiting to run without a delay: ready ones plus in-flight ones added again
   // with no delay (client-go's depth; the `depth` metric).
@@ -451,7 +451,6 @@ class PriorityQueue {
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
   static constexpr uint32_t kNone = UINT32_MAX;
-  static constexpr uint32_t kInFifo = UINT32_MAX - 1;  // SlotInfo::local of a FIFO item
 
   // State bits of a stored key. kQueued and kDelayed exclude each other.
   static constexpr uint8_t kQueued = 1;      // ready (in a group), or to be at its Done
@@ -460,12 +459,6 @@ class PriorityQueue {
   static constexpr uint8_t kIdleListed = 8;  // the slot is in idle_ (it may be busy again)
   // As Queue's: idle keys kept in the table before the oldest is erased.
   static constexpr size_t kMaxIdle = 4096;
-  // Empty groups are kept for reuse until there are this many and more than non-empty
-  // ones; then all are forgotten (SweepLocked).
-  static constexpr size_t kMinEmptyGroups = 64;
-  // A group's FIFO is compacted when it holds more dead entries than this and than live
-  // items.
-  static constexpr size_t kMinDead = 64;
 
   // What an add computed before taking the lock.
   struct Prep {
@@ -479,46 +472,8 @@ class PriorityQueue {
   // Per stored key.
   struct SlotInfo {
     int priority;        // while waiting: the largest of the adds since the last Get
-    uint32_t group;      // its group while ready, else kNone
-    int64_t seq;         // while ready: its ready sequence
-    uint32_t local;      // while ready: kInFifo, or its id in the group's heap
     uint64_t group_key;  // Options::group(item), or 0
     int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
-  };
-
-  // The ready items of one (priority, group key), by ready sequence. Items almost always
-  // arrive in sequence order, so they go to a FIFO (O(1) in and out, sequential memory);
-  // an item that arrives out of order (its priority was raised, so it keeps an older
-  // sequence) goes to a heap. An item taken out of the FIFO's middle (a raise, an aged
-  // item) leaves a dead entry, skipped when it reaches the front and compacted away when
-  // dead entries outnumber live ones. Heap ids are group-local so that each heap's
-  // position index is as large as its own peak, not the whole table.
-  struct Group {
-    struct Entry {
-      int64_t seq;
-      uint32_t slot;
-    };
-    std::deque<Entry> fifo;         // increasing seq; the front is always live
-    internal::IndexedHeap late;     // local ids by ready sequence
-    std::vector<uint32_t> slot_of;  // local id -> slot
-    std::vector<uint32_t> free_ids;
-    size_t count = 0;  // live items (fifo and late)
-    size_t dead = 0;   // dead entries in fifo
-    int priority = 0;
-    uint64_t key = 0;
-    uint32_t level = kNone;
-    uint32_t prev = kNone, next = kNone;  // the level's ring of non-empty groups
-    bool live = false;                    // in group_ids_
-    bool listed = false;                  // in emptied_
-  };
-
-  // One priority: its ring of non-empty groups (front is served next).
-  struct Level {
-    int priority = 0;
-    uint32_t head = kNone, tail = kNone;
-    size_t count = 0;   // ready items
-    size_t groups = 0;  // live groups
-    bool live = false;  // in level_ids_
   };
 
   enum class WakeKind { kNone, kOne, kAll };
@@ -612,8 +567,8 @@ class PriorityQueue {
   // only try-locks its own lock, so this cannot wait, and Get keeps returning its lease
   // without a move.
   void HintNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!hint_limiter_.load(std::memory_order_relaxed) || level_heap_.empty()) return;
-    limiter_->Prefetch(table_.hash(FirstLocked(levels_[level_heap_.TopId()].head)));
+    if (!hint_limiter_.load(std::memory_order_relaxed) || ready_.empty()) return;
+    limiter_->Prefetch(table_.hash(ready_.Next()));
   }
 
   // Reads the clock when an add needs it (for a delay, for aging's ready times, or when
@@ -647,12 +602,7 @@ class PriorityQueue {
       slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
       if (counts_) counts_->Reset(slot);
       if (slot >= info_.size()) info_.resize(table_.slot_limit());
-      info_[slot] = SlotInfo{.priority = priority,
-                             .group = kNone,
-                             .seq = -1,
-                             .local = kNone,
-                             .group_key = prep.group,
-                             .due = 0};
+      info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
     }
     absl::Duration after = prep.after;
     if (prep.counted) {
@@ -741,212 +691,32 @@ class PriorityQueue {
     if (aging_) aged_.Push(slot, ReadyKey(ready_at));
   }
 
-  // Finds or creates the group of (priority, key).
-  uint32_t GroupForLocked(int priority, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = group_ids_.find(std::pair<int, uint64_t>(priority, key));
-    if (it != group_ids_.end()) return it->second;
-    if (empty_groups_ >= kMinEmptyGroups && empty_groups_ * 2 > group_ids_.size()) SweepLocked();
-    uint32_t level;
-    auto lit = level_ids_.find(priority);
-    if (lit != level_ids_.end()) {
-      level = lit->second;
-    } else {
-      if (!free_levels_.empty()) {
-        level = free_levels_.back();
-        free_levels_.pop_back();
-      } else {
-        level = static_cast<uint32_t>(levels_.size());
-        levels_.emplace_back();
-      }
-      levels_[level] = Level{.priority = priority, .live = true};
-      level_ids_.emplace(priority, level);
-    }
-    uint32_t g;
-    if (!free_groups_.empty()) {
-      g = free_groups_.back();
-      free_groups_.pop_back();
-    } else {
-      g = static_cast<uint32_t>(groups_.size());
-      groups_.emplace_back();
-    }
-    Group& group = groups_[g];
-    group.slot_of.clear();
-    group.free_ids.clear();
-    group.count = 0;
-    group.priority = priority;
-    group.key = key;
-    group.level = level;
-    group.prev = group.next = kNone;
-    group.live = true;
-    ++levels_[level].groups;
-    group_ids_.emplace(std::pair<int, uint64_t>(priority, key), g);
-    ++empty_groups_;
-    return g;
-  }
-
-  // Forgets every empty group, and every level left without groups. Amortised O(1): it
-  // runs when more than half the groups are empty, and visits only the groups that
-  // emptied since the last sweep (each listed once).
-  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const uint32_t g : emptied_) {
-      Group& group = groups_[g];
-      group.listed = false;
-      if (!group.live || group.count != 0) continue;
-      group_ids_.erase(std::pair<int, uint64_t>(group.priority, group.key));
-      group.live = false;
-      free_groups_.push_back(g);
-      Level& level = levels_[group.level];
-      if (--level.groups == 0) {
-        level_ids_.erase(level.priority);
-        level.live = false;
-        free_levels_.push_back(group.level);
-      }
-    }
-    emptied_.clear();
-    empty_groups_ = 0;  // every empty group had emptied since the last sweep
-  }
-
-  void RingAppendLocked(Level& level, uint32_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Group& group = groups_[g];
-    group.prev = level.tail;
-    group.next = kNone;
-    if (level.tail != kNone) {
-      groups_[level.tail].next = g;
-    } else {
-      level.head = g;
-    }
-    level.tail = g;
-  }
-
-  void RingRemoveLocked(Level& level, uint32_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Group& group = groups_[g];
-    if (group.prev != kNone) {
-      groups_[group.prev].next = group.next;
-    } else {
-      level.head = group.next;
-    }
-    if (group.next != kNone) {
-      groups_[group.next].prev = group.prev;
-    } else {
-      level.tail = group.prev;
-    }
-    group.prev = group.next = kNone;
-  }
-
-  // Puts `slot` into the group of its priority and group key, ordered by `seq`.
+  // Puts `slot` into the ready items, in the group of its priority and group key,
+  // ordered by `seq`.
   void LinkLocked(uint32_t slot, int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    SlotInfo& info = info_[slot];
-    const uint32_t g = GroupForLocked(info.priority, info.group_key);
-    Group& group = groups_[g];
-    info.group = g;
-    info.seq = seq;
-    if (group.fifo.empty() || seq > group.fifo.back().seq) {
-      group.fifo.push_back({seq, slot});
-      info.local = kInFifo;
-    } else {
-      uint32_t local;
-      if (!group.free_ids.empty()) {
-        local = group.free_ids.back();
-        group.free_ids.pop_back();
-        group.slot_of[local] = slot;
-      } else {
-        local = static_cast<uint32_t>(group.slot_of.size());
-        group.slot_of.push_back(slot);
-      }
-      group.late.Push(local, seq);
-      info.local = local;
-    }
-    Level& level = levels_[group.level];
-    if (group.count++ == 0) {
-      --empty_groups_;
-      RingAppendLocked(level, g);
-      if (level.count == 0) level_heap_.Push(group.level, -static_cast<int64_t>(level.priority));
-    }
-    ++level.count;
-    ++ready_count_;
-    ready_hint_.store(ready_count_, std::memory_order_relaxed);
+    const SlotInfo& info = info_[slot];
+    ready_.Link(slot, info.priority, info.group_key, seq);
+    ready_hint_.store(ready_.size(), std::memory_order_relaxed);
   }
 
-  // Whether a FIFO entry of group `g` is a live item (not one taken out of the middle).
-  bool LiveLocked(uint32_t g, const typename Group::Entry& e) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const SlotInfo& info = info_[e.slot];
-    return info.group == g && info.local == kInFifo && info.seq == e.seq;
-  }
-
-  // The slot of group `g`'s earliest-ready item. The group must not be empty.
-  uint32_t FirstLocked(uint32_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const Group& group = groups_[g];
-    if (group.late.empty() ||
-        (!group.fifo.empty() && group.fifo.front().seq < group.late.TopKey())) {
-      return group.fifo.front().slot;
-    }
-    return group.slot_of[group.late.TopId()];
-  }
-
-  // Takes a ready `slot` out of its group (not out of aged_); returns its ready sequence.
+  // Takes a ready `slot` out of the ready items (not out of aged_); returns its ready
+  // sequence.
   int64_t UnlinkLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    SlotInfo& info = info_[slot];
-    const uint32_t g = info.group;
-    Group& group = groups_[g];
-    if (info.local != kInFifo) {
-      group.late.Remove(info.local);
-      group.free_ids.push_back(info.local);
-    } else if (group.fifo.front().slot == slot) {
-      group.fifo.pop_front();
-    } else {
-      ++group.dead;  // left in place, dead once info.group changes
-    }
-    info.group = kNone;
-    Level& level = levels_[group.level];
-    --level.count;
-    --ready_count_;
-    ready_hint_.store(ready_count_, std::memory_order_relaxed);
-    if (--group.count == 0) {
-      group.fifo.clear();
-      group.dead = 0;
-      ++empty_groups_;
-      if (!group.listed) {
-        group.listed = true;
-        emptied_.push_back(g);
-      }
-      RingRemoveLocked(level, g);
-      if (level.count == 0) level_heap_.Remove(group.level);
-    } else if (group.dead > 0) {
-      while (!group.fifo.empty() && !LiveLocked(g, group.fifo.front())) {  // keep it live
-        group.fifo.pop_front();
-        --group.dead;
-      }
-      if (group.dead > kMinDead && group.dead > group.count) {  // amortised O(1)
-        std::deque<typename Group::Entry> live;
-        for (const auto& e : group.fifo) {
-          if (LiveLocked(g, e)) live.push_back(e);
-        }
-        group.fifo.swap(live);
-        group.dead = 0;
-      }
-    }
-    return info.seq;
+    const int64_t seq = ready_.Unlink(slot);
+    ready_hint_.store(ready_.size(), std::memory_order_relaxed);
+    return seq;
   }
 
   Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint32_t slot;
-    uint32_t served = kNone;  // the group served in turn, if not an aged item
     if (aging_ && ToKey(clock_->Now()) - aged_.TopKey() >= aging_ns_) {
-      slot = aged_.TopId();
+      slot = aged_.TopId();  // out of turn: no group's turn moves on
+      ready_.Unlink(slot);
     } else {
-      served = levels_[level_heap_.TopId()].head;
-      slot = FirstLocked(served);
+      slot = ready_.PopNext();
     }
-    UnlinkLocked(slot);
+    ready_hint_.store(ready_.size(), std::memory_order_relaxed);
     if (aging_) aged_.Remove(slot);
-    if (served != kNone && groups_[served].count != 0) {
-      Level& level = levels_[groups_[served].level];
-      if (level.tail != served) {  // its turn is over: to the back of the ring
-        RingRemoveLocked(level, served);
-        RingAppendLocked(level, served);
-      }
-    }
     uint8_t& state = table_.state(slot);
     state = static_cast<uint8_t>((state & ~kQueued) | kProcessing);
     --queued_;
@@ -1158,26 +928,16 @@ class PriorityQueue {
   std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);   // kIdleListed slots, oldest first
   size_t idle_floor_ ABSL_GUARDED_BY(mu_) = 0;       // see KeepIdleLocked
 
-  // Ready items: levels_ by priority (level_heap_ holds the non-empty ones, by -priority),
-  // each with a ring of groups_, each its items by ready sequence (see Group).
-  std::vector<Level> levels_ ABSL_GUARDED_BY(mu_);
-  std::vector<Group> groups_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int, uint32_t> level_ids_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::pair<int, uint64_t>, uint32_t> group_ids_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_levels_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_groups_ ABSL_GUARDED_BY(mu_);
-  size_t empty_groups_ ABSL_GUARDED_BY(mu_) = 0;        // live groups with no ready item
-  std::vector<uint32_t> emptied_ ABSL_GUARDED_BY(mu_);  // groups that emptied since a sweep
-  internal::IndexedHeap level_heap_ ABSL_GUARDED_BY(mu_);
+  // The ready items, in serving order (kwq/internal/ready_levels.h).
+  internal::ReadyLevels ready_ ABSL_GUARDED_BY(mu_);
   // Aging only: every ready slot by ready time (ReadyKey), so the top is the oldest.
   internal::IndexedHeap aged_ ABSL_GUARDED_BY(mu_);
   // Delayed slots not in flight, by ready time (ReadyKey).
   internal::IndexedHeap delayed_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ready sequence: items made ready so far
 
-  // ready_count_, readable without the lock (relaxed: only a hint for SpinLocked).
+  // ready_.size(), readable without the lock (relaxed: only a hint for SpinLocked).
   std::atomic<size_t> ready_hint_{0};
-  size_t ready_count_ ABSL_GUARDED_BY(mu_) = 0;
   size_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // kQueued slots
   size_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // kDelayed slots
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,0 +1,306 @@
+// File: kwq/internal/ready_levels.h
+//
+// ReadyLevels: the ready items of a PriorityQueue, as slot numbers, in the order they are
+// served. Highest priority first; within a priority, items fall into groups (by a group
+// key, controller-runtime's fairness extension) served round-robin; within a group, by
+// ready sequence (FIFO). Link, Unlink and PopNext are amortised O(log levels + log
+// group size), and O(1) for the usual in-order arrivals. Not thread-safe: the queue's
+// lock guards it. Internal: used by kwq/priority_queue.h.
+//
+// Each group keeps a FIFO for items that arrive in sequence order (almost all: O(1) in
+// and out, sequential memory) and a heap for those that do not (an item whose priority
+// was raised keeps its older sequence). An item taken out of the FIFO's middle (a raise,
+// an aged item) leaves a dead entry, skipped when it reaches the front and compacted
+// away when dead entries outnumber live ones. Heap ids are group-local, so each heap's
+// position index is as large as its own peak, not the whole table. Empty groups and
+// levels are kept for reuse until more than half are empty (then swept, amortised O(1)).
+
+#ifndef KWQ_INTERNAL_READY_LEVELS_H_
+#define KWQ_INTERNAL_READY_LEVELS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "kwq/internal/indexed_heap.h"
+
+namespace kwq::internal {
+
+class ReadyLevels {
+ public:
+  // Puts `slot` (not ready) into the group (priority, group_key), ordered by `seq`.
+  void Link(uint32_t slot, int priority, uint64_t group_key, int64_t seq) {
+    if (slot >= pos_.size()) pos_.resize(slot + 1);
+    const uint32_t g = GroupFor(priority, group_key);
+    Group& group = groups_[g];
+    Position& pos = pos_[slot];
+    pos.group = g;
+    pos.seq = seq;
+    if (group.fifo.empty() || seq > group.fifo.back().seq) {
+      group.fifo.push_back({seq, slot});
+      pos.local = kInFifo;
+    } else {
+      uint32_t local;
+      if (!group.free_ids.empty()) {
+        local = group.free_ids.back();
+        group.free_ids.pop_back();
+        group.slot_of[local] = slot;
+      } else {
+        local = static_cast<uint32_t>(group.slot_of.size());
+        group.slot_of.push_back(slot);
+      }
+      group.late.Push(local, seq);
+      pos.local = local;
+    }
+    Level& level = levels_[group.level];
+    if (group.count++ == 0) {
+      --empty_groups_;
+      RingAppend(level, g);
+      if (level.count == 0) level_heap_.Push(group.level, -static_cast<int64_t>(level.priority));
+    }
+    ++level.count;
+    ++size_;
+  }
+
+  // Takes a ready `slot` out; returns its ready sequence.
+  int64_t Unlink(uint32_t slot) {
+    Position& pos = pos_[slot];
+    const uint32_t g = pos.group;
+    Group& group = groups_[g];
+    if (pos.local != kInFifo) {
+      group.late.Remove(pos.local);
+      group.free_ids.push_back(pos.local);
+    } else if (group.fifo.front().slot == slot) {
+      group.fifo.pop_front();
+    } else {
+      ++group.dead;  // left in place, dead once pos.group changes
+    }
+    pos.group = kNone;
+    Level& level = levels_[group.level];
+    --level.count;
+    --size_;
+    if (--group.count == 0) {
+      group.fifo.clear();
+      group.dead = 0;
+      ++empty_groups_;
+      if (!group.listed) {
+        group.listed = true;
+        emptied_.push_back(g);
+      }
+      RingRemove(level, g);
+      if (level.count == 0) level_heap_.Remove(group.level);
+    } else if (group.dead > 0) {
+      while (!group.fifo.empty() && !Live(g, group.fifo.front())) {  // keep it live
+        group.fifo.pop_front();
+        --group.dead;
+      }
+      if (group.dead > kMinDead && group.dead > group.count) {  // amortised O(1)
+        std::deque<Entry> live;
+        for (const Entry& e : group.fifo) {
+          if (Live(g, e)) live.push_back(e);
+        }
+        group.fifo.swap(live);
+        group.dead = 0;
+      }
+    }
+    return pos.seq;
+  }
+
+  // The slot served next: the earliest of the group whose turn it is at the highest
+  // priority. Must not be empty.
+  uint32_t Next() const { return First(levels_[level_heap_.TopId()].head); }
+
+  // Takes out the slot Next() names and moves its group's turn on (to the back of its
+  // priority's ring). Must not be empty.
+  uint32_t PopNext() {
+    const uint32_t served = levels_[level_heap_.TopId()].head;
+    const uint32_t slot = First(served);
+    Unlink(slot);
+    Group& group = groups_[served];
+    if (group.count != 0) {
+      Level& level = levels_[group.level];
+      if (level.tail != served) {  // its turn is over: to the back of the ring
+        RingRemove(level, served);
+        RingAppend(level, served);
+      }
+    }
+    return slot;
+  }
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  static constexpr uint32_t kInFifo = UINT32_MAX - 1;  // Position::local of a FIFO item
+  // Empty groups are kept for reuse until there are this many and more than non-empty
+  // ones; then all are forgotten (Sweep).
+  static constexpr size_t kMinEmptyGroups = 64;
+  // A group's FIFO is compacted when it holds more dead entries than this and than live
+  // items.
+  static constexpr size_t kMinDead = 64;
+
+  // Where a ready slot is.
+  struct Position {
+    uint32_t group = kNone;  // kNone when not ready
+    uint32_t local = kNone;  // kInFifo, or its id in the group's heap
+    int64_t seq = -1;        // its ready sequence
+  };
+
+  struct Entry {
+    int64_t seq;
+    uint32_t slot;
+  };
+
+  // The ready items of one (priority, group key), by ready sequence.
+  struct Group {
+    std::deque<Entry> fifo;         // increasing seq; the front is always live
+    IndexedHeap late;               // local ids by ready sequence
+    std::vector<uint32_t> slot_of;  // local id -> slot
+    std::vector<uint32_t> free_ids;
+    size_t count = 0;  // live items (fifo and late)
+    size_t dead = 0;   // dead entries in fifo
+    int priority = 0;
+    uint64_t key = 0;
+    uint32_t level = kNone;
+    uint32_t prev = kNone, next = kNone;  // the level's ring of non-empty groups
+    bool live = false;                    // in group_ids_
+    bool listed = false;                  // in emptied_
+  };
+
+  // One priority: its ring of non-empty groups (front is served next).
+  struct Level {
+    int priority = 0;
+    uint32_t head = kNone, tail = kNone;
+    size_t count = 0;   // ready items
+    size_t groups = 0;  // live groups
+    bool live = false;  // in level_ids_
+  };
+
+  // Finds or creates the group of (priority, key).
+  uint32_t GroupFor(int priority, uint64_t key) {
+    auto it = group_ids_.find(std::pair<int, uint64_t>(priority, key));
+    if (it != group_ids_.end()) return it->second;
+    if (empty_groups_ >= kMinEmptyGroups && empty_groups_ * 2 > group_ids_.size()) Sweep();
+    uint32_t level;
+    auto lit = level_ids_.find(priority);
+    if (lit != level_ids_.end()) {
+      level = lit->second;
+    } else {
+      if (!free_levels_.empty()) {
+        level = free_levels_.back();
+        free_levels_.pop_back();
+      } else {
+        level = static_cast<uint32_t>(levels_.size());
+        levels_.emplace_back();
+      }
+      levels_[level] = Level{.priority = priority, .live = true};
+      level_ids_.emplace(priority, level);
+    }
+    uint32_t g;
+    if (!free_groups_.empty()) {
+      g = free_groups_.back();
+      free_groups_.pop_back();
+    } else {
+      g = static_cast<uint32_t>(groups_.size());
+      groups_.emplace_back();
+    }
+    Group& group = groups_[g];
+    group.slot_of.clear();
+    group.free_ids.clear();
+    group.count = 0;
+    group.priority = priority;
+    group.key = key;
+    group.level = level;
+    group.prev = group.next = kNone;
+    group.live = true;
+    ++levels_[level].groups;
+    group_ids_.emplace(std::pair<int, uint64_t>(priority, key), g);
+    ++empty_groups_;
+    return g;
+  }
+
+  // Forgets every empty group, and every level left without groups. Amortised O(1): it
+  // runs when more than half the groups are empty, and visits only the groups that
+  // emptied since the last sweep (each listed once).
+  void Sweep() {
+    for (const uint32_t g : emptied_) {
+      Group& group = groups_[g];
+      group.listed = false;
+      if (!group.live || group.count != 0) continue;
+      group_ids_.erase(std::pair<int, uint64_t>(group.priority, group.key));
+      group.live = false;
+      free_groups_.push_back(g);
+      Level& level = levels_[group.level];
+      if (--level.groups == 0) {
+        level_ids_.erase(level.priority);
+        level.live = false;
+        free_levels_.push_back(group.level);
+      }
+    }
+    emptied_.clear();
+    empty_groups_ = 0;  // every empty group had emptied since the last sweep
+  }
+
+  void RingAppend(Level& level, uint32_t g) {
+    Group& group = groups_[g];
+    group.prev = level.tail;
+    group.next = kNone;
+    if (level.tail != kNone) {
+      groups_[level.tail].next = g;
+    } else {
+      level.head = g;
+    }
+    level.tail = g;
+  }
+
+  void RingRemove(Level& level, uint32_t g) {
+    Group& group = groups_[g];
+    if (group.prev != kNone) {
+      groups_[group.prev].next = group.next;
+    } else {
+      level.head = group.next;
+    }
+    if (group.next != kNone) {
+      groups_[group.next].prev = group.prev;
+    } else {
+      level.tail = group.prev;
+    }
+    group.prev = group.next = kNone;
+  }
+
+  // Whether a FIFO entry of group `g` is a live item (not one taken out of the middle).
+  bool Live(uint32_t g, const Entry& e) const {
+    const Position& pos = pos_[e.slot];
+    return pos.group == g && pos.local == kInFifo && pos.seq == e.seq;
+  }
+
+  // The slot of group `g`'s earliest-ready item. The group must not be empty.
+  uint32_t First(uint32_t g) const {
+    const Group& group = groups_[g];
+    if (group.late.empty() ||
+        (!group.fifo.empty() && group.fifo.front().seq < group.late.TopKey())) {
+      return group.fifo.front().slot;
+    }
+    return group.slot_of[group.late.TopId()];
+  }
+
+  std::vector<Position> pos_;  // by slot
+  std::vector<Level> levels_;
+  std::vector<Group> groups_;
+  absl::flat_hash_map<int, uint32_t> level_ids_;
+  absl::flat_hash_map<std::pair<int, uint64_t>, uint32_t> group_ids_;
+  std::vector<uint32_t> free_levels_;
+  std::vector<uint32_t> free_groups_;
+  size_t empty_groups_ = 0;        // live groups with no ready item
+  std::vector<uint32_t> emptied_;  // groups that emptied since a sweep
+  IndexedHeap level_heap_;         // non-empty levels by -priority
+  size_t size_ = 0;                // ready slots
+};
+
+}  // namespace kwq::internal
+
+#endif  // KWQ_INTERNAL_READY_LEVELS_H_
