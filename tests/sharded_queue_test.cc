@@ -47,6 +47,12 @@ TEST(ShardedQueueTest, RejectsBadShardCounts) {
   EXPECT_TRUE(ShardedQueue<int>::Create(1).ok());
 }
 
+TEST(ShardedQueueDeathTest, ShardIndexOutOfRangeFailsLoudly) {
+  auto q = *ShardedQueue<int>::Create(2);
+  EXPECT_DEATH(q->shard(2), "index out of range");
+  EXPECT_DEATH(q->shard(-1), "index out of range");
+}
+
 TEST(ShardedQueueTest, KeyAlwaysMapsToOneShardAndShardsAreUsed) {
   auto q = *ShardedQueue<std::string>::Create(4);
   std::vector<int> per_shard(4);

@@ -163,6 +163,7 @@ class Context {
 // Returned by AfterFunc. Copyable; dropping it does not stop the function.
 class AfterFuncHandle {
  public:
+  // Names no function: Stop() returns false.
   AfterFuncHandle() = default;
   // Stops the function from running. Returns true when this call stopped it; false when
   // it has already started (it may still be running: Stop does not wait) or was already
@@ -201,6 +202,7 @@ class DoneSignal {
 // keeps the context alive. Thread-safe; every call after the first does nothing.
 class CancelFunc {
  public:
+  // Cancels nothing (Background's): calling it does nothing.
   CancelFunc() = default;
   // `cause` becomes Cause() of the cancelled contexts; an OK cause is replaced by
   // Err()'s status. Err() is always Cancelled. Returns once the context and every

@@ -196,7 +196,8 @@ class DelayingQueue {
 
   // With failure counts: records one failure of `item` and makes it ready after
   // `delay_for(failures recorded before this one)`, under one hold of the lock (AddAfter's;
-  // `delay_for` must not call back into this queue). Ignored after ShutDown.
+  // `delay_for` must not call back into this queue). After ShutDown the item is not
+  // queued, but the failure of a known item is still recorded.
   template <typename K, typename DelayFor>
   void AddAfterFailure(K&& item, DelayFor delay_for) {
     const absl::Time now = clock_->Now();

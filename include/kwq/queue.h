@@ -85,9 +85,11 @@ struct QueueOptions {
   MetricsProvider* metrics = nullptr;
   // Time source for metrics and (delaying queues) for delays. nullptr: RealClock.
   Clock* clock = nullptr;
-  // Timer service for delays and metric refreshes. nullptr: TimerService::Default(), or
-  // for a DelayingQueue, RateLimitingQueue or PriorityQueue on a clock other than the
-  // real one, a service of the queue's own on that clock. A plain Queue's metric
+  // Timer service for delays and metric refreshes; must run on `clock` (PriorityQueue's
+  // Create checks; the others trust it). nullptr: TimerService::Default(), or for a
+  // DelayingQueue, RateLimitingQueue or PriorityQueue on a clock other than the real
+  // one, a service of the queue's own on that clock (should a DelayingQueue's fail to
+  // start, it says so on stderr and uses the default one). A plain Queue's metric
   // refreshes on a FakeClock need one built on that clock.
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;

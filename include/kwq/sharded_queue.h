@@ -4,7 +4,7 @@
 // workers that each consume their own shard without touching a shared lock.
 //
 //   auto q = *kwq::ShardedQueue<std::string>::Create(/*shards=*/4);
-//   q->Add("default/web");                           // goes to shard hash(key) % 4
+//   q->Add("default/web");                           // goes to shard q->ShardOf(key)
 //   // worker w (pinned to CPU w):
 //   while (auto item = q->Get(w)) Reconcile(**item); // own shard first, then steals
 //
@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kwq/internal/check.h"
 #include "kwq/queue.h"
 
 namespace kwq {
@@ -69,7 +70,8 @@ class ShardedQueue {
     return shards_[ShardOfHash(hash)]->AddHashed(std::forward<K>(item), hash);
   }
 
-  // Ready item from shard `worker` % K, else stolen from another shard; blocks on shard
+  // Ready item from shard `worker` % K (any int: a negative worker counts as
+  // -(worker + 1)), else stolen from another shard; blocks on shard
   // `worker` when none is ready anywhere (items added to other shards meanwhile do not
   // wake it). nullopt once that shard is shut down and empty and no other shard has a
   // ready item left to steal.
@@ -98,12 +100,20 @@ class ShardedQueue {
     for (const auto& s : shards_) n += s->Len();
     return n;
   }
+  // Items waiting to run over all shards (ready ones plus in-flight ones added again).
   size_t Depth() const {
     size_t n = 0;
     for (const auto& s : shards_) n += s->Depth();
     return n;
   }
-  Shard& shard(int index) { return *shards_[index]; }
+  // Shard `index`, in [0, shards()) (a check fails loudly otherwise), for inspection and
+  // its Get/TryGet. Add through this queue's Add: a key added to a shard directly may
+  // end up in two shards, and then in two workers' hands at once.
+  Shard& shard(int index) {
+    KWQ_CHECK(index >= 0 && static_cast<size_t>(index) < shards_.size(),
+              "ShardedQueue::shard: index out of range");
+    return *shards_[index];
+  }
 
   // Shuts every shard down (Queue::ShutDown); ends every ShutDownWithDrain in progress.
   void ShutDown() {

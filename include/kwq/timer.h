@@ -78,7 +78,8 @@ class TimerService {
   };
 
   // Starts a service (and its thread, for a real clock).
-  // Errors, for a real clock: InvalidArgument for an unknown KWQ_TIMER_BACKEND value;
+  // Errors, for a real clock: InvalidArgument for an unknown KWQ_TIMER_BACKEND value
+  // (read only with backend = kAuto);
   // Unavailable when kIoUring is asked for (by option or variable) and io_uring cannot be
   // set up; Internal when the thread cannot be started. For a manual clock:
   // FailedPrecondition when its AddObserver refuses the service (returns false), since
@@ -133,6 +134,7 @@ class TimerService {
   // The backend in use: kPortable or kIoUring for a real clock (kPortable once an
   // io_uring service has fallen back, see above); kPortable for a manual one.
   Backend backend() const;
+  // backend() as text: "portable" or "io_uring".
   std::string_view backend_name() const;
 
  private:

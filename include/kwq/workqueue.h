@@ -223,6 +223,7 @@ class Workqueue {
   // and its worker is done with `work` (unless queued again, it may be destroyed once
   // Flush returns). True when it waited. A delayed work is queued at once first
   // (flush_delayed_work), and then true also when it finished before the wait began.
+  // Must not be called from `work` itself (it would wait for itself).
   bool Flush(Work* work);
   bool Flush(DelayedWork* dwork);
   // flush_workqueue: waits for every work queued before the call to finish. Works queued
@@ -250,6 +251,7 @@ class Workqueue {
 
   WorkqueueStats stats() const;
   const std::string& name() const;
+  // The flags in force: kOrdered adds kUnbound.
   uint32_t flags() const;
   // The max_active in force (after defaults).
   int max_active() const;
@@ -290,9 +292,13 @@ class WorkqueueRuntime {
     std::function<bool()> fail_thread_creation;
   };
 
+  // Errors: InvalidArgument for a non-positive idle_timeout, cpu_intensive_threshold or
+  // stall_threshold; without a topology, Topology::Detect's errors.
   static absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> Create(Options options);
   // The process-wide runtime on the detected topology (Topology::DetectForProcess: the
-  // main thread's affinity mask, whichever thread calls first); never destroyed.
+  // main thread's affinity mask, whichever thread calls first); never destroyed. If
+  // detection or creation fails it says so on stderr and aborts, as
+  // TimerService::Default() does.
   static WorkqueueRuntime& Default();
 
   // All workqueues of this runtime must have been destroyed. Joins every worker.
