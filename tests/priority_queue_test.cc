@@ -889,6 +889,18 @@ TEST_F(PriorityQueueTest, InvalidOptionsAreRejected) {
   PQ::Options other_clock = Opts();
   other_clock.clock = &other;
   EXPECT_EQ(PQ::Create(std::move(other_clock)).status().code(), absl::StatusCode::kInvalidArgument);
+  // A clock of one's own that is not manual gets no service of the queue's own (that
+  // would be a thread per queue): it needs one built on it.
+  class OffsetClock final : public Clock {
+   public:
+    absl::Time Now() const override { return RealClock::Default()->Now() + absl::Hours(1); }
+    void SleepUntil(absl::Time deadline) override {
+      RealClock::Default()->SleepUntil(deadline - absl::Hours(1));
+    }
+  } offset;
+  PQ::Options own_clock;
+  own_clock.clock = &offset;
+  EXPECT_EQ(PQ::Create(std::move(own_clock)).status().code(), absl::StatusCode::kInvalidArgument);
 
   using Ptrs = PriorityQueue<std::unique_ptr<int>>;
   EXPECT_EQ(Ptrs::Create().status().code(), absl::StatusCode::kInvalidArgument);

@@ -68,8 +68,8 @@ class DelayingQueue {
   using Lease = typename Queue<T, Hash, Eq>::Lease;
 
   DelayingQueue() : DelayingQueue(Options{}) {}
-  // Without options.timers, delays run on TimerService::Default() for the real clock,
-  // and on a service of the queue's own for any other clock (a FakeClock included).
+  // Without options.timers, delays run on TimerService::Default(), or for a manual clock
+  // (FakeClock) on a service of the queue's own (QueueOptions::timers).
   explicit DelayingQueue(Options options)
       : clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
         own_timers_(OwnTimers(clock_, options)),
@@ -455,11 +455,12 @@ class DelayingQueue {
   // A polling Get reads the clock every this many polls (each poll is a pause).
   static constexpr int kDueCheckEvery = 8;
 
-  // A timer service on clock_ when the options named none and clock_ is not the real
-  // clock (the default service runs on the real clock, where a FakeClock's delays would
-  // never come due). Null when it cannot start (said on stderr; then the default one).
+  // A timer service on clock_ when the options named none and clock_ is manual (the
+  // default service runs on the real clock, where a FakeClock's delays would never come
+  // due). A manual clock's service has no thread. Null when it cannot start (said on
+  // stderr; then the default one).
   static std::unique_ptr<TimerService> OwnTimers(Clock* clock, const Options& options) {
-    if (options.timers != nullptr || clock == RealClock::Default()) return nullptr;
+    if (options.timers != nullptr || !clock->is_manual()) return nullptr;
     absl::StatusOr<std::unique_ptr<TimerService>> timers = TimerService::Create({.clock = clock});
     if (!timers.ok()) {
       std::fprintf(stderr, "kwq::DelayingQueue: no timer service on its clock (%s)\n",

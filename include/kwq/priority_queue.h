@@ -164,10 +164,11 @@ class PriorityQueue {
   friend struct internal::QueuePeer;  // tests: the keys stored
 
   // Builds a queue. Without `timers`, delays run on TimerService::Default() (created on
-  // the first delay) for the real clock, and on a service of the queue's own for any
-  // other clock (a FakeClock included). Errors (InvalidArgument): aging <= 0; `timers`
-  // not running on `clock`; no rate_limiter for a T that is not copyable; and that own
-  // service's errors.
+  // the first delay), or for a manual clock (FakeClock) on a service of the queue's own
+  // (QueueOptions::timers). Errors (InvalidArgument): aging <= 0; `timers` not running on
+  // `clock` (a clock of your own that is not manual needs a service built on it); no
+  // rate_limiter for a T that is not copyable; and that own service's errors
+  // (FailedPrecondition for a manual clock that refuses observers).
   static absl::StatusOr<std::unique_ptr<PriorityQueue>> Create(Options options) {
     if (!(options.aging > absl::ZeroDuration())) {
       return absl::InvalidArgumentError(
@@ -176,7 +177,7 @@ class PriorityQueue {
     }
     Clock* const clock = options.clock != nullptr ? options.clock : RealClock::Default();
     std::unique_ptr<TimerService> own_timers;
-    if (options.timers == nullptr && clock != RealClock::Default()) {
+    if (options.timers == nullptr && clock->is_manual()) {  // no thread: one per queue
       absl::StatusOr<std::unique_ptr<TimerService>> timers = TimerService::Create({.clock = clock});
       if (!timers.ok()) return timers.status();
       own_timers = *std::move(timers);
@@ -901,8 +902,8 @@ class PriorityQueue {
     return timer;
   }
 
-  // Create's timer service on clock_ when the options named none and clock_ is not the
-  // real clock; first, so it outlives everything that schedules on it.
+  // Create's timer service on clock_ when the options named none and clock_ is manual;
+  // first, so it outlives everything that schedules on it.
   const std::unique_ptr<TimerService> own_timers_;  // I, may be null
   Clock* const clock_;                              // I
   const std::unique_ptr<Limiter> limiter_;          // I, thread-safe

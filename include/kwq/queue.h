@@ -83,14 +83,18 @@ struct QueueOptions {
   std::string name;
   // nullptr (default): no metrics, no cost. Must outlive the queue.
   MetricsProvider* metrics = nullptr;
-  // Time source for metrics and (delaying queues) for delays. nullptr: RealClock.
+  // Time source for metrics and (delaying queues) for delays. nullptr: RealClock. Must
+  // outlive the queue.
   Clock* clock = nullptr;
   // Timer service for delays and metric refreshes; must run on `clock` (PriorityQueue's
   // Create checks; the others trust it). nullptr: TimerService::Default(), or for a
-  // DelayingQueue, RateLimitingQueue or PriorityQueue on a clock other than the real
-  // one, a service of the queue's own on that clock (should a DelayingQueue's fail to
-  // start, it says so on stderr and uses the default one). A plain Queue's metric
-  // refreshes on a FakeClock need one built on that clock.
+  // DelayingQueue, RateLimitingQueue or PriorityQueue on a manual clock (FakeClock), a
+  // service of the queue's own on that clock, which has no thread (should a
+  // DelayingQueue's fail to start, because the clock refuses observers, it says so on
+  // stderr and uses the default one; PriorityQueue::Create returns the error). A clock
+  // of your own that is not manual needs a service built on it (one service per clock,
+  // not per queue: a real-time service runs a thread). A plain Queue's metric refreshes
+  // on a FakeClock need one built on that clock.
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;
   // the others poll briefly, sleep, and are woken when items pile up (by the producer
