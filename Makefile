@@ -17,6 +17,8 @@ release: setup
 	@cmake --build build/release -j$(JOBS)
 
 run: release
+	./build/release/examples/controller_example
+	./build/release/examples/workqueue_example
 	./build/release/examples/context_timer_example
 
 asan: setup

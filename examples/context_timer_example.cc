@@ -1,5 +1,5 @@
-// The main job of `make run` until the simulator exists: a small tour of the context tree
-// and the timer service, printing what happens.
+// One of the examples `make run` runs (until the simulator exists): a small tour of the context
+// tree and the timer service, printing what happens.
 //
 //   request (5 ms timeout)
 //   ├── db lookup      (cancelled by hand)
