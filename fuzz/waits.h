@@ -23,9 +23,11 @@ class Waits {
     owed_.insert(k);
     waiting_.erase(k);
   }
-  // AddAfter(k, d): with d <= 0, AddNow; else k waits until now + d, the earliest wins.
+  // AddAfter(k, d): with d <= 0, AddNow; else k waits until now + d, the earliest wins
+  // (a key owed a run already does not wait as well).
   void AddAfter(int k, absl::Duration d) {
     if (d <= absl::ZeroDuration()) return AddNow(k);
+    if (owed_.count(k) == 1) return;
     const absl::Time at = clock_->Now() + d;
     auto [it, inserted] = waiting_.emplace(k, at);
     if (!inserted && at < it->second) it->second = at;

@@ -191,6 +191,34 @@ TEST_F(DelayingQueueTest, DelayedItemDedupsWithQueuedOne) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));  // still queued only once
 }
 
+// One entry per item, the earliest ready time wins: an item that is ready already does
+// not also wait. It used to (as in client-go), and ran a second time when its delay
+// ended, although it had been handed out and done in between.
+TEST_F(DelayingQueueTest, AddAfterOfAReadyItemAddsNoSecondRun) {
+  q_.Add("a");
+  q_.AddAfter("a", absl::Seconds(1));
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));  // handed out and done
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(Ready().empty());
+}
+
+// The same for an in-flight item added again (it runs once more after its Done): that
+// run is the earliest, and the delayed add merges into it.
+TEST_F(DelayingQueueTest, AddAfterOfAnItemOwedARunAfterItsDoneAddsNoSecondRun) {
+  q_.Add("a");
+  {
+    auto lease = q_.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    q_.Add("a");  // runs again after this Done
+    q_.AddAfter(lease->item(), absl::Seconds(1));
+    EXPECT_EQ(q_.Waiting(), 0u);
+  }
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(Ready().empty());
+}
+
 TEST_F(DelayingQueueTest, HugeDelayDoesNotOverflow) {
   q_.AddAfter("inf", absl::InfiniteDuration());
   q_.AddAfter("huge", absl::Hours(1e12));

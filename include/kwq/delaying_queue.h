@@ -9,8 +9,9 @@
 //
 // Promises (pinned by tests/delaying_queue_test.cc), beyond Queue's:
 //   - AddAfter(item, d) with d <= 0 is Add(item). Otherwise the item becomes ready at
-//     now + d (read on the queue's clock). One waiting entry per item: the earliest ready
-//     time wins.
+//     now + d (read on the queue's clock). One entry per item: the earliest ready time
+//     wins, also against a run the item is owed already (it is ready, or in flight and
+//     added again): then it does not wait as well (client-go's would run it once more).
 //   - Add of a waiting item makes it ready now and removes the waiting entry, so it runs
 //     once, not twice (fixes kubernetes#126027).
 //   - CancelAfter removes a waiting entry.

@@ -394,8 +394,9 @@ class Queue {
   // due). So a delayed item is hashed and stored once, and coming due moves no key.
 
   // Makes `item` (hash `hash`) wait until `ready`, inserting it if new. Returns false when
-  // nothing changed: the queue is shutting down, or the item already waits for a time no
-  // later than `ready`.
+  // nothing changed: the queue is shutting down, the item already waits for a time no
+  // later than `ready`, or it is owed a run already (dirty: ready, or to run again after
+  // its Done), which is earlier: one entry per item, the earliest ready time wins.
   template <typename K>
   bool AddWaitingLocked(K&& item, uint32_t hash, int64_t ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool fresh = false;
@@ -416,8 +417,15 @@ class Queue {
       waiting_.Update(slot, ready);  // the earliest ready time wins
       return true;
     } else {
-      // A read-modify-write: workers change the other bits without mu_.
-      State(slot).fetch_or(kWaiting, std::memory_order_relaxed);
+      // A read-modify-write: workers change the other bits without mu_. Acq_rel, and not
+      // a load first, for an item owed a run: the add merges into that run, and this RMW
+      // orders it before the hand-out that covers it (as Add's merge does). Only mu_
+      // holders set kDirty, so an item seen without it stays so until mu_ is released.
+      const uint8_t old = State(slot).fetch_or(kWaiting, std::memory_order_acq_rel);
+      if (old & kDirty) {
+        State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+        return false;
+      }
     }
     waiting_.Push(slot, ready);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
