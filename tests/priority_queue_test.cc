@@ -372,7 +372,7 @@ TEST_F(PriorityQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
 
 // The counts start with the first rate-limited add (a queue that never rate-limits keeps
 // none), covering keys stored before it.
-// As RateLimitingQueue's (SEMANTICS.md: a caller that never Forgets does not leak): keys
+// As RateLimitingQueue's (the contract: a caller that never Forgets does not leak): keys
 // that failed and went idle stay while their counts are live and go once they lapse.
 TEST_F(PriorityQueueTest, KeysWhoseCountsLapsedAreEvicted) {
   constexpr int kFailed = 20000;
@@ -397,6 +397,27 @@ TEST_F(PriorityQueueTest, KeysWhoseCountsLapsedAreEvicted) {
   for (int round = 2; round < 8; ++round) churn(round);
   EXPECT_LT(internal::QueuePeer::StoredKeys(*q), 6000u);
   EXPECT_EQ(q->NumRequeues("failed-0"), 0);
+}
+
+// Forget drops a queue-kept count, so the key becomes evictable at once (no horizon here).
+TEST_F(PriorityQueueTest, ForgottenKeysAreEvictedWithoutWaitingForTheHorizon) {
+  constexpr int kFailed = 20000;
+  PQ::Options options = Opts();
+  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Milliseconds(10),
+       .max = absl::Seconds(1),
+       .clock = &clock_,
+       .idle_horizon = absl::InfiniteDuration()});
+  auto q = Make(std::move(options));
+  for (int i = 0; i < kFailed; ++i) q->AddRateLimited(absl::StrCat("failed-", i));
+  clock_.Advance(absl::Milliseconds(10));
+  while (auto lease = q->TryGet()) q->Forget(lease->item());
+  for (int round = 0; round < 8; ++round) {  // 5,000 keys through the queue, idle afterwards
+    for (int i = 0; i < 5000; ++i) q->Add(absl::StrCat("churn-", round, "-", i));
+    while (q->TryGet().has_value()) {
+    }
+  }
+  EXPECT_LT(internal::QueuePeer::StoredKeys(*q), 6000u);
 }
 
 TEST_F(PriorityQueueTest, CountingStartsAtTheFirstRateLimitedAdd) {

@@ -277,7 +277,7 @@ TEST_F(RateLimitingQueueTest, AddRateLimitedAfterShutDownStillCounts) {
   EXPECT_FALSE(q.TryGet().has_value());
 }
 
-// SEMANTICS.md: the failure table is bounded, entries "may be evicted once idle longer
+// The contract: the failure table is bounded, entries "may be evicted once idle longer
 // than a configurable horizon, so a caller that never Forgets does not leak". With the
 // counts beside the keys: keys that failed and went idle without a Forget stay while
 // their counts are live, and are evicted once the counts lapse.
@@ -300,6 +300,23 @@ TEST_F(RateLimitingQueueTest, KeysWhoseCountsLapsedAreEvicted) {
   churn(3);
   EXPECT_LT(internal::QueuePeer::StoredKeys(q), 6000);  // lapsed: evicted down to ~4096
   EXPECT_EQ(q.NumRequeues("failed-0"), 0);
+}
+
+// Forget drops a queue-kept count, so the key becomes evictable at once: a caller that
+// Forgets does not pin its keys until the idle horizon (here there is none).
+TEST_F(RateLimitingQueueTest, ForgottenKeysAreEvictedWithoutWaitingForTheHorizon) {
+  constexpr int kFailed = 20000;
+  RateLimitingQueue<std::string> q(Exponential(absl::InfiniteDuration()),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  for (int i = 0; i < kFailed; ++i) q.AddRateLimited(absl::StrCat("failed-", i));
+  clock_.Advance(absl::Milliseconds(10));
+  while (auto lease = q.TryGet()) q.Forget(lease->item());  // each retried once, then fine
+  for (int round = 0; round < 2; ++round) {  // 5,000 keys through the queue, idle afterwards
+    for (int i = 0; i < 5000; ++i) q.Add(absl::StrCat("churn-", round, "-", i));
+    while (q.TryGet().has_value()) {
+    }
+  }
+  EXPECT_LT(internal::QueuePeer::StoredKeys(q), 6000);  // evicted down to ~4096
 }
 
 using testing::HintRecorder;
