@@ -138,6 +138,31 @@ TEST(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
   EXPECT_EQ(rec.Get("depth"), 2);
 }
 
+// An in-flight item's delayed re-add: counted in `delayed` while it waits, then in depth
+// (dirty, not ready: it runs after its Done) once it comes due.
+TEST(DelayingQueueMetricsTest, InFlightItemsDelayedReAddMovesFromDelayedToDepth) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
+  DelayingQueue<std::string> q({.metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  q.AddAfter(lease->item(), absl::Seconds(1));
+  EXPECT_EQ(rec.Get("delayed"), 1);
+  EXPECT_EQ(rec.Get("depth"), 0);
+  EXPECT_EQ(q.Depth(), 0u);
+  clock.Advance(absl::Seconds(1));  // due while in flight
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  EXPECT_EQ(rec.Get("depth"), 1);
+  EXPECT_EQ(q.Depth(), 1u);
+  EXPECT_EQ(q.Len(), 0u);  // not ready before the Done
+  lease->Done();
+  EXPECT_EQ(q.Len(), 1u);
+  EXPECT_EQ(rec.Get("depth"), 1);
+}
+
 TEST_F(DelayingQueueTest, NonPositiveDelayAddsNow) {
   q_.AddAfter("zero", absl::ZeroDuration());
   q_.AddAfter("neg", -absl::Seconds(1));

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "testing/drain_check.h"
+#include "testing/eventually.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 
@@ -212,6 +213,28 @@ TEST(QueueTest, ShutDownAbortsDrainWait) {
   lease->Done();
 }
 
+// A ShutDown ends every drain in progress, not only one of them.
+TEST(QueueTest, ShutDownAbortsEveryDrainWait) {
+  StringQueue q;
+  q.Add("a");
+  auto lease = q.TryGet();
+  std::vector<std::thread> drainers;
+  std::atomic<int> drained{0}, returned{0};
+  for (int i = 0; i < 3; ++i) {
+    drainers.emplace_back([&] {
+      drained += q.ShutDownWithDrain();
+      ++returned;
+    });
+  }
+  while (internal::QueuePeer::Draining(q) < 3) std::this_thread::yield();
+  q.ShutDown();
+  EXPECT_TRUE(testing::Eventually([&] { return returned.load() == 3; }))
+      << "a drain went on after ShutDown";
+  lease->Done();  // releases a drainer should the check above have failed
+  for (auto& t : drainers) t.join();
+  EXPECT_EQ(drained.load(), 0);  // all aborted
+}
+
 TEST(QueueTest, SeveralDrainersAllReturn) {
   StringQueue q;
   q.Add("a");
@@ -236,6 +259,24 @@ TEST(QueueTest, GetWithContextReturnsOnCancel) {
   auto lease = q.Get(live);
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(**lease, "a");
+}
+
+// The cancel comes while the Get sleeps (not before it looked): it must wake it.
+TEST(QueueTest, GetWithContextAsleepIsWokenByTheCancel) {
+  StringQueue q;
+  auto [ctx, cancel] = WithCancel(Background());
+  std::atomic<bool> returned{false}, got{false};
+  std::thread getter([&, c = ctx] {
+    got = q.Get(c).has_value();
+    returned = true;
+  });
+  while (internal::QueuePeer::Sleepers(q) == 0) std::this_thread::yield();
+  cancel();
+  EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }))
+      << "a Get(ctx) asleep slept through the cancel";
+  q.ShutDown();  // releases the getter should the check above have failed
+  getter.join();
+  EXPECT_FALSE(got.load());
 }
 
 TEST(QueueTest, GetWithContextReturnsItemsAddedLater) {

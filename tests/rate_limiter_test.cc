@@ -343,6 +343,22 @@ TEST(ExponentialFailureTest, JitterStaysWithinBoundsAndVaries) {
   EXPECT_TRUE(below_max);
 }
 
+// Jitter at huge failure counts: delays beyond any finite range, multiplied by a factor in
+// [0, 2), still come out in [0, max] (never negative, never NaN-like garbage).
+TEST(ExponentialFailureTest, JitterAtHugeCountsStaysInRange) {
+  FakeClock clock;
+  for (absl::Duration max : {absl::InfiniteDuration(), absl::Hours(1)}) {
+    auto limiter = Exponential(
+        {.base = absl::Nanoseconds(1), .max = max, .jitter = 1, .jitter_seed = 1, .clock = &clock});
+    for (int i = 0; i < 1000; ++i) {
+      const absl::Duration d = limiter->When("x");
+      ASSERT_GE(d, absl::ZeroDuration()) << "failure " << i << ", max " << max;
+      ASSERT_LE(d, max) << "failure " << i;
+    }
+    EXPECT_EQ(limiter->NumRequeues("x"), 1000);
+  }
+}
+
 TEST(ExponentialFailureTest, JitterOfOneAndCapAppliedAfterJitter) {
   FakeClock clock;
   // d = 600ms on the second failure; d * 1.9 would exceed max = 1s.

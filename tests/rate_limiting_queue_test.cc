@@ -119,6 +119,43 @@ TEST_F(RateLimitingQueueTest, DeletingThroughADelayingQueuePointerDestroysTheLim
   EXPECT_TRUE(destroyed);
 }
 
+// AddRateLimited is AddAfter(item, When(item)) at the edges too: a zero delay adds now
+// (and ends a wait), with the queue keeping the counts and with a limiter keeping its own.
+TEST_F(RateLimitingQueueTest, ZeroDelayAddsNowAndEndsAWait) {
+  for (bool counted : {true, false}) {
+    std::unique_ptr<RateLimiter<std::string>> limiter =
+        *ExponentialFailureRateLimiter<std::string>::Create(
+            {.base = absl::ZeroDuration(), .max = absl::ZeroDuration(), .clock = &clock_});
+    if (!counted) limiter = std::make_unique<testing::NotCounting<std::string>>(std::move(limiter));
+    RateLimitingQueue<std::string> q(std::move(limiter),
+                                     {.clock = &clock_, .timers = timers_.get()});
+    q.AddAfter("a", absl::Seconds(10));
+    q.AddRateLimited("a");
+    EXPECT_EQ(q.Waiting(), 0u) << "counted " << counted;
+    EXPECT_EQ(q.Len(), 1u) << "counted " << counted;
+    q.TryGet();  // handed out and done
+    clock_.Advance(absl::Seconds(10));
+    EXPECT_FALSE(q.TryGet().has_value()) << "counted " << counted;
+  }
+}
+
+// An infinite delay (a token bucket that never refills) waits for ever; a plain Add
+// still runs the item now.
+TEST_F(RateLimitingQueueTest, InfiniteDelayWaitsUntilAPlainAdd) {
+  RateLimitingQueue<std::string> q(
+      *BucketRateLimiter<std::string>::Create({.qps = 0, .burst = 1, .clock = &clock_}),
+      {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");  // the one token: now
+  ASSERT_TRUE(q.TryGet().has_value());
+  q.AddRateLimited("a");  // no token, none to come
+  EXPECT_EQ(q.Waiting(), 1u);
+  clock_.Advance(absl::Hours(1000));
+  EXPECT_FALSE(q.TryGet().has_value());
+  q.Add("a");
+  EXPECT_EQ(q.Waiting(), 0u);
+  EXPECT_TRUE(q.TryGet().has_value());
+}
+
 TEST_F(RateLimitingQueueTest, ForgetResetsBackoff) {
   RateLimitingQueue<std::string> q(Exponential(), {.clock = &clock_, .timers = timers_.get()});
   q.AddRateLimited("a");
