@@ -43,10 +43,11 @@ class DelayingQueueTest : public ::testing::Test {
   // and would take a due item itself), runs `then`, and returns the item the Get got: ""
   // when none came within 5 s (the queue is then shut down to release the worker).
   template <typename Then>
-  std::string GetOnceAsleep(Then then) {
+  std::string GetOnceAsleep(Then then, bool with_context = false) {
     std::promise<std::string> got;
-    std::thread worker([&] {
-      auto lease = q_.Get();
+    auto [ctx, cancel] = WithCancel(Background());
+    std::thread worker([&, c = ctx] {
+      auto lease = with_context ? q_.Get(c) : q_.Get();
       got.set_value(lease ? lease->item() : "");
     });
     while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
@@ -307,24 +308,33 @@ TEST_F(DelayingQueueTest, OneFiringMakesEveryDueItemReady) {
 TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
   // After a firing the timer coalesces (50 us), but a worker that blocks re-arms it
   // for the exact ready time of the next item.
-  q_.AddAfter("a", absl::Seconds(1));
-  q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
-  clock_.Advance(absl::Seconds(1));
-  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
-  EXPECT_EQ(GetOnceAsleep([&] { clock_.Advance(absl::Microseconds(10)); }), "b");  // not 50
+  for (bool with_context : {false, true}) {
+    q_.AddAfter("a", absl::Seconds(1));
+    q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
+    clock_.Advance(absl::Seconds(1));
+    EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+    EXPECT_EQ(GetOnceAsleep([&] { clock_.Advance(absl::Microseconds(10)); }, with_context),
+              "b")  // not 50
+        << "Get(ctx): " << with_context;
+  }
 }
 
 // The other way round: a Get already asleep with nothing waiting, then an AddAfter right
 // after a firing. Coalescing (up to 50 us after a firing) is only for when no Get waits.
 TEST_F(DelayingQueueTest, AddAfterWithAGetAsleepArmsTheExactReadyTime) {
-  q_.AddAfter("a", absl::Seconds(1));
-  clock_.Advance(absl::Seconds(1));  // fires: the next firing would be coalesced
-  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
-  EXPECT_EQ(GetOnceAsleep([&] {
-              q_.AddAfter("b", absl::Microseconds(10));
-              clock_.Advance(absl::Microseconds(10));  // not 50
-            }),
-            "b");
+  for (bool with_context : {false, true}) {
+    q_.AddAfter("a", absl::Seconds(1));
+    clock_.Advance(absl::Seconds(1));  // fires: the next firing would be coalesced
+    EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+    EXPECT_EQ(GetOnceAsleep(
+                  [&] {
+                    q_.AddAfter("b", absl::Microseconds(10));
+                    clock_.Advance(absl::Microseconds(10));  // not 50
+                  },
+                  with_context),
+              "b")
+        << "Get(ctx): " << with_context;
+  }
 }
 
 TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {

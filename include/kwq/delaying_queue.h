@@ -139,27 +139,13 @@ class DelayingQueue {
   // waiting items that are already due into the queue itself (instead of waiting for the
   // timer thread to do it), so a busy worker never sleeps on work that is due; Get keeps
   // doing so while it polls before sleeping.
-  std::optional<Lease> Get() {
-    // While polling: every kDueCheckEvery polls, a clock read against the published next
-    // ready time, and a try-lock promotion when it has passed.
-    return queue_.GetPromoting(
-        [this, polls = 0]() mutable {
-          return ++polls % kDueCheckEvery == 0 &&
-                 ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire) &&
-                 PromoteBatch(/*about_to_wait=*/false, /*try_lock=*/true);
-        },
-        [this](bool about_to_wait) { return PromoteDue(about_to_wait, !about_to_wait); });
-  }
+  std::optional<Lease> Get() { return GetUntil(nullptr); }
   std::optional<Lease> TryGet() {
     if (auto lease = queue_.TryGet()) return lease;
     PromoteDue(/*about_to_wait=*/false);
     return queue_.TryGet();
   }
-  std::optional<Lease> Get(const Context& ctx) {
-    if (auto lease = queue_.TryGet()) return lease;
-    PromoteDue(/*about_to_wait=*/true);
-    return queue_.Get(ctx);
-  }
+  std::optional<Lease> Get(const Context& ctx) { return GetUntil(&ctx); }
   // Queue::AddAll; waiting items among `items` end their wait.
   template <typename Range>
   size_t AddAll(Range&& items) {
@@ -263,6 +249,20 @@ class DelayingQueue {
 
  private:
   using Table = internal::KeyTable<T, Hash, Eq>;
+
+  // Get and Get(ctx) (`ctx` may be null). While polling: every kDueCheckEvery polls, a
+  // clock read against the published next ready time, and a try-lock promotion when it
+  // has passed; before every sleep, a promotion that also arms the exact timer.
+  std::optional<Lease> GetUntil(const Context* ctx) {
+    return queue_.GetPromoting(
+        ctx,
+        [this, polls = 0]() mutable {
+          return ++polls % kDueCheckEvery == 0 &&
+                 ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire) &&
+                 PromoteBatch(/*about_to_wait=*/false, /*try_lock=*/true);
+        },
+        [this](bool about_to_wait) { return PromoteDue(about_to_wait, !about_to_wait); });
+  }
 
   // Ready times as ns since the Unix epoch (kwq/internal/time_key.h: ready times round
   // up, current times down). Times past the int64 range (about year 2262) saturate to

@@ -221,25 +221,12 @@ class Queue {
   }
 
   // Like Get, and also returns nullopt when `ctx` is done (check ctx.IsCancelled() to
-  // tell). Registers a wake-up on `ctx` only when it has to block.
+  // tell); a ready item wins over a done context. Polls like Get before it sleeps (the
+  // polling ends when ctx is done), and registers a wake-up on `ctx` only when it has to
+  // sleep.
   std::optional<Lease> Get(const Context& ctx) {
-    if (std::optional<Lease> lease = TryGet()) return lease;
-    {
-      // TryGet can miss an item that is being pushed right now; under mu_ the check is
-      // exact, so a shut-down (or cancelled) Get still takes what is ready.
-      internal::MutexLock lock(&mu_);
-      if ((shutting_down_ || ctx.IsCancelled()) && NothingReadyLocked()) return std::nullopt;
-    }
-    Waker waker{this};
-    AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
-    std::optional<Lease> lease;
-    while (!(lease = TryGet()) && WaitForReady(&ctx)) {
-    }
-    // The waker touches this queue: make sure it is not running when we return.
-    if (!handle.Stop()) {
-      while (!waker.finished.load(std::memory_order_acquire)) std::this_thread::yield();
-    }
-    return lease;
+    return GetPromoting(
+        &ctx, [] { return false; }, [](bool) { return false; });
   }
 
   // Items ready to be handed out.
@@ -373,19 +360,31 @@ class Queue {
   // moved any; with about_to_wait it also makes sure a timer wakes this Get at the next
   // ready time. So a polling worker moves due items itself instead of waiting for the
   // timer thread.
+  // With `ctx` (may be null) it is Get(ctx): also nullopt once ctx is done and nothing
+  // is ready, and `promote(true)` before every sleep, not only the first.
   template <typename Due, typename Promote>
-  std::optional<Lease> GetPromoting(Due due, Promote promote) {
+  std::optional<Lease> GetPromoting(const Context* ctx, Due due, Promote promote) {
+    std::optional<Waker> waker;  // set up before the first sleep on `ctx`
+    AfterFuncHandle handle;
+    std::optional<Lease> lease;
     for (bool spun = false;; spun = true) {
-      if (std::optional<Lease> lease = TryGet()) return lease;
-      if (promote(spun)) {
-        if (std::optional<Lease> lease = TryGet()) return lease;
-      }
+      if ((lease = TryGet())) break;
+      if (promote(spun) && (lease = TryGet())) break;
       if (!spun) {
-        Spin(due);
+        Spin([&] { return due() || (ctx != nullptr && ctx->IsCancelled()); });
         continue;
       }
-      if (!WaitForReady(nullptr)) return std::nullopt;
+      if (ctx != nullptr && !waker && !ctx->IsCancelled()) {
+        waker.emplace(this);
+        handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
+      }
+      if (!WaitForReady(ctx)) break;
     }
+    // The waker touches this queue: make sure it is not running when we return.
+    if (waker && !handle.Stop()) {
+      while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    return lease;
   }
 
   // Waiting items, for DelayingQueue, which holds mu_ around these calls and keeps the
@@ -585,6 +584,7 @@ class Queue {
 
   // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
   struct Waker {
+    explicit Waker(Queue* q) : queue(q) {}
     Queue* queue;
     std::atomic<bool> finished{false};
     void Wake() {
