@@ -915,6 +915,49 @@ class NoDelayLimiter : public RateLimiter<T> {
 
 // With a FakeClock and no timer service, Create makes one on that clock (it used to
 // refuse), and a Get asleep wakes when the clock passes the item's ready time.
+// A manual clock that tells its observers of a move only when asked (Notify): timers on
+// it fire late. Single-threaded use only.
+class LateTimerClock final : public Clock {
+ public:
+  absl::Time Now() const override { return now_; }
+  void SleepUntil(absl::Time) override {}
+  bool is_manual() const override { return true; }
+  bool AddObserver(ClockObserver* observer) override {
+    observers_.push_back(observer);
+    return true;
+  }
+  void RemoveObserver(ClockObserver* observer) override {
+    observers_.erase(std::remove(observers_.begin(), observers_.end(), observer), observers_.end());
+  }
+  void Set(absl::Time t) { now_ = t; }
+  void Notify() {
+    for (ClockObserver* observer : observers_) observer->OnClockMoved(now_);
+  }
+
+ private:
+  absl::Time now_ = absl::UnixEpoch() + absl::Hours(1);
+  std::vector<ClockObserver*> observers_;
+};
+
+// A delayed item is ready from the end of its delay, not from when a (late) timer moves
+// it: an Add after that time finds it due, makes it ready first, and it is served
+// first (FIFO by ready time).
+TEST(PriorityQueueClockTest, LateTimerKeepsReadyTimeOrder) {
+  LateTimerClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  PQ::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  auto q = *PQ::Create(std::move(options));
+  q->AddAfter("d", absl::Seconds(1));
+  clock.Set(clock.Now() + absl::Seconds(2));  // its timer has not fired
+  q->Add("r");
+  Strings out;
+  while (auto lease = q->TryGet()) out.push_back(lease->item());
+  EXPECT_EQ(out, (Strings{"d", "r"}));
+  clock.Notify();
+}
+
 TEST(PriorityQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
   FakeClock clock;
   PQ::Options options;
