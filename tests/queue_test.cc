@@ -493,7 +493,7 @@ TEST(QueueTest, WorkerWakesASleeperWhenMoreItemsAreReady) {
   Queue<int> q;
   auto [ctx, cancel] = WithCancel(Background());
   std::promise<int> got;
-  std::thread sleeper([&, c = ctx] {  // Get(ctx) does not poll: it sleeps at once
+  std::thread sleeper([&, c = ctx] {  // polls briefly, then sleeps
     auto lease = q.Get(c);
     got.set_value(lease ? **lease : -1);
   });

@@ -285,8 +285,9 @@ class Queue {
   static constexpr uint8_t kDirty = 1;       // waiting to run (queued, or re-added)
   static constexpr uint8_t kProcessing = 2;  // a lease is active
   // Waiting for a delay (DelayingQueue): the slot is in waiting_. Set and cleared only
-  // under mu_. Independent of the other two: a waiting item may also be queued or in
-  // flight (it runs again when its delay ends).
+  // under mu_. Never with kDirty (an item owed a run does not wait as well: the earliest
+  // ready time wins), but a waiting item may be in flight (it runs again when its delay
+  // ends).
   static constexpr uint8_t kWaiting = 4;
   // finished_: leases ended, in the low bits; kDrainFlag while a drain waits.
   static constexpr uint64_t kDrainFlag = uint64_t{1} << 63;
@@ -450,9 +451,9 @@ class Queue {
     RecordDelayedLocked(-1);
   }
 
-  // Queues up to `max` waiting items due by `now` (one already queued merges, as an Add
-  // would), oldest ready time first; `*more`: due items are left. Wakes the blocked Gets
-  // when it queued any. Returns how many it took out of waiting_.
+  // Queues up to `max` waiting items due by `now` (a waiting item is never dirty, but one
+  // that were would merge, as an Add would), oldest ready time first; `*more`: due items are left.
+  // Wakes the blocked Gets when it queued any. Returns how many it took out of waiting_.
   size_t PromoteDueLocked(int64_t now, size_t max, bool* more) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     *more = false;
     size_t taken = 0;
@@ -478,7 +479,7 @@ class Queue {
           old, static_cast<uint8_t>((old & ~kWaiting) | kDirty), std::memory_order_acq_rel,
           std::memory_order_relaxed)) {
       }
-      if (old & kDirty) continue;  // already waiting to run: merges, as an Add would
+      if (old & kDirty) continue;  // (a guard: a waiting item is never dirty)
       bool pushed = false;
       QueueMarkedLocked(slot, old, &pushed);
       pushed_any |= pushed;
