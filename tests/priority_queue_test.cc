@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
+#include "testing/cancel_check.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
@@ -850,39 +851,14 @@ TEST_F(PriorityQueueTest, ShutDownAbortsDrainWait) {
 // A ShutDown ends every drain in progress, not only one of them.
 TEST_F(PriorityQueueTest, ShutDownAbortsEveryDrainWait) {
   q_->Add("a");
-  auto lease = q_->TryGet();
-  std::vector<std::thread> drainers;
-  std::atomic<int> drained{0}, returned{0};
-  for (int i = 0; i < 3; ++i) {
-    drainers.emplace_back([&] {
-      drained += q_->ShutDownWithDrain();
-      ++returned;
-    });
-  }
-  while (internal::QueuePeer::Draining(*q_) < 3) std::this_thread::yield();
-  q_->ShutDown();
-  EXPECT_TRUE(testing::Eventually([&] { return returned.load() == 3; }))
-      << "a drain went on after ShutDown";
-  lease->Done();  // releases a drainer should the check above have failed
-  for (auto& t : drainers) t.join();
-  EXPECT_EQ(drained.load(), 0);  // all aborted
+  testing::ExpectShutDownAbortsEveryDrain(
+      *q_, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
 // The cancel comes while the Get sleeps (not before it looked): it must wake it.
 TEST_F(PriorityQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
-  auto [ctx, cancel] = WithCancel(Background());
-  std::atomic<bool> returned{false}, got{false};
-  std::thread getter([&, c = ctx] {
-    got = q_->Get(c).has_value();
-    returned = true;
-  });
-  while (internal::QueuePeer::Waiters(*q_) == 0) std::this_thread::yield();
-  cancel();
-  EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }))
-      << "a Get(ctx) asleep slept through the cancel";
-  q_->ShutDown();  // releases the getter should the check above have failed
-  getter.join();
-  EXPECT_FALSE(got.load());
+  testing::ExpectCancelWakesASleepingGet(
+      *q_, [](auto& queue) { return internal::QueuePeer::Waiters(queue); });
 }
 
 TEST_F(PriorityQueueTest, GetWithContextReturnsOnCancel) {

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
+#include "testing/cancel_check.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/recording_metrics.h"
@@ -217,22 +218,8 @@ TEST(QueueTest, ShutDownAbortsDrainWait) {
 TEST(QueueTest, ShutDownAbortsEveryDrainWait) {
   StringQueue q;
   q.Add("a");
-  auto lease = q.TryGet();
-  std::vector<std::thread> drainers;
-  std::atomic<int> drained{0}, returned{0};
-  for (int i = 0; i < 3; ++i) {
-    drainers.emplace_back([&] {
-      drained += q.ShutDownWithDrain();
-      ++returned;
-    });
-  }
-  while (internal::QueuePeer::Draining(q) < 3) std::this_thread::yield();
-  q.ShutDown();
-  EXPECT_TRUE(testing::Eventually([&] { return returned.load() == 3; }))
-      << "a drain went on after ShutDown";
-  lease->Done();  // releases a drainer should the check above have failed
-  for (auto& t : drainers) t.join();
-  EXPECT_EQ(drained.load(), 0);  // all aborted
+  testing::ExpectShutDownAbortsEveryDrain(
+      q, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
 TEST(QueueTest, SeveralDrainersAllReturn) {
@@ -264,19 +251,8 @@ TEST(QueueTest, GetWithContextReturnsOnCancel) {
 // The cancel comes while the Get sleeps (not before it looked): it must wake it.
 TEST(QueueTest, GetWithContextAsleepIsWokenByTheCancel) {
   StringQueue q;
-  auto [ctx, cancel] = WithCancel(Background());
-  std::atomic<bool> returned{false}, got{false};
-  std::thread getter([&, c = ctx] {
-    got = q.Get(c).has_value();
-    returned = true;
-  });
-  while (internal::QueuePeer::Sleepers(q) == 0) std::this_thread::yield();
-  cancel();
-  EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }))
-      << "a Get(ctx) asleep slept through the cancel";
-  q.ShutDown();  // releases the getter should the check above have failed
-  getter.join();
-  EXPECT_FALSE(got.load());
+  testing::ExpectCancelWakesASleepingGet(
+      q, [](auto& queue) { return internal::QueuePeer::Sleepers(queue); });
 }
 
 TEST(QueueTest, GetWithContextReturnsItemsAddedLater) {

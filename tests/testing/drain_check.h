@@ -3,15 +3,18 @@
 // ones). `q` holds exactly one queued item, "a", and no active lease; `draining(q)` is the
 // number of drainers waiting, read under the queue's lock (a test peer): a drainer counts
 // itself in the hold of the lock in which it checks and goes to wait, so a non-zero count
-// means it waits. For Queue and PriorityQueue.
+// means it waits. For Queue and PriorityQueue. ExpectShutDownAbortsEveryDrain, below, the
+// same for several drainers and a ShutDown.
 
 #ifndef KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 #define KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace kwq::testing {
 
@@ -33,6 +36,29 @@ void ExpectDrainWaitsForQueuedItem(Q& q, Draining draining) {
   drainer.join();
   EXPECT_TRUE(drained);
   EXPECT_FALSE(q.Get().has_value());
+}
+
+// ExpectShutDownAbortsEveryDrain(q, draining): `q` holds one item, "a", and no lease.
+// With that item in flight, three drainers wait; a ShutDown must end all three (false:
+// aborted, not drained), not only one.
+template <typename Q, typename Draining>
+void ExpectShutDownAbortsEveryDrain(Q& q, Draining draining) {
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  std::vector<std::thread> drainers;
+  std::atomic<int> drained{0}, returned{0};
+  for (int i = 0; i < 3; ++i) {
+    drainers.emplace_back([&] {
+      drained += q.ShutDownWithDrain();
+      ++returned;
+    });
+  }
+  while (draining(q) < 3) std::this_thread::yield();
+  q.ShutDown();
+  EXPECT_TRUE(Eventually([&] { return returned.load() == 3; })) << "a drain went on after ShutDown";
+  lease->Done();  // releases a drainer should the check above have failed
+  for (auto& t : drainers) t.join();
+  EXPECT_EQ(drained.load(), 0);  // all aborted
 }
 
 }  // namespace kwq::testing

@@ -190,24 +190,11 @@ class ReadyLevels {
     if (lit != level_ids_.end()) {
       level = lit->second;
     } else {
-      if (!free_levels_.empty()) {
-        level = free_levels_.back();
-        free_levels_.pop_back();
-      } else {
-        level = static_cast<uint32_t>(levels_.size());
-        levels_.emplace_back();
-      }
+      level = Allocate(free_levels_, levels_);
       levels_[level] = Level{.priority = priority, .live = true};
       level_ids_.emplace(priority, level);
     }
-    uint32_t g;
-    if (!free_groups_.empty()) {
-      g = free_groups_.back();
-      free_groups_.pop_back();
-    } else {
-      g = static_cast<uint32_t>(groups_.size());
-      groups_.emplace_back();
-    }
+    const uint32_t g = Allocate(free_groups_, groups_);
     Group& group = groups_[g];
     group.slot_of.clear();
     group.free_ids.clear();
@@ -221,6 +208,18 @@ class ReadyLevels {
     group_ids_.emplace(std::pair<int, uint64_t>(priority, key), g);
     ++empty_groups_;
     return g;
+  }
+
+  // An index taken from `free` if it has one, else a new element at the end of `items`.
+  template <typename Item>
+  static uint32_t Allocate(std::vector<uint32_t>& free, std::vector<Item>& items) {
+    if (!free.empty()) {
+      const uint32_t index = free.back();
+      free.pop_back();
+      return index;
+    }
+    items.emplace_back();
+    return static_cast<uint32_t>(items.size() - 1);
   }
 
   // Forgets every empty group, and every level left without groups. Amortised O(1): it
