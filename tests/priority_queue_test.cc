@@ -825,8 +825,10 @@ TEST_F(PriorityQueueTest, DrainDoesNotReturnBeforeLeaseEndsAndDropsItsDelayedReA
     drained = q_->ShutDownWithDrain();
     returned = true;
   });
-  for (int i = 0; i < 1000 && !returned.load(); ++i) std::this_thread::yield();
-  EXPECT_FALSE(returned.load());
+  // Once the drainer waits (or wrongly returned), give it every chance to (wrongly)
+  // return: a negative check, which can only miss a failure.
+  while (internal::QueuePeer::Draining(*q_) == 0 && !returned.load()) std::this_thread::yield();
+  EXPECT_FALSE(testing::Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
   lease->Done();
   drainer.join();
   EXPECT_TRUE(drained.load());
@@ -949,6 +951,8 @@ TEST(PriorityQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
   });
   clock.Advance(absl::Seconds(9));
   EXPECT_FALSE(testing::Eventually([&] { return got.load(); }, absl::Milliseconds(50)));
+  // Asleep (not polling, which would read the clock itself) when the time comes.
+  while (internal::QueuePeer::Waiters(q) == 0) std::this_thread::yield();
   clock.Advance(absl::Seconds(1));
   EXPECT_TRUE(testing::Eventually([&] { return got.load(); }))
       << "the Get slept through its item's ready time";
@@ -1346,8 +1350,10 @@ TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
     }
     for (auto& t : producers) t.join();
     lost = !testing::SettlesWithin(settled, absl::Seconds(10));
-    testing::SettlesWithin([&] { return internal::QueuePeer::Waiters(*q) == kWorkers; },
-                           absl::Seconds(5));
+    // Every worker asleep, so the next round's adds must wake them (else it is untested).
+    EXPECT_TRUE(testing::SettlesWithin([&] { return internal::QueuePeer::Waiters(*q) == kWorkers; },
+                                       absl::Seconds(5)))
+        << "round " << round << ": the workers did not all fall asleep";
   }
   EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
   EXPECT_TRUE(q->ShutDownWithDrain());

@@ -193,9 +193,10 @@ TEST(QueueTest, ShutDownWithDrainDoesNotReturnBeforeLeaseEnds) {
     q.ShutDownWithDrain();
     returned = true;
   });
-  // Give the drainer every chance to (wrongly) return; it must still be waiting.
-  for (int i = 0; i < 1000 && !returned.load(); ++i) std::this_thread::yield();
-  EXPECT_FALSE(returned.load());
+  // Once the drainer waits (or wrongly returned), give it every chance to (wrongly)
+  // return: a negative check, which can only miss a failure.
+  while (internal::QueuePeer::Draining(q) == 0 && !returned.load()) std::this_thread::yield();
+  EXPECT_FALSE(testing::Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
   lease->Done();
   drainer.join();
   EXPECT_TRUE(returned.load());
@@ -229,6 +230,7 @@ TEST(QueueTest, SeveralDrainersAllReturn) {
   std::vector<std::thread> drainers;
   std::atomic<int> drained{0};
   for (int i = 0; i < 3; ++i) drainers.emplace_back([&] { drained += q.ShutDownWithDrain(); });
+  while (internal::QueuePeer::Draining(q) < 3) std::this_thread::yield();  // all three wait
   lease->Done();
   for (auto& d : drainers) d.join();
   EXPECT_EQ(drained.load(), 3);
@@ -432,8 +434,10 @@ void ExpectNoOverlapAndNoneLost(int polling_workers) {
     }
     for (auto& t : producers) t.join();
     lost = !testing::SettlesWithin(settled, absl::Seconds(10));
-    testing::SettlesWithin([&] { return internal::QueuePeer::Sleepers(q) == kWorkers; },
-                           absl::Seconds(5));
+    // Every worker asleep, so the next round's adds must wake them (else it is untested).
+    EXPECT_TRUE(testing::SettlesWithin([&] { return internal::QueuePeer::Sleepers(q) == kWorkers; },
+                                       absl::Seconds(5)))
+        << "round " << round << ": the workers did not all fall asleep";
   }
   EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
   EXPECT_TRUE(q.ShutDownWithDrain());

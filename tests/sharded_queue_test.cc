@@ -264,13 +264,15 @@ TEST(ShardedQueueStressTest, NoKeyHeldByTwoWorkersWhileStealing) {
     });
     producer.join();
     lost = !testing::SettlesWithin(settled, absl::Seconds(10));
-    testing::SettlesWithin(
+    // Every worker asleep, so the next round's adds must wake them (else it is untested).
+    EXPECT_TRUE(testing::SettlesWithin(
         [&] {
           int asleep = 0;
           for (int s = 0; s < kShards; ++s) asleep += internal::QueuePeer::Sleepers(q->shard(s));
           return asleep == kShards;
         },
-        absl::Seconds(5));
+        absl::Seconds(5)))
+        << "round " << round << ": the workers did not all fall asleep";
   }
   EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
   EXPECT_TRUE(q->ShutDownWithDrain());

@@ -59,9 +59,19 @@ TEST_P(RealTimerTest, FiresInDeadlineOrder) {
       done.count_down();
     };
   };
-  service->Schedule(now + absl::Milliseconds(30), record(3));
-  service->Schedule(now + absl::Milliseconds(10), record(1));
-  service->Schedule(now + absl::Milliseconds(20), record(2));
+  // The service thread is held in a callback until all three are due, so the order
+  // below is the heap's, not the scheduler's (a stalled test thread cannot reorder them).
+  std::latch holding(1), release(1);
+  service->Schedule(absl::InfinitePast(), [&] {
+    holding.count_down();
+    release.wait();
+  });
+  holding.wait();
+  service->Schedule(now + absl::Milliseconds(3), record(3));
+  service->Schedule(now + absl::Milliseconds(1), record(1));
+  service->Schedule(now + absl::Milliseconds(2), record(2));
+  while (service->clock().Now() <= now + absl::Milliseconds(3)) std::this_thread::yield();
+  release.count_down();
   done.wait();
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 }
@@ -98,11 +108,23 @@ TEST_P(RealTimerTest, PastDeadlineRunsSoon) {
 TEST_P(RealTimerTest, CancelPreventsRun) {
   auto& service = service_;
   std::atomic<bool> ran{false};
-  const TimerId id = service->ScheduleAfter(absl::Milliseconds(200), [&] { ran = true; });
+  // The service thread is held in a callback meanwhile, so the timer cannot fire before
+  // the Cancel however the test thread is scheduled.
+  std::latch holding(1), release(1);
+  service->Schedule(absl::InfinitePast(), [&] {
+    holding.count_down();
+    release.wait();
+  });
+  holding.wait();
+  const absl::Time now = service->clock().Now();
+  const TimerId id = service->Schedule(now + absl::Milliseconds(1), [&] { ran = true; });
   EXPECT_TRUE(service->Cancel(id));
   EXPECT_FALSE(service->Cancel(id));  // cancel after cancel is a no-op
+  // Timers run in deadline order: once a later one ran, the cancelled one would have too.
   std::latch done(1);
-  service->ScheduleAfter(absl::Milliseconds(250), [&] { done.count_down(); });
+  service->Schedule(now + absl::Milliseconds(2), [&] { done.count_down(); });
+  while (service->clock().Now() <= now + absl::Milliseconds(2)) std::this_thread::yield();
+  release.count_down();
   done.wait();
   EXPECT_FALSE(ran.load());
 }
