@@ -17,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "testing/thread_state.h"
 
 namespace kwq::internal {
 
@@ -68,14 +69,7 @@ TEST(MutexTest, SpinningAndPlainLockersExcludeEachOther) {
   EXPECT_EQ(count, 4 * kRounds);
 }
 
-// The scheduler state of thread `tid` of this process ('R' running, 'S' sleeping, ...).
-char ThreadState(pid_t tid) {
-  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-}
+using ::kwq::testing::ThreadState;
 
 // A holder that keeps the lock past the spin: the spinner then sleeps in the kernel and
 // gets the lock only after the holder's release. The holder releases once the spinner
