@@ -389,7 +389,8 @@ TEST(AfterFuncTest, SelfCaptureIsReleasedByStopOrCancel) {
 TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {
   auto [ctx, cancel] = WithCancel(Background());
   std::thread canceller([cancel = cancel] { cancel(); });
-  ctx.Done().Wait();
+  EXPECT_TRUE(testing::ReturnsInTime([c = ctx] { c.Done().Wait(); }))
+      << "the cancel did not wake the waiter";
   EXPECT_TRUE(ctx.IsCancelled());
   canceller.join();
 }
@@ -413,7 +414,8 @@ TEST(DoneSignalTest, OnDoneRegistersACallback) {
 
 TEST(DoneSignalTest, RealDeadlineWakesWaiter) {
   auto [ctx, cancel] = WithTimeout(Background(), absl::Milliseconds(5));
-  ctx.Done().Wait();
+  EXPECT_TRUE(testing::ReturnsInTime([c = ctx] { c.Done().Wait(); }))
+      << "the deadline did not wake the waiter";
   EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
