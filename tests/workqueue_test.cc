@@ -397,14 +397,24 @@ TEST_F(WorkqueueTest, CancelSyncStopsSelfRequeueingWork) {
 
 TEST_F(WorkqueueTest, FlushWorkWaitsForTheInstance) {
   auto wq = Make({.flags = kUnbound});
+  Gate gate;
   std::atomic<bool> finished{false};
   Work work([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    gate.Wait();
     finished = true;
   });
   EXPECT_FALSE(wq->Flush(&work));  // idle: nothing to wait for
   wq->Queue(&work);
-  EXPECT_TRUE(wq->Flush(&work));
+  std::atomic<bool> returned{false}, waited{false};
+  std::thread flusher([&] {
+    waited = wq->Flush(&work);
+    returned = true;
+  });
+  // A negative check (it can only miss a failure): the flush waits for the held work.
+  EXPECT_FALSE(Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
+  gate.Open();
+  flusher.join();
+  EXPECT_TRUE(waited.load());
   EXPECT_TRUE(finished.load());
 }
 
@@ -518,8 +528,8 @@ TEST_F(WorkqueueTest, FreezeHoldsWorkUntilThaw) {
   Work work([&] { ++runs; });
   wq->Freeze();
   EXPECT_TRUE(wq->Queue(&work));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // would have run by now
-  EXPECT_EQ(runs.load(), 0);
+  // A negative check (it can only miss a failure): it would have run by now.
+  EXPECT_FALSE(Eventually([&] { return runs.load() != 0; }, absl::Milliseconds(20)));
   wq->Thaw();
   wq->Flush();
   EXPECT_EQ(runs.load(), 1);
@@ -562,8 +572,9 @@ TEST_F(WorkqueueTest, BlockingScopeLetsTheCpuPoolRunOtherWork) {
   wq->QueueOn(cpu, &sleeper);
   ASSERT_TRUE(Eventually([&] { return started.load(); }));
   wq->QueueOn(cpu, &second);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_FALSE(second_ran.load());  // concurrency 1 while the sleeper counts as running
+  // Concurrency 1 while the sleeper counts as running (a negative check: it can only miss
+  // a failure).
+  EXPECT_FALSE(Eventually([&] { return second_ran.load(); }, absl::Milliseconds(5)));
   may_block.Open();
   EXPECT_TRUE(Eventually([&] { return second_ran.load(); }));
   done.Open();
@@ -819,11 +830,10 @@ TEST_F(FakeTimeWorkqueueTest, WatchdogMarksCpuHogAndLetsOthersRun) {
   wq->QueueOn(cpu, &hog);
   ASSERT_TRUE(Eventually([&] { return hog_started.load(); }));
   wq->QueueOn(cpu, &second);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_FALSE(second_ran.load());         // one runner per CPU pool
+  // One runner per CPU pool (negative checks: they can only miss a failure).
+  EXPECT_FALSE(Eventually([&] { return second_ran.load(); }, absl::Milliseconds(20)));
   clock_.Advance(absl::Milliseconds(10));  // first watchdog look: running since now
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_FALSE(second_ran.load());
+  EXPECT_FALSE(Eventually([&] { return second_ran.load(); }, absl::Milliseconds(5)));
   clock_.Advance(absl::Milliseconds(10));  // 10 ms later, still the same execution: a hog
   ASSERT_TRUE(Eventually([&] { return second_ran.load(); }));
   EXPECT_EQ(wq->stats().cpu_hogs, 1u);
