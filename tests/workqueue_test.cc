@@ -35,6 +35,16 @@ class Gate {
   std::atomic<bool> open_{false};
 };
 
+// A work held on a gate until the test opens it; `finished` once it ran to its end.
+struct HeldWork {
+  Gate gate;
+  std::atomic<bool> finished{false};
+  Work work{[this] {
+    gate.Wait();
+    finished = true;
+  }};
+};
+
 class WorkqueueTest : public ::testing::Test {
  protected:
   std::unique_ptr<WorkqueueRuntime> runtime_ =
@@ -397,25 +407,20 @@ TEST_F(WorkqueueTest, CancelSyncStopsSelfRequeueingWork) {
 
 TEST_F(WorkqueueTest, FlushWorkWaitsForTheInstance) {
   auto wq = Make({.flags = kUnbound});
-  Gate gate;
-  std::atomic<bool> finished{false};
-  Work work([&] {
-    gate.Wait();
-    finished = true;
-  });
-  EXPECT_FALSE(wq->Flush(&work));  // idle: nothing to wait for
-  wq->Queue(&work);
+  HeldWork held;
+  EXPECT_FALSE(wq->Flush(&held.work));  // idle: nothing to wait for
+  wq->Queue(&held.work);
   std::atomic<bool> returned{false}, waited{false};
   std::thread flusher([&] {
-    waited = wq->Flush(&work);
+    waited = wq->Flush(&held.work);
     returned = true;
   });
   // A negative check (it can only miss a failure): the flush waits for the held work.
   EXPECT_FALSE(Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
-  gate.Open();
+  held.gate.Open();
   flusher.join();
   EXPECT_TRUE(waited.load());
-  EXPECT_TRUE(finished.load());
+  EXPECT_TRUE(held.finished.load());
 }
 
 TEST_F(WorkqueueTest, FlushIsNotLivelockedByNewArrivals) {
@@ -439,13 +444,8 @@ TEST_F(WorkqueueTest, FlushIsNotLivelockedByNewArrivals) {
 // (empty) bucket only, returning while the older work still ran.
 TEST_F(WorkqueueTest, OverlappingFlushesEachWaitForOlderWorks) {
   auto wq = Make({.flags = kUnbound});
-  Gate gate;
-  std::atomic<bool> finished{false};
-  Work work([&] {
-    gate.Wait();
-    finished = true;
-  });
-  wq->Queue(&work);
+  HeldWork held;
+  wq->Queue(&held.work);
   testing::PausePoints hooks;
   std::atomic<bool> first_returned{false};
   std::thread first([&] {
@@ -459,14 +459,14 @@ TEST_F(WorkqueueTest, OverlappingFlushesEachWaitForOlderWorks) {
   std::thread second([&] {
     wq->Flush();
     second_returned = true;
-    EXPECT_TRUE(finished.load()) << "the second flush returned before the older work ended";
+    EXPECT_TRUE(held.finished.load()) << "the second flush returned before the older work ended";
   });
   EXPECT_FALSE(Eventually([&] { return second_returned.load(); }, absl::Milliseconds(50)));
   EXPECT_FALSE(first_returned.load());
-  gate.Open();
+  held.gate.Open();
   first.join();
   second.join();
-  EXPECT_TRUE(finished.load());
+  EXPECT_TRUE(held.finished.load());
 }
 
 TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
