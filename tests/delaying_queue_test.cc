@@ -108,14 +108,19 @@ TEST_F(DelayingQueueTest, SubNanosecondDelayIsNotReadyEarly) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
 }
 
+// A delaying queue on a FakeClock whose metrics go to a recorder (gauges not refreshed).
+class DelayingQueueMetricsTest : public ::testing::Test {
+ protected:
+  FakeClock clock;
+  std::unique_ptr<TimerService> timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider{&rec, /*refresh_gauges=*/false};
+  DelayingQueue<std::string> q{{.metrics = &provider, .clock = &clock, .timers = timers.get()}};
+};
+
 // A waiting item is counted by the `delayed` metric, not by `depth`, from AddAfter until it
 // comes due, is cancelled or is dropped at shutdown.
-TEST(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
-  FakeClock clock;
-  auto timers = *TimerService::Create({.clock = &clock});
-  testing::RecordedMetrics rec;
-  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
-  DelayingQueue<std::string> q({.metrics = &provider, .clock = &clock, .timers = timers.get()});
+TEST_F(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
   q.AddAfter("a", absl::Seconds(1));
   q.AddAfter("a", absl::Milliseconds(500));  // moves the one entry
   q.AddAfter("b", absl::Seconds(2));
@@ -141,12 +146,7 @@ TEST(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
 
 // An in-flight item's delayed re-add: counted in `delayed` while it waits, then in depth
 // (dirty, not ready: it runs after its Done) once it comes due.
-TEST(DelayingQueueMetricsTest, InFlightItemsDelayedReAddMovesFromDelayedToDepth) {
-  FakeClock clock;
-  auto timers = *TimerService::Create({.clock = &clock});
-  testing::RecordedMetrics rec;
-  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
-  DelayingQueue<std::string> q({.metrics = &provider, .clock = &clock, .timers = timers.get()});
+TEST_F(DelayingQueueMetricsTest, InFlightItemsDelayedReAddMovesFromDelayedToDepth) {
   q.Add("a");
   auto lease = q.TryGet();
   ASSERT_TRUE(lease.has_value());

@@ -15,14 +15,17 @@
 namespace kwq {
 namespace {
 
+// ParallelizeUntil on 4 workers returns OK and ran each of `pieces` pieces exactly once.
+void ExpectEveryPieceRunsOnce(int pieces, int chunk) {
+  std::vector<std::atomic<int>> hits(pieces);
+  ASSERT_TRUE(
+      ParallelizeUntil(Background(), 4, pieces, [&](int i) { ++hits[i]; }, {.chunk_size = chunk})
+          .ok());
+  for (int i = 0; i < pieces; ++i) ASSERT_EQ(hits[i].load(), 1) << "piece " << i;
+}
+
 TEST(ParallelizeUntilTest, RunsEveryPieceOnce) {
-  for (int chunk : {1, 3, 100}) {
-    std::vector<std::atomic<int>> hits(1000);
-    ASSERT_TRUE(
-        ParallelizeUntil(Background(), 4, 1000, [&](int i) { ++hits[i]; }, {.chunk_size = chunk})
-            .ok());
-    for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i].load(), 1) << "piece " << i;
-  }
+  for (int chunk : {1, 3, 100}) ExpectEveryPieceRunsOnce(1000, chunk);
 }
 
 TEST(ParallelizeUntilTest, RespectsTheWorkerLimit) {
@@ -66,13 +69,7 @@ using testing::Eventually;
 using testing::ReturnsInTime;
 
 // A chunk size near INT_MAX used to overflow the chunk count: OK came back with nothing run.
-TEST(ParallelizeUntilTest, HugeChunkSizeRunsEveryPiece) {
-  std::vector<std::atomic<int>> hits(10);
-  ASSERT_TRUE(
-      ParallelizeUntil(Background(), 4, 10, [&](int i) { ++hits[i]; }, {.chunk_size = INT_MAX})
-          .ok());
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(hits[i].load(), 1) << "piece " << i;
-}
+TEST(ParallelizeUntilTest, HugeChunkSizeRunsEveryPiece) { ExpectEveryPieceRunsOnce(10, INT_MAX); }
 
 // Once ctx is done no piece starts, inside a chunk too (client-go checks before each).
 TEST(ParallelizeUntilTest, CancelStopsInsideAChunk) {

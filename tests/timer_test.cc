@@ -351,40 +351,40 @@ TEST(FakeTimerTest, CallbackMayCreateAndDestroyServicesOnTheSameClock) {
   EXPECT_FALSE(doomed_ran);
 }
 
+// Runs `in_callback(clock, service)` inside a timer callback of a service on a FakeClock
+// (for the death tests of what such a callback must not do).
+template <typename Fn>
+void FromFakeTimerCallback(Fn in_callback) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  service->ScheduleAfter(absl::Seconds(1), [&] { in_callback(clock, service); });
+  clock.Advance(absl::Seconds(1));
+}
+
 TEST(FakeTimerDeathTest, CallbackMovingItsOwnClockFailsLoudly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  auto move_from_callback = [] {
-    FakeClock clock;
-    auto service = *TimerService::Create({.clock = &clock});
-    service->ScheduleAfter(absl::Seconds(1), [&] { clock.Advance(absl::Seconds(1)); });
-    clock.Advance(absl::Seconds(1));
-  };
-  EXPECT_DEATH(move_from_callback(), "FakeClock::Advance called from inside one of its");
+  EXPECT_DEATH(FromFakeTimerCallback([](FakeClock& clock, std::unique_ptr<TimerService>&) {
+                 clock.Advance(absl::Seconds(1));
+               }),
+               "FakeClock::Advance called from inside one of its");
 }
 
 // Destroying a fake-clock service from its own callback used to free it under its own
 // RunDue (a silent use-after-free); it now fails a check.
 TEST(FakeTimerDeathTest, DestroyingTheServiceFromItsOwnCallbackFailsLoudly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  auto destroy_from_callback = [] {
-    FakeClock clock;
-    auto service = *TimerService::Create({.clock = &clock});
-    service->ScheduleAfter(absl::Seconds(1), [&] { service.reset(); });
-    clock.Advance(absl::Seconds(1));
-  };
-  EXPECT_DEATH(destroy_from_callback(), "TimerService destroyed from inside one of its own");
+  EXPECT_DEATH(FromFakeTimerCallback(
+                   [](FakeClock&, std::unique_ptr<TimerService>& service) { service.reset(); }),
+               "TimerService destroyed from inside one of its own");
 }
 
 // A sleep on the fake clock from its callback could never end; it fails a check.
 TEST(FakeTimerDeathTest, SleepingOnTheClockFromACallbackFailsLoudly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  auto sleep_from_callback = [] {
-    FakeClock clock;
-    auto service = *TimerService::Create({.clock = &clock});
-    service->ScheduleAfter(absl::Seconds(1), [&] { clock.SleepFor(absl::Seconds(1)); });
-    clock.Advance(absl::Seconds(1));
-  };
-  EXPECT_DEATH(sleep_from_callback(), "FakeClock::SleepUntil called from inside one of its");
+  EXPECT_DEATH(FromFakeTimerCallback([](FakeClock& clock, std::unique_ptr<TimerService>&) {
+                 clock.SleepFor(absl::Seconds(1));
+               }),
+               "FakeClock::SleepUntil called from inside one of its");
 }
 
 // A callback that throws leaves Advance with its exception; the service is left sound:

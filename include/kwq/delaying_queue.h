@@ -461,8 +461,8 @@ class DelayingQueue {
   // due). A manual clock's service has no thread. Null when it cannot start (said on
   // stderr; then the default one).
   static std::unique_ptr<TimerService> OwnTimers(Clock* clock, const Options& options) {
-    if (options.timers != nullptr || !clock->is_manual()) return nullptr;
-    absl::StatusOr<std::unique_ptr<TimerService>> timers = TimerService::Create({.clock = clock});
+    absl::StatusOr<std::unique_ptr<TimerService>> timers =
+        internal::OwnTimerService(clock, options.timers);
     if (!timers.ok()) {
       std::fprintf(stderr, "kwq::DelayingQueue: no timer service on its clock (%s)\n",
                    timers.status().ToString().c_str());

@@ -176,13 +176,11 @@ class PriorityQueue {
           absl::FormatDuration(options.aging));
     }
     Clock* const clock = options.clock != nullptr ? options.clock : RealClock::Default();
-    std::unique_ptr<TimerService> own_timers;
-    if (options.timers == nullptr && clock->is_manual()) {  // no thread: one per queue
-      absl::StatusOr<std::unique_ptr<TimerService>> timers = TimerService::Create({.clock = clock});
-      if (!timers.ok()) return timers.status();
-      own_timers = *std::move(timers);
-      options.timers = own_timers.get();
-    }
+    absl::StatusOr<std::unique_ptr<TimerService>> own =
+        internal::OwnTimerService(clock, options.timers);
+    if (!own.ok()) return own.status();
+    std::unique_ptr<TimerService> own_timers = *std::move(own);
+    if (own_timers != nullptr) options.timers = own_timers.get();
     Clock* const timer_clock =
         options.timers != nullptr ? &options.timers->clock() : RealClock::Default();
     if (timer_clock != clock) {

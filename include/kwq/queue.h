@@ -109,6 +109,15 @@ struct QueueOptions {
 
 namespace internal {
 struct QueuePeer;  // tests' access to internal state (wake-ups, stored keys)
+
+// The timer service a delaying queue makes for itself (QueueOptions::timers): one on
+// `clock` when `given` is null and `clock` is manual (such a service has no thread), else
+// null (use `given`, or TimerService::Default()). Errors are TimerService::Create's.
+inline absl::StatusOr<std::unique_ptr<TimerService>> OwnTimerService(Clock* clock,
+                                                                     TimerService* given) {
+  if (given != nullptr || !clock->is_manual()) return std::unique_ptr<TimerService>();
+  return TimerService::Create({.clock = clock});
+}
 }  // namespace internal
 
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
