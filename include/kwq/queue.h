@@ -58,6 +58,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/hash/hash.h"
+#include "absl/status/statusor.h"
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
