@@ -13,29 +13,31 @@ setup:
 	@bash scripts/setup.sh
 
 release: setup
-	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=OFF >/dev/null
+	@cmake -S . -B build/release $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release -DKWQ_BUILD_TESTS=OFF \
+	  -DKWQ_PROMETHEUS=ON >/dev/null
 	@cmake --build build/release -j$(JOBS)
 
 run: release
 	./build/release/examples/controller_example
 	./build/release/examples/workqueue_example
 	./build/release/examples/context_timer_example
+	./build/release/examples/prometheus_example
 
 asan: setup
 	cmake -S . -B build/asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ \
-	  -DKWQ_SANITIZE=address,undefined -DKWQ_INSTALL_TEST=ON -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
+	  -DKWQ_SANITIZE=address,undefined -DKWQ_INSTALL_TEST=ON -DKWQ_PROMETHEUS=ON -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
 	cmake --build build/asan -j$(JOBS)
 	cd build/asan && $(CTEST)
 
 tsan: setup
 	cmake -S . -B build/tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=g++ \
-	  -DKWQ_SANITIZE=thread -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF -DKWQ_BUILD_TOOLS=OFF >/dev/null
+	  -DKWQ_SANITIZE=thread -DKWQ_PROMETHEUS=ON -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF -DKWQ_BUILD_TOOLS=OFF >/dev/null
 	cmake --build build/tsan -j$(JOBS)
 	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(CTEST)
 
 clang: setup
 	cmake -S . -B build/clang $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
-	  -DKWQ_THREAD_SAFETY=ON >/dev/null
+	  -DKWQ_THREAD_SAFETY=ON -DKWQ_PROMETHEUS=ON >/dev/null
 	cmake --build build/clang -j$(JOBS)
 	cd build/clang && $(CTEST)
 

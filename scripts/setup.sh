@@ -13,10 +13,11 @@ required=(
   clang libclang-rt-14-dev clang-format
   libabsl-dev libhwloc-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus-cpp-dev
   "$@"
 )
-# Peers and adapters: used when present (comparison benchmarks).
-optional=(prometheus-cpp-dev libtbb-dev libboost-dev libconcurrentqueue-dev)
+# Peers: used when present (comparison benchmarks).
+optional=(libtbb-dev libboost-dev libconcurrentqueue-dev)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 

@@ -23,6 +23,13 @@ execute_process(COMMAND ${KWQ_WORK_DIR}/build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer failed: ${rc}")
 endif()
+# kwq::prometheus, when this build has it, must come with the installed package.
+if(KWQ_WITH_PROMETHEUS)
+  execute_process(COMMAND ${KWQ_WORK_DIR}/build/prometheus_consumer RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "the kwq::prometheus consumer failed (or was not built): ${rc}")
+  endif()
+endif()
 # pkg-config must find kwq in the same prefix.
 file(GLOB pcdir ${prefix}/lib*/pkgconfig)
 execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir}

@@ -2,11 +2,8 @@
 //
 // Metrics of kwq's work queues, with the metric set of client-go's workqueue package so
 // that existing Kubernetes dashboards can keep working, plus the number of items waiting
-// in a delaying queue. kwq ships no Prometheus adapter yet (README); one would export
-// them as client-go does: workqueue_depth, workqueue_adds_total,
-// workqueue_queue_duration_seconds, workqueue_work_duration_seconds,
-// workqueue_unfinished_work_seconds, workqueue_longest_running_processor_seconds and
-// workqueue_retries_total. Durations are in seconds.
+// in a delaying queue. kwq/prometheus.h exports them to Prometheus under client-go's
+// names (workqueue_depth, workqueue_adds_total, ...). Durations are in seconds.
 //
 // A queue built without a MetricsProvider (the default) records nothing and does not read
 // the clock for metrics: the cost is one predictable branch per operation.

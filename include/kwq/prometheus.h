@@ -1,0 +1,110 @@
+// File: kwq/prometheus.h
+//
+// PrometheusMetricsProvider: exports the metrics of kwq's work queues (kwq/metrics.h) to a
+// prometheus-cpp registry, under the names and labels client-go's and controller-runtime's
+// Prometheus providers use, so existing Kubernetes dashboards and alerts work unchanged:
+//
+//   auto registry = std::make_shared<prometheus::Registry>();
+//   auto metrics = kwq::PrometheusMetricsProvider::Create(registry).value();
+//   kwq::RateLimitingQueue<std::string> q(limiter, {.name = "pods", .metrics = metrics.get()});
+//   prometheus::Exposer exposer("127.0.0.1:8080");  // prometheus-cpp's pull library
+//   exposer.RegisterCollectable(registry);
+//
+// Part of the optional library kwq::prometheus (CMake target kwq::prometheus, built when
+// prometheus-cpp is installed; Debian package prometheus-cpp-dev).
+//
+// Families (one series per queue name, label name="<QueueOptions::name>"):
+//   workqueue_depth                                gauge
+//   workqueue_adds_total                           counter
+//   workqueue_queue_duration_seconds               histogram
+//   workqueue_work_duration_seconds                histogram
+//   workqueue_unfinished_work_seconds              gauge
+//   workqueue_longest_running_processor_seconds    gauge
+//   workqueue_retries_total                        counter
+//   kwq_workqueue_delayed_items                    gauge (kwq's own: items waiting for
+//                                                  their AddAfter delay)
+// The histograms have client-go's buckets: 10 ns to 1000 s in powers of ten.
+//
+// Contract:
+//   - As in client-go, a queue with an empty name gets no series (every New* returns
+//     nullptr): unnamed queues would otherwise share one.
+//   - Queues with the same name share their series. A series leaves the registry when
+//     the last queue using it is destroyed (so a deleted queue does not leave a stale
+//     depth behind); a later queue of that name starts it again from zero, which
+//     Prometheus treats as a counter reset. Several providers may share one registry
+//     (with the registry's default InsertBehavior::Merge) and then share series too.
+//   - The families belong to kwq: a series added to them by other code may be removed
+//     when a queue of that name goes away.
+//
+// Thread safety: Create and every member may be called from any thread; the metric objects
+// handed to queues are thread-safe (prometheus-cpp's are). The provider must outlive every
+// queue that uses it (QueueOptions::metrics) and keeps the registry alive itself. Nothing
+// here blocks except on short internal locks.
+
+#ifndef KWQ_PROMETHEUS_H_
+#define KWQ_PROMETHEUS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kwq/metrics.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace kwq {
+
+struct PrometheusOptions {
+  // Labels added to every series of every family (prometheus-cpp's constant labels), for
+  // example {{"cluster", "eu-1"}}. Names must be valid Prometheus label names and must not
+  // be "name" (or "controller" with controller_label).
+  std::map<std::string, std::string> const_labels;
+  // Also label each series controller="<queue name>", as controller-runtime does (its
+  // queues are named after their controllers), so its dashboards' selectors match.
+  bool controller_label = false;
+};
+
+class PrometheusMetricsProvider final : public MetricsProvider {
+ public:
+  // Registers the families above on `registry`. Errors: InvalidArgument for a null
+  // registry or an invalid or reserved label name; AlreadyExists when the registry holds a
+  // family of one of these names that cannot be shared (another metric type or other
+  // constant labels, or a registry built with InsertBehavior::Throw that has it already).
+  static absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> Create(
+      std::shared_ptr<prometheus::Registry> registry, PrometheusOptions options = {});
+
+  ~PrometheusMetricsProvider() override;
+  PrometheusMetricsProvider(const PrometheusMetricsProvider&) = delete;
+  PrometheusMetricsProvider& operator=(const PrometheusMetricsProvider&) = delete;
+
+  // MetricsProvider (kwq/metrics.h). Each returns nullptr for an empty queue name.
+  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view queue) override;
+  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view queue) override;
+  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view queue) override;
+  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view queue) override;
+  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(
+      std::string_view queue) override;
+  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+      std::string_view queue) override;
+  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view queue) override;
+  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view queue) override;
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+ private:
+  struct Families;  // src/prometheus.cc
+  PrometheusMetricsProvider(std::shared_ptr<prometheus::Registry> registry,
+                            PrometheusOptions options, std::unique_ptr<Families> families);
+
+  const std::shared_ptr<prometheus::Registry> registry_;
+  const PrometheusOptions options_;
+  const std::unique_ptr<Families> families_;
+};
+
+}  // namespace kwq
+
+#endif  // KWQ_PROMETHEUS_H_

@@ -1,0 +1,275 @@
+// kwq::PrometheusMetricsProvider (kwq/prometheus.h): the client-go metric set under
+// client-go's names, series shared by name and removed with their last queue, and the
+// errors of Create. Deterministic: queues run on a FakeClock.
+
+#include "kwq/prometheus.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kwq/clock.h"
+#include "kwq/queue.h"
+#include "kwq/rate_limiter.h"
+#include "kwq/rate_limiting_queue.h"
+#include "kwq/timer.h"
+
+namespace kwq {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+using StringQueue = Queue<std::string>;
+
+// The series of family `family` whose label `label` is `value`, in a fresh collection.
+std::optional<prometheus::ClientMetric> Find(prometheus::Registry& registry,
+                                             const std::string& family, const std::string& value,
+                                             const std::string& label = "name") {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != family) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == label && l.value == value) return m;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// How many series carry name="<queue>", over every family.
+int SeriesOf(prometheus::Registry& registry, const std::string& queue) {
+  int n = 0;
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const auto& l : m.label) n += l.name == "name" && l.value == queue;
+    }
+  }
+  return n;
+}
+
+std::string Text(prometheus::Registry& registry) {
+  return prometheus::TextSerializer().Serialize(registry.Collect());
+}
+
+class PrometheusTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<PrometheusMetricsProvider> NewProvider(PrometheusOptions options = {}) {
+    auto provider = PrometheusMetricsProvider::Create(registry, std::move(options));
+    EXPECT_TRUE(provider.ok()) << provider.status();
+    return std::move(*provider);
+  }
+  QueueOptions On(MetricsProvider* metrics, std::string name) {
+    return {.name = std::move(name), .metrics = metrics, .clock = &clock, .timers = timers.get()};
+  }
+
+  FakeClock clock;
+  std::unique_ptr<TimerService> timers = *TimerService::Create({.clock = &clock});
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+};
+
+TEST_F(PrometheusTest, ExportsTheClientGoMetricSetUnderItsNames) {
+  auto provider = NewProvider();
+  StringQueue q(On(provider.get(), "q"));
+  q.Add("a");
+  q.Add("a");  // deduplicated: not an add
+  q.Add("b");
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "q")->gauge.value, 2);
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "q")->counter.value, 2);
+
+  clock.Advance(absl::Seconds(2));
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "q")->gauge.value, 1);
+  const prometheus::ClientMetric latency =
+      *Find(*registry, "workqueue_queue_duration_seconds", "q");
+  EXPECT_EQ(latency.histogram.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(latency.histogram.sample_sum, 2.0);
+  // client-go's buckets: 1e-8 .. 1e3 in powers of ten (and +Inf).
+  ASSERT_EQ(latency.histogram.bucket.size(), 13u);
+  EXPECT_DOUBLE_EQ(latency.histogram.bucket[0].upper_bound, 1e-8);
+  EXPECT_DOUBLE_EQ(latency.histogram.bucket[11].upper_bound, 1e3);
+  EXPECT_EQ(latency.histogram.bucket[8].cumulative_count, 0u);  // le=1
+  EXPECT_EQ(latency.histogram.bucket[9].cumulative_count, 1u);  // le=10
+
+  clock.Advance(absl::Seconds(3));  // the 500 ms refresh runs inside Advance
+  EXPECT_NEAR(Find(*registry, "workqueue_unfinished_work_seconds", "q")->gauge.value, 3.0, 0.5);
+  EXPECT_NEAR(Find(*registry, "workqueue_longest_running_processor_seconds", "q")->gauge.value, 3.0,
+              0.5);
+  lease->Done();
+  const prometheus::ClientMetric work = *Find(*registry, "workqueue_work_duration_seconds", "q");
+  EXPECT_EQ(work.histogram.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(work.histogram.sample_sum, 3.0);
+}
+
+TEST_F(PrometheusTest, CountsRetriesAndDelayedItems) {
+  auto provider = NewProvider();
+  auto limiter = ExponentialFailureRateLimiter<std::string>::Create(
+      {.base = absl::Seconds(1), .max = absl::Seconds(10), .clock = &clock});
+  ASSERT_TRUE(limiter.ok());
+  RateLimitingQueue<std::string> q(std::move(*limiter), On(provider.get(), "r"));
+  q.AddRateLimited("x");  // waits 1 s
+  EXPECT_EQ(Find(*registry, "workqueue_retries_total", "r")->counter.value, 1);
+  EXPECT_EQ(Find(*registry, "kwq_workqueue_delayed_items", "r")->gauge.value, 1);
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "r")->gauge.value, 0);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(Find(*registry, "kwq_workqueue_delayed_items", "r")->gauge.value, 0);
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "r")->gauge.value, 1);
+}
+
+TEST_F(PrometheusTest, TextExpositionHasClientGoLines) {
+  auto provider = NewProvider();
+  StringQueue q(On(provider.get(), "pods"));
+  q.Add("a");
+  const std::string text = Text(*registry);
+  EXPECT_THAT(text, HasSubstr("# TYPE workqueue_depth gauge"));
+  EXPECT_THAT(text, HasSubstr("workqueue_depth{name=\"pods\"} 1"));
+  EXPECT_THAT(text, HasSubstr("workqueue_adds_total{name=\"pods\"} 1"));
+  EXPECT_THAT(text,
+              HasSubstr("workqueue_queue_duration_seconds_bucket{name=\"pods\",le=\"+Inf\"}"));
+}
+
+TEST_F(PrometheusTest, SeriesLeaveWithTheLastQueueOfTheirName) {
+  auto provider = NewProvider();
+  auto first = std::make_unique<StringQueue>(On(provider.get(), "same"));
+  auto second = std::make_unique<StringQueue>(On(provider.get(), "same"));
+  first->Add("a");
+  second->Add("b");
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "same")->counter.value, 2);  // shared
+  EXPECT_EQ(SeriesOf(*registry, "same"), 8);                                     // one per family
+  first.reset();
+  EXPECT_EQ(SeriesOf(*registry, "same"), 8);  // `second` still reports to them
+  second->Add("c");
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "same")->counter.value, 3);
+  second.reset();
+  EXPECT_EQ(SeriesOf(*registry, "same"), 0);  // no stale depth of a deleted queue
+  StringQueue again(On(provider.get(), "same"));
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "same")->counter.value, 0);  // a reset
+}
+
+TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {
+  auto provider = NewProvider();
+  StringQueue q(On(provider.get(), ""));
+  q.Add("a");
+  EXPECT_EQ(provider->NewDepthMetric(""), nullptr);
+  for (const prometheus::MetricFamily& f : registry->Collect()) {
+    EXPECT_TRUE(f.metric.empty()) << f.name;
+  }
+}
+
+TEST_F(PrometheusTest, ControllerAndConstantLabels) {
+  auto provider = NewProvider({.const_labels = {{"cluster", "eu-1"}}, .controller_label = true});
+  StringQueue q(On(provider.get(), "deployment"));
+  q.Add("a");
+  const std::string text = Text(*registry);
+  EXPECT_THAT(text, HasSubstr("workqueue_depth{cluster=\"eu-1\",controller=\"deployment\",name="
+                              "\"deployment\"} 1"));
+}
+
+TEST_F(PrometheusTest, ProvidersSharingARegistryShareSeries) {
+  auto one = NewProvider();
+  auto two = NewProvider();
+  auto a = std::make_unique<StringQueue>(On(one.get(), "s"));
+  StringQueue b(On(two.get(), "s"));
+  a->Add("x");
+  b.Add("y");
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "s")->counter.value, 2);
+  a.reset();
+  one.reset();
+  b.Add("z");  // its series survived the other provider's queue and the provider
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "s")->counter.value, 3);
+}
+
+TEST_F(PrometheusTest, SeriesOutliveTheirProviderSafely) {
+  // QueueOptions::metrics must outlive the queue, but a series holds the registry itself,
+  // so releasing it after the provider is gone is still safe.
+  auto provider = NewProvider();
+  std::unique_ptr<GaugeMetric> depth = provider->NewDepthMetric("orphan");
+  provider.reset();
+  depth->Inc();
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "orphan")->gauge.value, 1);
+  depth.reset();
+  EXPECT_FALSE(Find(*registry, "workqueue_depth", "orphan").has_value());
+}
+
+TEST_F(PrometheusTest, CreateRejectsBadInput) {
+  EXPECT_EQ(PrometheusMetricsProvider::Create(nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrometheusMetricsProvider::Create(registry, {.const_labels = {{"1abc", "v"}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrometheusMetricsProvider::Create(registry, {.const_labels = {{"name", "v"}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      PrometheusMetricsProvider::Create(registry, {.const_labels = {{"le", "v"}}}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrometheusMetricsProvider::Create(
+                registry, {.const_labels = {{"controller", "v"}}, .controller_label = true})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // "controller" is free without controller_label.
+  EXPECT_TRUE(PrometheusMetricsProvider::Create(std::make_shared<prometheus::Registry>(),
+                                                {.const_labels = {{"controller", "v"}}})
+                  .ok());
+}
+
+TEST_F(PrometheusTest, CreateReportsFamiliesThatCannotBeShared) {
+  // Another metric type under one of the names.
+  auto taken = std::make_shared<prometheus::Registry>();
+  prometheus::BuildCounter().Name("workqueue_depth").Help("not ours").Register(*taken);
+  auto status = PrometheusMetricsProvider::Create(taken).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("workqueue"));
+  // Other constant labels on a merging registry.
+  ASSERT_TRUE(PrometheusMetricsProvider::Create(registry, {.const_labels = {{"a", "1"}}}).ok());
+  EXPECT_EQ(
+      PrometheusMetricsProvider::Create(registry, {.const_labels = {{"a", "2"}}}).status().code(),
+      absl::StatusCode::kAlreadyExists);
+  // A registry that refuses a second registration of a name.
+  auto strict = std::make_shared<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw);
+  ASSERT_TRUE(PrometheusMetricsProvider::Create(strict).ok());
+  EXPECT_EQ(PrometheusMetricsProvider::Create(strict).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+// Queues of one name made and destroyed on several threads while another thread scrapes:
+// no series is lost while a queue uses it, and none is left behind (run under TSan too).
+TEST_F(PrometheusTest, ConcurrentQueuesAndScrapes) {
+  auto provider = NewProvider();
+  std::atomic<bool> stop{false};
+  std::thread scraper([&] {
+    while (!stop.load()) (void)Text(*registry);
+  });
+  std::vector<std::thread> makers;
+  for (int t = 0; t < 3; ++t) {
+    makers.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        Queue<int> q(On(provider.get(), "busy"));
+        q.Add(i);
+        auto lease = q.TryGet();
+        // This queue's series exists while it lives, whatever the others do.
+        ASSERT_TRUE(Find(*registry, "workqueue_adds_total", "busy").has_value());
+      }
+    });
+  }
+  for (auto& m : makers) m.join();
+  stop = true;
+  scraper.join();
+  EXPECT_EQ(SeriesOf(*registry, "busy"), 0);
+  EXPECT_THAT(Text(*registry), Not(HasSubstr("busy")));
+}
+
+}  // namespace
+}  // namespace kwq
