@@ -15,6 +15,7 @@
 #include "kwq/queue.h"
 #include "kwq/rate_limiting_queue.h"
 #include "kwq/sharded_queue.h"
+#include "nop_metrics.h"
 #include "testing/not_counting.h"
 
 namespace kwq {
@@ -26,41 +27,6 @@ std::vector<std::string> Keys(int n) {
   for (int i = 0; i < n; ++i) keys.push_back(absl::StrCat("default/object-", i));
   return keys;
 }
-
-// Metrics that do nothing (the virtual calls and clock reads still happen).
-struct NopMetric : CounterMetric, GaugeMetric, SettableGaugeMetric, HistogramMetric {
-  void Inc() override {}
-  void Dec() override {}
-  void Set(double) override {}
-  void Observe(double) override {}
-};
-struct NopProvider : MetricsProvider {
-  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-      std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
-    return std::make_unique<NopMetric>();
-  }
-};
 
 // fifo_1t's loop as a microbenchmark: Add 100,000 distinct keys, then Get+Done each.
 // Arg: 0 = no MetricsProvider (the default), 1 = a provider whose metrics do nothing.
