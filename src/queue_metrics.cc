@@ -13,9 +13,8 @@ void Grow(std::vector<absl::Time>& v, uint32_t slot) {
 }  // namespace
 
 QueueMetricsRecorder::QueueMetricsRecorder(MetricsProvider* provider, std::string_view name,
-                                           Clock* clock, TimerService* timers, Mutex* queue_mu)
-    : queue_mu_(queue_mu),
-      clock_(clock != nullptr ? clock : RealClock::Default()),
+                                           Clock* clock, TimerService* timers)
+    : clock_(clock != nullptr ? clock : RealClock::Default()),
       timers_(timers != nullptr ? timers : &TimerService::Default()),
       depth_(provider->NewDepthMetric(name)),
       adds_(provider->NewAddsMetric(name)),
@@ -48,6 +47,7 @@ void QueueMetricsRecorder::Arm() {
 }
 
 void QueueMetricsRecorder::OnAdd(uint32_t slot) {
+  SpinLockHolder lock(&mu_);
   if (depth_) depth_->Inc();
   if (adds_) adds_->Inc();
   if (latency_) {
@@ -57,6 +57,7 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot) {
 }
 
 void QueueMetricsRecorder::OnGet(uint32_t slot) {
+  SpinLockHolder lock(&mu_);
   if (depth_) depth_->Dec();
   const absl::Time now = clock_->Now();
   if (latency_ && slot < added_at_.size()) {
@@ -68,6 +69,7 @@ void QueueMetricsRecorder::OnGet(uint32_t slot) {
 }
 
 void QueueMetricsRecorder::OnDone(uint32_t slot) {
+  SpinLockHolder lock(&mu_);
   if (work_duration_ && slot < started_at_.size()) {
     work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started_at_[slot]));
   }
@@ -75,11 +77,13 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) {
 }
 
 void QueueMetricsRecorder::OnRetry() {
+  SpinLockHolder lock(&mu_);
   if (retries_) retries_->Inc();
 }
 
 void QueueMetricsRecorder::OnDelayed(int delta) {
   if (!delayed_) return;
+  SpinLockHolder lock(&mu_);
   if (delta > 0) {
     delayed_->Inc();
   } else {
@@ -88,7 +92,7 @@ void QueueMetricsRecorder::OnDelayed(int delta) {
 }
 
 void QueueMetricsRecorder::Refresh() {
-  MutexLock lock(queue_mu_);
+  SpinLockHolder lock(&mu_);
   const absl::Time now = clock_->Now();
   double total = 0, longest = 0;
   for (uint32_t slot : in_flight_) {

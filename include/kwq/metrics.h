@@ -8,8 +8,11 @@
 // A queue built without a MetricsProvider (the default) records nothing and does not read
 // the clock for metrics: the cost is one predictable branch per operation.
 //
-// Thread safety: a queue calls its metrics under its own lock or from its timer thread;
-// implementations must be thread-safe when one provider serves several queues.
+// Thread safety: a queue calls its metric objects one call at a time (under a short
+// internal spin lock, from its producers, workers and timer thread), so a metric used by
+// one queue needs no locking of its own; implementations must be thread-safe when one
+// provider serves several queues. Metric calls must be short and must not call back into
+// the queue: other threads of the queue spin while one runs.
 
 #ifndef KWQ_METRICS_H_
 #define KWQ_METRICS_H_

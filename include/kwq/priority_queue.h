@@ -500,7 +500,7 @@ class PriorityQueue {
         timers_(options.timers) {
     if (options.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
-          options.metrics, options.name, options.clock, options.timers, &mu_);
+          options.metrics, options.name, options.clock, options.timers);
     }
   }
 

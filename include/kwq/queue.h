@@ -142,7 +142,7 @@ class Queue {
         max_pollers_(options_.polling_workers > 0 ? std::min(options_.polling_workers, 1024) : 1) {
     if (options_.metrics != nullptr) {
       metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
-          options_.metrics, options_.name, options_.clock, options_.timers, &metrics_mu_);
+          options_.metrics, options_.name, options_.clock, options_.timers);
     }
   }
   // Shuts the queue down. Leases must have ended (a debug assertion checks it).
@@ -280,11 +280,9 @@ class Queue {
   }
 
   // Counts one retry in the `retries` metric (RateLimitingQueue's AddRateLimited); nothing
-  // without a MetricsProvider. Takes the metrics lock, like every other metric update.
+  // without a MetricsProvider. The recorder serialises it with every other metric update.
   void RecordRetry() {
-    if (!metrics_) return;
-    internal::MutexLock lock(&metrics_mu_);
-    metrics_->OnRetry();
+    if (metrics_) metrics_->OnRetry();
   }
 
  private:
@@ -503,11 +501,9 @@ class Queue {
     return taken;
   }
 
-  // The `delayed` metric moves by `delta` (+1 / -1), under the metrics lock.
+  // The `delayed` metric moves by `delta` (+1 / -1).
   void RecordDelayedLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!metrics_) return;
-    internal::MutexLock lock(&metrics_mu_);
-    metrics_->OnDelayed(delta);
+    if (metrics_) metrics_->OnDelayed(delta);
   }
 
   // Ends every wait (DelayingQueue's shutdown).
@@ -807,10 +803,7 @@ class Queue {
     added_.store(added_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     // The add is recorded before the item is pushed: once pushed, a worker (under out_mu_,
     // not mu_) may hand it out, and its OnGet must find this add's time.
-    if (metrics_) {
-      internal::MutexLock lock(&metrics_mu_);
-      metrics_->OnAdd(slot);
-    }
+    if (metrics_) metrics_->OnAdd(slot);
     if (!(old & kProcessing)) {
       PushLocked(slot);
       *pushed = true;
@@ -862,10 +855,7 @@ class Queue {
     // The hand-out is recorded while the item is still dirty: an add (under mu_, not
     // out_mu_) merges into it until the flip below, and one after the flip records a
     // new add time, which this OnGet must have read first.
-    if (metrics_) {
-      internal::MutexLock lock(&metrics_mu_);
-      metrics_->OnGet(slot);
-    }
+    if (metrics_) metrics_->OnGet(slot);
     State(slot).fetch_xor(kDirty | kProcessing, std::memory_order_acq_rel);  // dirty -> processing
     taken_.store(taken_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (track_hand_outs_) hand_outs_.Record(slot);
@@ -943,10 +933,7 @@ class Queue {
   // Ends a lease. Without metrics and without a drain waiting, this takes no lock unless
   // the item was added again meanwhile (then it is queued under mu_).
   void Finish(uint32_t slot) {
-    if (metrics_) {
-      internal::MutexLock lock(&metrics_mu_);
-      metrics_->OnDone(slot);
-    }
+    if (metrics_) metrics_->OnDone(slot);
     // After this exchange the slot may be erased (when idle): it is not touched again.
     const uint8_t old =
         State(slot).fetch_and(static_cast<uint8_t>(~kProcessing), std::memory_order_acq_rel);
@@ -1037,9 +1024,8 @@ class Queue {
   // Workers, on every Done: leases ended (and kDrainFlag), counted without a lock.
   alignas(64) std::atomic<uint64_t> finished_{0};
 
-  // Guards the recorder's per-slot data; taken last. Its methods are called under it.
-  alignas(64) internal::Mutex metrics_mu_;
-  std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
+  // Set before the queue is shared, then only read. Thread-safe (its own lock, taken last).
+  alignas(64) std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
 
   // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number. A
   // group of their own, after the hot ones: added to the producer's group they moved every

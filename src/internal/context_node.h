@@ -17,7 +17,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "internal/spin_lock.h"
+#include "kwq/internal/spin_lock.h"
 #include "kwq/context.h"
 #include "kwq/timer.h"
 

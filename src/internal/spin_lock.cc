@@ -1,4 +1,4 @@
-#include "internal/spin_lock.h"
+#include "kwq/internal/spin_lock.h"
 
 #include <time.h>
 

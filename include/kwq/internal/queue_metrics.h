@@ -2,10 +2,11 @@
 //
 // QueueMetricsRecorder: the client-go metric set for one queue, fed by slot number so the
 // templates in queue.h stay thin. Created only when the queue has a MetricsProvider.
-// Every On* method is called with `queue_mu` held (a Queue's metrics lock, a
-// PriorityQueue's only lock), and the recorder's refresh timer takes that lock itself, so
-// each metric object of a queue is used under one lock (kwq/metrics.h's promise).
-// Internal.
+// Thread-safe: every On* method and the refresh timer take the recorder's own lock, so
+// each metric object of a queue is used under one lock (kwq/metrics.h's promise). That
+// lock is a SpinLock: its sections are short (a clock read, a few stores, the metric
+// calls; a refresh walks the items in flight), and a pthread mutex's three lock pairs per
+// item cost more than the rest of the bookkeeping (docs/benchmarks.md). Internal.
 
 #ifndef KWQ_INTERNAL_QUEUE_METRICS_H_
 #define KWQ_INTERNAL_QUEUE_METRICS_H_
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/spin_lock.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
 
@@ -26,11 +28,11 @@ namespace kwq::internal {
 
 class QueueMetricsRecorder {
  public:
-  // `queue_mu` is the owning queue's lock; `timers` refreshes the in-flight gauges every
-  // 500 ms (nullptr: TimerService::Default()).
+  // `timers` refreshes the in-flight gauges every 500 ms (nullptr: TimerService::Default()).
   QueueMetricsRecorder(MetricsProvider* provider, std::string_view name, Clock* clock,
-                       TimerService* timers, Mutex* queue_mu);
-  // Stops the refresh timer (waits for a refresh in progress). Call without queue_mu.
+                       TimerService* timers);
+  // Stops the refresh timer (waits for a refresh in progress). Call without any lock the
+  // metric objects may wait on.
   ~QueueMetricsRecorder();
 
   void OnAdd(uint32_t slot);   // an add queued the item in `slot`
@@ -45,7 +47,6 @@ class QueueMetricsRecorder {
  private:
   void Arm();
 
-  Mutex* const queue_mu_;
   Clock* const clock_;
   TimerService* const timers_;
   std::unique_ptr<GaugeMetric> depth_;
@@ -57,10 +58,10 @@ class QueueMetricsRecorder {
   std::unique_ptr<CounterMetric> retries_;
   std::unique_ptr<GaugeMetric> delayed_;
 
-  // Guarded by *queue_mu_ (the analysis cannot name another object's lock here).
-  std::vector<absl::Time> added_at_;    // per slot: when the queuing add happened
-  std::vector<absl::Time> started_at_;  // per slot: when Get handed it out
-  absl::flat_hash_set<uint32_t> in_flight_;
+  SpinLock mu_;
+  std::vector<absl::Time> added_at_ ABSL_GUARDED_BY(mu_);    // per slot: the queuing add
+  std::vector<absl::Time> started_at_ ABSL_GUARDED_BY(mu_);  // per slot: the hand-out
+  absl::flat_hash_set<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
 
   Mutex timer_mu_;
   TimerId timer_ ABSL_GUARDED_BY(timer_mu_) = 0;

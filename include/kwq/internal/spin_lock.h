@@ -1,5 +1,8 @@
-// SpinLock: a one-word lock for context nodes, whose critical sections are a few pointer
-// updates (linking a child, marking the node cancelled). Compared with the pthread mutex
+// File: kwq/internal/spin_lock.h
+//
+// SpinLock: a one-word lock for short critical sections: context nodes (a few pointer
+// updates: linking a child, marking the node cancelled) and a queue's metrics recorder
+// (kwq/internal/queue_metrics.h, three lock pairs per item). Compared with the pthread mutex
 // of kwq/internal/mutex.h it needs no initialisation call, takes 1 byte instead of 40,
 // and unlocks with a plain release store instead of a read-modify-write; creating and
 // cancelling a child context takes three lock pairs, so this is measurable
@@ -11,9 +14,10 @@
 // Why not absl::base_internal::SpinLock: it is not public API, and Debian's Abseil is not
 // built with ThreadSanitizer, so TSan would not see its synchronisation (see mutex.h).
 // Not for long critical sections or for waiting on a condition: use internal::Mutex.
+// Internal: kwq users must not depend on this header.
 
-#ifndef KWQ_SRC_INTERNAL_SPIN_LOCK_H_
-#define KWQ_SRC_INTERNAL_SPIN_LOCK_H_
+#ifndef KWQ_INTERNAL_SPIN_LOCK_H_
+#define KWQ_INTERNAL_SPIN_LOCK_H_
 
 #include <atomic>
 
@@ -56,4 +60,4 @@ class ABSL_SCOPED_LOCKABLE SpinLockHolder {
 
 }  // namespace kwq::internal
 
-#endif  // KWQ_SRC_INTERNAL_SPIN_LOCK_H_
+#endif  // KWQ_INTERNAL_SPIN_LOCK_H_
