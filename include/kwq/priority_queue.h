@@ -499,8 +499,8 @@ class PriorityQueue {
         aging_ns_(absl::ToInt64Nanoseconds(absl::Ceil(options.aging, absl::Nanoseconds(1)))),
         timers_(options.timers) {
     if (options.metrics != nullptr) {
-      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
-          options.metrics, options.name, options.clock, options.timers);
+      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(options.metrics, options.name,
+                                                                  options.clock, options.timers);
     }
   }
 

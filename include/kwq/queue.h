@@ -141,8 +141,8 @@ class Queue {
       : options_(std::move(options)),
         max_pollers_(options_.polling_workers > 0 ? std::min(options_.polling_workers, 1024) : 1) {
     if (options_.metrics != nullptr) {
-      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
-          options_.metrics, options_.name, options_.clock, options_.timers);
+      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(options_.metrics, options_.name,
+                                                                  options_.clock, options_.timers);
     }
   }
   // Shuts the queue down. Leases must have ended (a debug assertion checks it).
