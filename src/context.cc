@@ -447,6 +447,12 @@ const void* Context::FindValue(const void* key) const {
 
 // ---- DoneSignal ----
 
+namespace {
+// WaitFor's timeouts are real time on the monotonic clock: absl::Now() (the wall clock)
+// would stretch a wait by a step of the system time back, or cut it by one forward.
+absl::Time MonotonicNow() { return RealClock::Default()->Now(); }
+}  // namespace
+
 bool DoneSignal::WaitFor(absl::Duration timeout) const {
   ContextNode* c = ctx_.node()->canceller;
   if (c == nullptr) {
@@ -454,14 +460,14 @@ bool DoneSignal::WaitFor(absl::Duration timeout) const {
     if (timeout == absl::InfiniteDuration()) {
       for (;;) internal::FutexWait(&internal::kNeverCancelledWord, 0, absl::Hours(24));
     }
-    const absl::Time end = absl::Now() + timeout;
-    for (absl::Duration left = timeout; left > absl::ZeroDuration(); left = end - absl::Now()) {
+    const absl::Time end = MonotonicNow() + timeout;
+    for (absl::Duration left = timeout; left > absl::ZeroDuration(); left = end - MonotonicNow()) {
       internal::FutexWait(&internal::kNeverCancelledWord, 0, left);
     }
     return false;
   }
   const absl::Time end =
-      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : MonotonicNow() + timeout;
   uint32_t s = c->state.load(std::memory_order_acquire);
   while ((s & internal::kCancelledBit) == 0) {
     if ((s & internal::kWaitersBit) == 0) {
@@ -472,7 +478,7 @@ bool DoneSignal::WaitFor(absl::Duration timeout) const {
       s |= internal::kWaitersBit;
     }
     const absl::Duration left =
-        end == absl::InfiniteFuture() ? absl::InfiniteDuration() : end - absl::Now();
+        end == absl::InfiniteFuture() ? absl::InfiniteDuration() : end - MonotonicNow();
     if (left <= absl::ZeroDuration()) return false;
     internal::FutexWait(&c->state, s, left);
     s = c->state.load(std::memory_order_acquire);

@@ -186,7 +186,8 @@ class DoneSignal {
   // Blocks until the context is done. Blocks forever on a context that cannot be
   // cancelled (Background, WithoutCancel), as receiving from Go's nil Done channel does.
   void Wait() const;
-  // Blocks until the context is done or `timeout` (real time) passes. Returns HasFired().
+  // Blocks until the context is done or `timeout` passes, in real time on the monotonic
+  // clock (a step of the wall clock neither stretches nor cuts it). Returns HasFired().
   bool WaitFor(absl::Duration timeout) const;
   // Runs `fn` once when the context is done: AfterFunc(context, fn) (see there for the
   // reference cycle an `fn` holding this context's handle makes).
