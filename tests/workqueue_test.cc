@@ -506,6 +506,150 @@ TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
   EXPECT_EQ(outsider_runs.load(), 1);
 }
 
+// A CancelSync in progress holds the work (refuses queueing) without disabling it: an
+// Enable cannot take that hold away, and disabled() reports Disable alone. (They once
+// shared one count: Enable during CancelSync returned true and let the work be queued
+// mid-cancel, and CancelSync's release then wrapped the count, refusing the work for ever.)
+TEST_F(WorkqueueTest, EnableDuringCancelSyncLeavesItsHold) {
+  auto wq = Make({.flags = kUnbound});
+  HeldWork held;
+  ASSERT_TRUE(wq->Queue(&held.work));
+  ASSERT_TRUE(
+      Eventually([&] { return internal::WorkAccess::running_pool(&held.work).load() != nullptr; }));
+  std::thread canceller([&] { wq->CancelSync(&held.work); });
+  ASSERT_TRUE(Eventually([&] {
+    return (internal::WorkAccess::state(&held.work).load() & ~internal::kPendingBit) !=
+           0;  // its hold
+  }));
+  EXPECT_FALSE(held.work.disabled());
+  EXPECT_FALSE(wq->Enable(&held.work));  // never disabled: nothing to undo
+  EXPECT_FALSE(wq->Queue(&held.work));   // refused while CancelSync waits
+  // A Disable meanwhile outlasts the CancelSync.
+  EXPECT_FALSE(wq->Disable(&held.work));
+  held.gate.Open();
+  canceller.join();
+  EXPECT_TRUE(held.work.disabled());
+  EXPECT_FALSE(wq->Queue(&held.work));
+  EXPECT_TRUE(wq->Enable(&held.work));
+  EXPECT_FALSE(held.work.disabled());
+  EXPECT_TRUE(wq->Queue(&held.work));  // accepted again
+  wq->Flush();
+}
+
+// Cancel takes a pending instance only: it neither waits for nor stops a running one.
+TEST_F(WorkqueueTest, CancelDoesNotWaitForTheRunningInstance) {
+  auto wq = Make({.flags = kUnbound});
+  HeldWork held;
+  ASSERT_TRUE(wq->Queue(&held.work));
+  ASSERT_TRUE(
+      Eventually([&] { return internal::WorkAccess::running_pool(&held.work).load() != nullptr; }));
+  EXPECT_FALSE(wq->Cancel(&held.work));  // returns at once: the test would hang otherwise
+  EXPECT_FALSE(held.finished.load());
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_TRUE(held.finished.load());
+}
+
+// CancelSync returns only once the running instance has finished.
+TEST_F(WorkqueueTest, CancelSyncWaitsForTheRunningInstance) {
+  auto wq = Make({.flags = kUnbound});
+  HeldWork held;
+  ASSERT_TRUE(wq->Queue(&held.work));
+  ASSERT_TRUE(
+      Eventually([&] { return internal::WorkAccess::running_pool(&held.work).load() != nullptr; }));
+  std::atomic<bool> returned{false};
+  std::atomic<bool> finished_at_return{false};
+  std::thread canceller([&] {
+    wq->CancelSync(&held.work);
+    finished_at_return = held.finished.load();
+    returned = true;
+  });
+  // A negative check (short): it must still be waiting while the work is held.
+  EXPECT_FALSE(Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
+  held.gate.Open();
+  canceller.join();
+  EXPECT_TRUE(finished_at_return.load());
+}
+
+// Disable of a pending work cancels it (returns true) and it never runs.
+TEST_F(WorkqueueTest, DisableCancelsAPendingInstance) {
+  auto wq = Make({.flags = kOrdered});
+  HeldWork held;
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  ASSERT_TRUE(wq->Queue(&held.work));
+  ASSERT_TRUE(wq->Queue(&work));  // behind the held one: pending
+  EXPECT_TRUE(wq->Disable(&work));
+  EXPECT_FALSE(work.pending());
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);
+  EXPECT_TRUE(wq->Enable(&work));
+}
+
+// Flush(work) waits for the instance pending or running at the call, not until the work
+// is idle: a work that queues itself again would keep it waiting for ever.
+TEST_F(WorkqueueTest, FlushOfASelfRequeueingWorkReturns) {
+  auto wq = Make({.flags = kUnbound});
+  Work* self = nullptr;
+  Workqueue* q = wq.get();
+  Work work([&] { q->Queue(self); });
+  self = &work;
+  ASSERT_TRUE(wq->Queue(&work));
+  EXPECT_TRUE(testing::ReturnsInTime([&] { wq->Flush(&work); }));
+  wq->CancelSync(&work);
+}
+
+// Without kFreezable, Freeze does nothing.
+TEST_F(WorkqueueTest, FreezeIsANoOpWithoutFreezable) {
+  auto wq = Make({.flags = kUnbound});
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  wq->Freeze();
+  ASSERT_TRUE(wq->Queue(&work));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// stats() counts a running work as started and in flight.
+TEST_F(WorkqueueTest, StatsCountARunningWork) {
+  auto wq = Make({.flags = kUnbound});
+  HeldWork held;
+  ASSERT_TRUE(wq->Queue(&held.work));
+  ASSERT_TRUE(Eventually([&] { return wq->stats().started == 1; }));
+  EXPECT_EQ(wq->stats().in_flight, 1);
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_EQ(wq->stats().in_flight, 0);
+}
+
+// A CPU or node the topology does not have falls back to Queue's choice.
+TEST_F(WorkqueueTest, UnknownCpuOrNodeFallsBack) {
+  auto wq = Make({});
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  EXPECT_TRUE(wq->QueueOn(100000, &work));
+  wq->Flush();
+  EXPECT_TRUE(wq->QueueOn(-7, &work));
+  wq->Flush();
+  EXPECT_TRUE(wq->QueueOnNode(99, &work));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 3);
+}
+
+// max_active applies per CPU on a bound workqueue.
+TEST_F(WorkqueueTest, BoundMaxActiveIsPerCpu) {
+  auto wq = Make({.max_active = 2});
+  const int cpu = runtime_->topology().cpus()[0].cpu;
+  EXPECT_EQ(HeldConcurrency(wq.get(), 6, 2, [&](Work* w, int) { wq->QueueOn(cpu, w); }), 2);
+  if (runtime_->topology().num_cpus() >= 2) {
+    const int cpu1 = runtime_->topology().cpus()[1].cpu;
+    EXPECT_EQ(HeldConcurrency(wq.get(), 8, 4,
+                              [&](Work* w, int i) { wq->QueueOn(i % 2 ? cpu1 : cpu, w); }),
+              4);
+  }
+}
+
 TEST_F(WorkqueueTest, DisableRefusesQueueingUntilEnabled) {
   auto wq = Make({.flags = kUnbound});
   std::atomic<int> runs{0};
@@ -718,6 +862,16 @@ class FakeTimeWorkqueueTest : public ::testing::Test {
                                      },
                                  .fail_thread_creation = [this] { return fail_spawn_.load(); }});
 };
+
+// Drain does not wait for delayed works still on their timers.
+TEST_F(FakeTimeWorkqueueTest, DrainDoesNotWaitForTimers) {
+  auto wq = *Workqueue::Create({.name = "d", .flags = kUnbound, .runtime = runtime_.get()});
+  DelayedWork delayed([] {});
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Hours(1)));
+  EXPECT_TRUE(testing::ReturnsInTime([&] { wq->Drain(); }));
+  EXPECT_TRUE(delayed.pending());
+  EXPECT_TRUE(wq->Cancel(&delayed));
+}
 
 TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsAfterItsDelay) {
   auto wq = *Workqueue::Create({.name = "delayed", .flags = kUnbound, .runtime = runtime_.get()});

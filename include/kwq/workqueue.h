@@ -86,15 +86,17 @@ class Work {
 
   // Queued and not yet started (or waiting on a delay timer). Lock-free.
   bool pending() const;
-  // Disabled by Workqueue::Disable and not yet re-enabled.
+  // Disabled by Workqueue::Disable and not yet re-enabled (a CancelSync in progress
+  // refuses queueing too, but does not count here).
   bool disabled() const;
 
  private:
   friend struct internal::WorkAccess;
   absl::AnyInvocable<void()> fn_;
-  // Bit 0: pending; bits 1..: disable count. Acq/rel: a successful pending CAS orders the
-  // queuer's writes before the function's reads.
-  std::atomic<uint32_t> state_{0};
+  // Bit 0: pending; bits 1..31: CancelSync calls in progress; bits 32..63: disable count
+  // (src/workqueue/internal.h). Acq/rel: a successful pending CAS orders the queuer's
+  // writes before the function's reads.
+  std::atomic<uint64_t> state_{0};
   // The pool running this work, or null. Set (release) before pending is cleared, so a
   // queuer that wins the pending bit sees where the previous instance runs.
   std::atomic<internal::WorkerPool*> running_pool_{nullptr};
@@ -240,7 +242,9 @@ class Workqueue {
   // disable_work: cancels like Cancel and makes Queue refuse the work until Enable.
   // Nestable (a count). Returns true when an instance was pending.
   bool Disable(Work* work);
-  // enable_work: undoes one Disable. Returns true when the count reached zero.
+  // enable_work: undoes one Disable (a work never disabled is left alone, also while a
+  // CancelSync holds it). Returns true when the Disable count reached zero; queueing is
+  // still refused until a CancelSync in progress returns.
   bool Enable(Work* work);
 
   // For kFreezable workqueues: stop starting works (running ones finish) / resume.

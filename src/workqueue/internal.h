@@ -75,7 +75,7 @@ class ParkedWorks {
 // private state for the implementation.
 struct WorkAccess {
   static absl::AnyInvocable<void()>& fn(Work* w) { return w->fn_; }
-  static std::atomic<uint32_t>& state(Work* w) { return w->state_; }
+  static std::atomic<uint64_t>& state(Work* w) { return w->state_; }
   static std::atomic<WorkerPool*>& running_pool(Work* w) { return w->running_pool_; }
   static std::atomic<PoolWorkqueue*>& pwq(Work* w) { return w->pwq_; }
   static std::atomic<uint8_t>& where(Work* w) { return w->where_; }
@@ -94,8 +94,13 @@ struct WorkAccess {
   static RuntimeCore* core(WorkqueueRuntime* rt) { return rt->core_.get(); }
 };
 
-inline constexpr uint32_t kPendingBit = 1;
-inline constexpr uint32_t kDisableUnit = 2;  // the disable count lives in bits 1..
+// Work::state_: bit 0 pending; bits 1..31 the CancelSync calls in progress (each refuses
+// requeueing while it waits); bits 32..63 the Disable count. Kept apart so that an
+// Enable cannot undo a CancelSync's hold, and disabled() reports Disable alone. Queueing
+// is refused while either count is non-zero (s >= kCancelHoldUnit).
+inline constexpr uint64_t kPendingBit = 1;
+inline constexpr uint64_t kCancelHoldUnit = 2;
+inline constexpr uint64_t kDisableUnit = uint64_t{1} << 32;
 
 // One worker thread of a pool.
 class Worker {

@@ -46,9 +46,9 @@ bool FinishedAndReleased(Work* w, uint64_t target) {
 
 // Takes the pending bit unless it is set or the work is disabled.
 bool TryClaimPending(Work* w) {
-  uint32_t s = A::state(w).load(std::memory_order_relaxed);
+  uint64_t s = A::state(w).load(std::memory_order_relaxed);
   for (;;) {
-    if ((s & kPendingBit) != 0 || s >= kDisableUnit) return false;
+    if ((s & kPendingBit) != 0 || s >= kCancelHoldUnit) return false;
     if (A::state(w).compare_exchange_weak(s, s | kPendingBit, std::memory_order_acq_rel)) {
       return true;
     }
@@ -422,11 +422,11 @@ void WorkqueueCore::WaitIdle(Work* w) {
 }
 
 bool WorkqueueCore::CancelSync(Work* w) {
-  A::state(w).fetch_add(kDisableUnit, std::memory_order_acq_rel);  // refuse requeueing
+  A::state(w).fetch_add(kCancelHoldUnit, std::memory_order_acq_rel);  // refuse requeueing
   const bool was = GrabPending(w);
   if (was) ClearPending(w);
   WaitIdle(w);
-  A::state(w).fetch_sub(kDisableUnit, std::memory_order_acq_rel);
+  A::state(w).fetch_sub(kCancelHoldUnit, std::memory_order_acq_rel);
   return was;
 }
 
@@ -484,9 +484,10 @@ bool WorkqueueCore::Disable(Work* w) {
 }
 
 bool WorkqueueCore::Enable(Work* w) {
-  uint32_t s = A::state(w).load(std::memory_order_acquire);
+  uint64_t s = A::state(w).load(std::memory_order_acquire);
   do {
-    if (s < kDisableUnit) return false;  // not disabled: nothing to undo
+    // Not disabled: nothing to undo (a CancelSync's hold is not Enable's to take).
+    if (s < kDisableUnit) return false;
   } while (!A::state(w).compare_exchange_weak(s, s - kDisableUnit, std::memory_order_acq_rel));
   return s - kDisableUnit < kDisableUnit;
 }
@@ -527,7 +528,7 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
         was_pending = true;  // we hold its pending bit now
         break;
       }
-      if (A::state(w).load(std::memory_order_acquire) >= kDisableUnit) return false;
+      if (A::state(w).load(std::memory_order_acquire) >= kCancelHoldUnit) return false;
       if (TryClaimPending(w)) break;
     }
   } else if (!TryClaimPending(w)) {
