@@ -305,6 +305,76 @@ TEST_F(FakeTimeTest, DeadlineDoesNotTouchParent) {
   EXPECT_FALSE(parent.IsCancelled());
 }
 
+// A deadline's cancellation reaches every descendant (through values and cancellable
+// children) with the deadline's Cause before the subtree's AfterFuncs run, on the thread
+// that moved the clock, once; no timer is left armed.
+TEST_F(FakeTimeTest, DeadlineReachesDescendantsWithItsCauseBeforeAfterFuncs) {
+  auto [parent, cancel_parent] =
+      WithTimeout(root_, absl::Seconds(1), absl::ResourceExhaustedError("slow"));
+  auto [child, cancel_child] = WithCancel(parent);
+  Context value = WithValue(child, kAttempt, 1);
+  auto [grandchild, cancel_grandchild] = WithTimeout(value, absl::Seconds(50));
+  int runs = 0;
+  bool saw_grandchild_cancelled = false;
+  std::thread::id ran_on;
+  AfterFunc(parent, [&, g = grandchild] {
+    ++runs;
+    saw_grandchild_cancelled = g.IsCancelled();
+    ran_on = std::this_thread::get_id();
+  });
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(saw_grandchild_cancelled);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  for (const Context* c : {&parent, &child, &value, &grandchild}) {
+    EXPECT_EQ(c->Err().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(c->Cause(), absl::ResourceExhaustedError("slow"));
+  }
+  EXPECT_EQ(timers_->Pending(), 0u);
+}
+
+// A deadline's cause is the Cause only when that deadline fires, not on a manual cancel.
+TEST_F(FakeTimeTest, DeadlineCauseIsNotUsedByAManualCancel) {
+  auto [a, cancel_a] = WithTimeout(root_, absl::Seconds(1), absl::ResourceExhaustedError("slow"));
+  cancel_a();
+  EXPECT_EQ(a.Cause(), absl::CancelledError("context canceled"));
+  auto [b, cancel_b] = WithTimeout(root_, absl::Seconds(1), absl::ResourceExhaustedError("slow"));
+  cancel_b(absl::AbortedError("mine"));
+  EXPECT_EQ(b.Cause(), absl::AbortedError("mine"));
+}
+
+// Under an already-cancelled parent, a child (even one whose deadline has passed) takes
+// the parent's Err and Cause, and arms no timer.
+TEST_F(FakeTimeTest, ChildOfACancelledParentTakesItsErrAndCause) {
+  auto [p, cancel_p] = WithCancel(root_);
+  cancel_p(absl::AbortedError("gone"));
+  auto [c, cancel_c] =
+      WithDeadline(p, clock_.Now() - absl::Seconds(1), absl::ResourceExhaustedError("x"));
+  EXPECT_EQ(c.Err().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(c.Cause(), absl::AbortedError("gone"));
+  auto [d, cancel_d] = WithTimeout(p, absl::Seconds(1));
+  EXPECT_EQ(d.Cause(), absl::AbortedError("gone"));
+  EXPECT_EQ(timers_->Pending(), 0u);
+}
+
+// WithValue keeps the deadline; WithoutCancel keeps the timer service and drops the
+// deadline (a child's own deadline then runs on that service); Background uses the
+// default service.
+TEST_F(FakeTimeTest, WithoutCancelKeepsTheTimersAndDropsTheDeadline) {
+  auto [p, cancel_p] = WithTimeout(root_, absl::Seconds(1));
+  EXPECT_EQ(WithValue(p, kAttempt, 1).Deadline(), p.Deadline());
+  Context detached = WithoutCancel(p);
+  EXPECT_EQ(&detached.timers(), timers_.get());
+  EXPECT_EQ(detached.Deadline(), absl::InfiniteFuture());
+  auto [c, cancel_c] = WithTimeout(detached, absl::Seconds(5));
+  EXPECT_EQ(timers_->Pending(), 2u);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_FALSE(c.IsCancelled());
+  clock_.Advance(absl::Seconds(4));
+  EXPECT_EQ(c.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(&Background().timers(), &TimerService::Default());
+}
+
 TEST(AfterFuncTest, RunsOnceAfterCancel) {
   auto [ctx, cancel] = WithCancel(Background());
   int runs = 0;
@@ -384,6 +454,59 @@ TEST(AfterFuncTest, SelfCaptureIsReleasedByStopOrCancel) {
     cancel();
   }
   EXPECT_EQ(alive.use_count(), 1);
+}
+
+// Stop while the function runs returns false at once: it never waits for user code.
+TEST(AfterFuncTest, StopDoesNotWaitForARunningFunction) {
+  auto [ctx, cancel] = WithCancel(Background());
+  auto entered = std::make_shared<std::latch>(1);
+  auto release = std::make_shared<std::latch>(1);
+  AfterFuncHandle handle = AfterFunc(ctx, [entered, release] {
+    entered->count_down();
+    release->wait();
+  });
+  std::thread canceller([c = cancel] { c(); });
+  entered->wait();
+  auto stopped = std::make_shared<std::atomic<int>>(-1);
+  EXPECT_TRUE(testing::ReturnsInTime([handle, stopped] { *stopped = handle.Stop(); }));
+  EXPECT_EQ(stopped->load(), 0);
+  release->count_down();
+  canceller.join();
+}
+
+// An AfterFunc registered through a value context (its record lives on the cancellable
+// ancestor) can be stopped; default handles do nothing.
+TEST(AfterFuncTest, StopThroughAValueContext) {
+  auto [ctx, cancel] = WithCancel(Background());
+  Context value = WithValue(ctx, kAttempt, 1);
+  int runs = 0;
+  AfterFuncHandle handle = AfterFunc(value, [&] { ++runs; });
+  EXPECT_TRUE(handle.Stop());
+  cancel();
+  EXPECT_EQ(runs, 0);
+  EXPECT_FALSE(AfterFuncHandle().Stop());
+  CancelFunc()();  // cancels nothing
+}
+
+// An AfterFunc registered while another thread cancels runs exactly once (registered
+// first: by the cancel; after: at once by AfterFunc).
+TEST(AfterFuncTest, RegisteredWhileCancellingRunsOnce) {
+  for (int round = 0; round < 300; ++round) {
+    auto [ctx, cancel] = WithCancel(Background());
+    std::atomic<int> runs{0};
+    std::latch go(2);
+    std::thread canceller([&, c = cancel] {
+      go.arrive_and_wait();
+      c();
+    });
+    std::thread registrar([&, x = ctx] {
+      go.arrive_and_wait();
+      AfterFunc(x, [&] { ++runs; });
+    });
+    canceller.join();
+    registrar.join();
+    ASSERT_EQ(runs.load(), 1) << "round " << round;
+  }
 }
 
 TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {

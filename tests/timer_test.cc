@@ -241,6 +241,46 @@ TEST(FakeTimerTest, CallbackSchedulingADueTimerRunsInTheSameAdvance) {
   EXPECT_EQ(runs, 2);
 }
 
+// A callback may cancel a timer due in the same clock move: it is still pending, so the
+// cancel succeeds and it does not run.
+TEST(FakeTimerTest, CallbackCancelsATimerDueInTheSameMove) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  bool second_ran = false;
+  TimerId second = 0;
+  service->ScheduleAfter(absl::Seconds(1), [&] { EXPECT_TRUE(service->Cancel(second)); });
+  second = service->ScheduleAfter(absl::Seconds(1), [&] { second_ran = true; });
+  clock.Advance(absl::Seconds(1));
+  EXPECT_FALSE(second_ran);
+}
+
+// Destroying a fake-clock service from another thread waits for a callback running on
+// the thread that moves the clock.
+TEST(FakeTimerTest, DestroyWaitsForACallbackRunningOnTheMovingThread) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  std::latch in_callback(1), release(1);
+  std::atomic<bool> destroyed{false};
+  bool destroyed_seen_in_callback = true;
+  service->ScheduleAfter(absl::Seconds(1), [&] {
+    in_callback.count_down();
+    release.wait();
+    destroyed_seen_in_callback = destroyed.load();
+  });
+  std::thread mover([&] { clock.Advance(absl::Seconds(1)); });
+  in_callback.wait();
+  std::thread destroyer([&] {
+    service.reset();
+    destroyed = true;
+  });
+  // A negative check: a destructor that did not wait would finish within this time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  release.count_down();
+  mover.join();
+  destroyer.join();
+  EXPECT_FALSE(destroyed_seen_in_callback);
+}
+
 TEST(FakeTimerTest, PastTimerRunsOnNextAdvance) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});
