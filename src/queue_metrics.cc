@@ -35,6 +35,9 @@ QueueMetricsRecorder::~QueueMetricsRecorder() {
     timer = timer_;
   }
   if (timer != 0) timers_->CancelSync(timer);
+  SpinLockHolder lock(&mu_);
+  for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
+  for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
 }
 
 void QueueMetricsRecorder::Arm() {
@@ -48,6 +51,7 @@ void QueueMetricsRecorder::Arm() {
 
 void QueueMetricsRecorder::OnAdd(uint32_t slot) {
   SpinLockHolder lock(&mu_);
+  ++depth_count_;
   if (depth_) depth_->Inc();
   if (adds_) adds_->Inc();
   if (latency_) {
@@ -58,6 +62,7 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot) {
 
 void QueueMetricsRecorder::OnGet(uint32_t slot) {
   SpinLockHolder lock(&mu_);
+  --depth_count_;
   if (depth_) depth_->Dec();
   const absl::Time now = clock_->Now();
   if (latency_ && slot < added_at_.size()) {
@@ -84,6 +89,7 @@ void QueueMetricsRecorder::OnRetry() {
 void QueueMetricsRecorder::OnDelayed(int delta) {
   if (!delayed_) return;
   SpinLockHolder lock(&mu_);
+  delayed_count_ += delta > 0 ? 1 : -1;
   if (delta > 0) {
     delayed_->Inc();
   } else {

@@ -49,3 +49,12 @@ if(rc OR NOT includedir STREQUAL expected_includedir)
   message(FATAL_ERROR "pkg-config kwq: includedir ${includedir}, expected ${expected_includedir}")
 endif()
 message(STATUS "pkg-config kwq: ${flags}")
+# ... and so must kwq-prometheus's, when this build has kwq::prometheus.
+if(KWQ_WITH_PROMETHEUS)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir}
+                          pkg-config --libs kwq-prometheus
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE flags)
+  if(rc OR NOT flags MATCHES "-lkwq_prometheus" OR NOT flags MATCHES "-lprometheus-cpp-core")
+    message(FATAL_ERROR "pkg-config kwq-prometheus failed (${rc}): ${flags}")
+  endif()
+endif()

@@ -20,6 +20,7 @@
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/rate_limiting_queue.h"
+#include "kwq/sharded_queue.h"
 #include "kwq/timer.h"
 
 namespace kwq {
@@ -93,7 +94,7 @@ TEST_F(PrometheusTest, ExportsTheClientGoMetricSetUnderItsNames) {
       *Find(*registry, "workqueue_queue_duration_seconds", "q");
   EXPECT_EQ(latency.histogram.sample_count, 1u);
   EXPECT_DOUBLE_EQ(latency.histogram.sample_sum, 2.0);
-  // client-go's buckets: 1e-8 .. 1e3 in powers of ten (and +Inf).
+  // controller-runtime's buckets: 1e-8 .. 1e3 in powers of ten (and +Inf).
   ASSERT_EQ(latency.histogram.bucket.size(), 13u);
   EXPECT_DOUBLE_EQ(latency.histogram.bucket[0].upper_bound, 1e-8);
   EXPECT_DOUBLE_EQ(latency.histogram.bucket[11].upper_bound, 1e3);
@@ -145,8 +146,11 @@ TEST_F(PrometheusTest, SeriesLeaveWithTheLastQueueOfTheirName) {
   second->Add("b");
   EXPECT_EQ(Find(*registry, "workqueue_adds_total", "same")->counter.value, 2);  // shared
   EXPECT_EQ(SeriesOf(*registry, "same"), 8);                                     // one per family
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "same")->gauge.value, 2);
   first.reset();
   EXPECT_EQ(SeriesOf(*registry, "same"), 8);  // `second` still reports to them
+  // The destroyed queue's waiting item left the shared depth with it.
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "same")->gauge.value, 1);
   second->Add("c");
   EXPECT_EQ(Find(*registry, "workqueue_adds_total", "same")->counter.value, 3);
   second.reset();
@@ -160,6 +164,22 @@ TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {
   StringQueue q(On(provider.get(), ""));
   q.Add("a");
   EXPECT_EQ(provider->NewDepthMetric(""), nullptr);
+  for (const prometheus::MetricFamily& f : registry->Collect()) {
+    EXPECT_TRUE(f.metric.empty()) << f.name;
+  }
+}
+
+// A ShardedQueue's shards report as "<name>/<index>"; an unnamed one's not at all.
+TEST_F(PrometheusTest, ShardsReportUnderTheirOwnNames) {
+  auto provider = NewProvider();
+  auto named = ShardedQueue<std::string>::Create(2, On(provider.get(), "pods"));
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(SeriesOf(*registry, "pods/0"), 8);
+  EXPECT_EQ(SeriesOf(*registry, "pods/1"), 8);
+  EXPECT_EQ(SeriesOf(*registry, "pods"), 0);
+  named->reset();
+  auto unnamed = ShardedQueue<std::string>::Create(2, On(provider.get(), ""));
+  ASSERT_TRUE(unnamed.ok());
   for (const prometheus::MetricFamily& f : registry->Collect()) {
     EXPECT_TRUE(f.metric.empty()) << f.name;
   }

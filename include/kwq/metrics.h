@@ -13,6 +13,9 @@
 // one queue needs no locking of its own; implementations must be thread-safe when one
 // provider serves several queues. Metric calls must be short and must not call back into
 // the queue: other threads of the queue spin while one runs.
+//
+// When a queue is destroyed, it takes what it still counts (items waiting or delayed) off
+// its depth and delayed gauges, so a gauge shared by queues of one name stays right.
 
 #ifndef KWQ_METRICS_H_
 #define KWQ_METRICS_H_

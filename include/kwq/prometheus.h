@@ -23,7 +23,8 @@
 //   workqueue_retries_total                        counter
 //   kwq_workqueue_delayed_items                    gauge (kwq's own: items waiting for
 //                                                  their AddAfter delay)
-// The histograms have client-go's buckets: 10 ns to 1000 s in powers of ten.
+// The histograms have controller-runtime's buckets: 10 ns to 1000 s in powers of ten
+// (client-go's own component-base provider stops at 10 s).
 //
 // Contract:
 //   - As in client-go, a queue with an empty name gets no series (every New* returns
@@ -33,8 +34,15 @@
 //     depth behind); a later queue of that name starts it again from zero, which
 //     Prometheus treats as a counter reset. Several providers may share one registry
 //     (with the registry's default InsertBehavior::Merge) and then share series too.
+//   - Give each queue its own name. Queues sharing one add up in the counters, depth and
+//     delayed gauges and histograms (a destroyed queue takes what it still counted off
+//     the gauges), but their in-flight gauges, each set every 500 ms, overwrite each
+//     other, as in client-go.
 //   - The families belong to kwq: a series added to them by other code may be removed
 //     when a queue of that name goes away.
+//   - prometheus-cpp's histograms take a mutex that a scrape also holds while it reads
+//     them, so an Add, Get or Done may wait for a scrape of its queue's histograms (a
+//     few microseconds; the other queue operations of that queue wait behind it).
 //
 // Thread safety: Create and every member may be called from any thread; the metric objects
 // handed to queues are thread-safe (prometheus-cpp's are). The provider must outlive every

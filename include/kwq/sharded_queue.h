@@ -45,7 +45,8 @@ class ShardedQueue {
   using Lease = typename Shard::Lease;
 
   // `shards` must be in [1, 4096]: InvalidArgument otherwise. Each shard gets `options`,
-  // with "/<index>" appended to its metrics name.
+  // with "/<index>" appended to its name when it has one ("pods/0", "pods/1", ...; an
+  // unnamed queue's shards stay unnamed, and so get no Prometheus series).
   static absl::StatusOr<std::unique_ptr<ShardedQueue>> Create(int shards,
                                                               QueueOptions options = {}) {
     if (shards < 1 || shards > 4096) {
@@ -138,7 +139,8 @@ class ShardedQueue {
     shards_.reserve(shards);
     for (int i = 0; i < shards; ++i) {
       QueueOptions o = options;
-      o.name = absl::StrCat(options.name, "/", i);  // each shard's metrics apart
+      // Each shard's metrics apart; unnamed shards of an unnamed queue (see Create).
+      if (!options.name.empty()) o.name = absl::StrCat(options.name, "/", i);
       shards_.push_back(std::make_unique<Shard>(std::move(o)));
     }
   }

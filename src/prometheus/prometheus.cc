@@ -19,7 +19,7 @@ namespace kwq {
 
 namespace {
 
-// client-go's buckets for both histograms: 10 ns to 1000 s, one per power of ten.
+// controller-runtime's buckets for both histograms: 10 ns to 1000 s, one per power of ten.
 prometheus::Histogram::BucketBoundaries DurationBuckets() {
   prometheus::Histogram::BucketBoundaries buckets;
   double bound = 1e-8;

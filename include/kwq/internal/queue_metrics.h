@@ -31,8 +31,9 @@ class QueueMetricsRecorder {
   // `timers` refreshes the in-flight gauges every 500 ms (nullptr: TimerService::Default()).
   QueueMetricsRecorder(MetricsProvider* provider, std::string_view name, Clock* clock,
                        TimerService* timers);
-  // Stops the refresh timer (waits for a refresh in progress). Call without any lock the
-  // metric objects may wait on.
+  // Stops the refresh timer (waits for a refresh in progress), then takes what this queue
+  // still counts off the depth and delayed gauges (which queues of one name may share).
+  // Call without any lock the metric objects may wait on.
   ~QueueMetricsRecorder();
 
   void OnAdd(uint32_t slot);   // an add queued the item in `slot`
@@ -62,6 +63,8 @@ class QueueMetricsRecorder {
   std::vector<absl::Time> added_at_ ABSL_GUARDED_BY(mu_);    // per slot: the queuing add
   std::vector<absl::Time> started_at_ ABSL_GUARDED_BY(mu_);  // per slot: the hand-out
   absl::flat_hash_set<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  int64_t depth_count_ ABSL_GUARDED_BY(mu_) = 0;    // this queue's share of depth_
+  int64_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // and of delayed_
 
   Mutex timer_mu_;
   TimerId timer_ ABSL_GUARDED_BY(timer_mu_) = 0;
