@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -63,6 +64,43 @@ TEST(ParallelizeUntilTest, ThrowingPieceIsReported) {
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_NE(s.message().find("piece 42"), std::string::npos);
+}
+
+// With one worker every piece runs on the calling thread, in order.
+TEST(ParallelizeUntilTest, OneWorkerRunsEveryPieceOnTheCaller) {
+  std::vector<int> order;
+  bool elsewhere = false;
+  const std::thread::id caller = std::this_thread::get_id();
+  ASSERT_TRUE(ParallelizeUntil(Background(), 1, 50, [&](int i) {
+                elsewhere |= std::this_thread::get_id() != caller;
+                order.push_back(i);
+              }).ok());
+  EXPECT_FALSE(elsewhere);
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+}
+
+// The first exception stops the hand-out, like a cancel (one runner, so nothing else
+// could have taken a piece: none after the throwing one runs).
+TEST(ParallelizeUntilTest, ThrowStopsTheHandOut) {
+  int ran = 0;
+  absl::Status s = ParallelizeUntil(Background(), 1, 1000,
+                                    [&](int i) {
+                                      ++ran;
+                                      if (i == 3) throw std::runtime_error("stop here");
+                                    },
+                                    {.chunk_size = 100});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(ran, 4);
+}
+
+// A context already past its deadline: DeadlineExceeded, no piece runs.
+TEST(ParallelizeUntilTest, ExpiredDeadlineReturnsDeadlineExceeded) {
+  auto [ctx, cancel] = WithTimeout(Background(), -absl::Seconds(1));
+  int ran = 0;
+  absl::Status s = ParallelizeUntil(ctx, 2, 100, [&](int) { ++ran; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ran, 0);
 }
 
 using testing::Eventually;

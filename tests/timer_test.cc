@@ -197,8 +197,12 @@ TEST_P(RealTimerTest, ManyThreadsScheduleAndCancel) {
     });
   }
   for (auto& th : threads) th.join();
-  // Every timer either fired or was cancelled: wait for the rest to fire.
-  while (fired.load() + cancelled.load() < kThreads * kPerThread) std::this_thread::yield();
+  // Every timer either fired or was cancelled: wait for the rest to fire (a lost one fails
+  // here with the count, not as the test run's timeout).
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return fired.load() + cancelled.load() == kThreads * kPerThread; }, absl::Seconds(10)))
+      << fired.load() << " fired + " << cancelled.load() << " cancelled of "
+      << kThreads * kPerThread;
   EXPECT_EQ(service->Pending(), 0u);
 }
 

@@ -78,6 +78,29 @@ TEST_F(WorkqueueTest, InvalidOptionsAreRejected) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WorkqueueRuntime::Create({.idle_timeout = absl::ZeroDuration()}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      WorkqueueRuntime::Create({.cpu_intensive_threshold = absl::ZeroDuration()}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WorkqueueRuntime::Create({.stall_threshold = -absl::Seconds(1)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The bounds themselves are accepted.
+  EXPECT_TRUE(Workqueue::Create({.name = "x", .max_active = 2048, .runtime = runtime_.get()}).ok());
+  EXPECT_EQ(Workqueue::Create({.name = "x", .max_active = 2049}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkqueueTest, FlagsAndMaxActiveInForce) {
+  auto ordered = Make({.flags = kOrdered});
+  EXPECT_NE(ordered->flags() & kUnbound, 0u);  // kOrdered adds kUnbound
+  EXPECT_EQ(ordered->max_active(), 1);
+  EXPECT_EQ(Make({})->max_active(), 256);  // the default
+  EXPECT_EQ(Make({.max_active = 3})->max_active(), 3);
+}
+
+TEST(SystemWorkqueueTest, FlagsMatchTheirKernelNamesakes) {
+  EXPECT_EQ(SystemWq().flags() & (kUnbound | kHighPri), 0u);
+  EXPECT_NE(SystemHighPriWq().flags() & kHighPri, 0u);
+  EXPECT_NE(SystemUnboundWq().flags() & kUnbound, 0u);
 }
 
 TEST_F(WorkqueueTest, QueueRunsWorkAndDedupsWhilePending) {
