@@ -215,7 +215,9 @@ TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
     std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override { return nullptr; }
   } provider;
   { auto q = *ShardedQueue<int>::Create(3, {.metrics = &provider}); }
-  EXPECT_EQ(provider.names, (std::vector<std::string>{"/0", "/1", "/2"}));
+  // An unnamed queue's shards stay unnamed (so a provider can treat them as unnamed
+  // queues: the Prometheus one gives them no series).
+  EXPECT_EQ(provider.names, (std::vector<std::string>{"", "", ""}));
   provider.names.clear();
   { auto q = *ShardedQueue<int>::Create(2, {.name = "jobs", .metrics = &provider}); }
   EXPECT_EQ(provider.names, (std::vector<std::string>{"jobs/0", "jobs/1"}));
