@@ -159,6 +159,18 @@ TEST_F(PrometheusTest, SeriesLeaveWithTheLastQueueOfTheirName) {
   EXPECT_EQ(Find(*registry, "workqueue_adds_total", "same")->counter.value, 0);  // a reset
 }
 
+TEST_F(PrometheusTest, KeptSeriesOutliveTheirQueues) {
+  auto provider = NewProvider({.keep_series = true});
+  auto q = std::make_unique<StringQueue>(On(provider.get(), "kept"));
+  q->Add("a");
+  q.reset();
+  EXPECT_EQ(SeriesOf(*registry, "kept"), 8);
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "kept")->gauge.value, 0);  // its share left
+  StringQueue again(On(provider.get(), "kept"));
+  again.Add("b");
+  EXPECT_EQ(Find(*registry, "workqueue_adds_total", "kept")->counter.value, 2);  // continued
+}
+
 TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {
   auto provider = NewProvider();
   StringQueue q(On(provider.get(), ""));

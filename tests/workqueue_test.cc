@@ -667,6 +667,29 @@ TEST_F(WorkqueueTest, UnknownCpuOrNodeFallsBack) {
   EXPECT_EQ(runs.load(), 3);
 }
 
+// kCpuIntensive works do not count for the CPU pool's concurrency: two that do not
+// block (no BlockingScope) run side by side on one CPU's pool, which would otherwise run
+// one at a time.
+TEST_F(WorkqueueTest, CpuIntensiveWorksDoNotHoldUpTheirPool) {
+  auto wq = Make({.flags = kCpuIntensive});
+  const int cpu = runtime_->topology().cpus()[0].cpu;
+  Gate gate;
+  std::atomic<int> running{0};
+  Work a([&] {
+    ++running;
+    gate.Wait();
+  });
+  Work b([&] {
+    ++running;
+    gate.Wait();
+  });
+  ASSERT_TRUE(wq->QueueOn(cpu, &a));
+  ASSERT_TRUE(wq->QueueOn(cpu, &b));
+  EXPECT_TRUE(Eventually([&] { return running.load() == 2; }));
+  gate.Open();
+  wq->Flush();
+}
+
 // max_active applies per CPU on a bound workqueue.
 TEST_F(WorkqueueTest, BoundMaxActiveIsPerCpu) {
   auto wq = Make({.max_active = 2});

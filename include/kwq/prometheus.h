@@ -30,9 +30,9 @@
 //   - As in client-go, a queue with an empty name gets no series (every New* returns
 //     nullptr): unnamed queues would otherwise share one.
 //   - Queues with the same name share their series. A series leaves the registry when
-//     the last queue using it is destroyed (so a deleted queue does not leave a stale
-//     depth behind); a later queue of that name starts it again from zero, which
-//     Prometheus treats as a counter reset. Several providers may share one registry
+//     the last queue using it is destroyed (unless PrometheusOptions::keep_series) (so a deleted
+//     queue does not leave a stale depth behind); a later queue of that name starts it again from
+//     zero, which Prometheus treats as a counter reset. Several providers may share one registry
 //     (with the registry's default InsertBehavior::Merge) and then share series too.
 //   - Give each queue its own name. Queues sharing one add up in the counters, depth and
 //     delayed gauges and histograms (a destroyed queue takes what it still counted off
@@ -74,6 +74,10 @@ struct PrometheusOptions {
   // Also label each series controller="<queue name>", as controller-runtime does (its
   // queues are named after their controllers), so its dashboards' selectors match.
   bool controller_label = false;
+  // Keep each series for the life of the registry, as client-go and controller-runtime
+  // do, instead of removing it with the last queue of its name: a queue made again under
+  // that name then continues its counters rather than restarting them.
+  bool keep_series = false;
 };
 
 class PrometheusMetricsProvider final : public MetricsProvider {

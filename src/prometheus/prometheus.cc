@@ -46,13 +46,14 @@ class SeriesUsers {
     return series;
   }
 
+  // Counts one user less; the last one removes the series unless `keep`.
   template <typename M>
-  void Release(prometheus::Family<M>& family, M* series) {
+  void Release(prometheus::Family<M>& family, M* series, bool keep) {
     internal::MutexLock lock(&mu_);
     auto it = users_.find(series);
     if (it == users_.end() || --it->second > 0) return;
     users_.erase(it);
-    family.Remove(series);  // takes the family's lock, never ours: no cycle
+    if (!keep) family.Remove(series);  // takes the family's lock, never ours: no cycle
   }
 
  private:
@@ -66,12 +67,13 @@ template <typename M>
 class Series {
  public:
   template <typename... Args>
-  Series(std::shared_ptr<prometheus::Registry> registry, prometheus::Family<M>* family,
+  Series(std::shared_ptr<prometheus::Registry> registry, prometheus::Family<M>* family, bool keep,
          const prometheus::Labels& labels, Args&&... args)
       : registry_(std::move(registry)),
         family_(family),
+        keep_(keep),
         series_(SeriesUsers::Get().Acquire(*family, labels, std::forward<Args>(args)...)) {}
-  ~Series() { SeriesUsers::Get().Release(*family_, series_); }
+  ~Series() { SeriesUsers::Get().Release(*family_, series_, keep_); }
   Series(const Series&) = delete;
   Series& operator=(const Series&) = delete;
 
@@ -80,6 +82,7 @@ class Series {
  private:
   const std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<M>* const family_;
+  const bool keep_;
   M* const series_;
 };
 
@@ -223,8 +226,8 @@ std::unique_ptr<Metric> Make(const std::shared_ptr<prometheus::Registry>& regist
   if (queue.empty()) return nullptr;  // client-go: unnamed queues have no metrics
   prometheus::Labels labels{{"name", std::string(queue)}};
   if (options.controller_label) labels.emplace("controller", std::string(queue));
-  return std::make_unique<Metric>(
-      std::make_unique<Series<M>>(registry, family, labels, std::forward<Args>(args)...));
+  return std::make_unique<Metric>(std::make_unique<Series<M>>(registry, family, options.keep_series,
+                                                              labels, std::forward<Args>(args)...));
 }
 
 }  // namespace
