@@ -52,6 +52,19 @@ TEST(StopTokenTest, LinkOfValueContextIsFreedWithIt) {
   EXPECT_FALSE(token.stop_requested());
 }
 
+TEST(StopTokenTest, LinkOfCancellableContextIsFreedWithIt) {
+  auto [root, cancel] = WithCancel(Background());
+  std::stop_token token;
+  {
+    auto [child, cancel_child] = WithCancel(root);
+    token = ToStopToken(child);
+    EXPECT_TRUE(token.stop_possible());
+  }
+  EXPECT_FALSE(token.stop_possible());  // freed with the context, not kept by `root`
+  cancel();
+  EXPECT_FALSE(token.stop_requested());
+}
+
 TEST(StopTokenTest, ValueContextTokenStopsWithTheAncestor) {
   auto [root, cancel] = WithCancel(Background());
   Context v = WithValue(WithValue(root, kAttempt, 1), kAttempt, 2);

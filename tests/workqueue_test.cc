@@ -194,6 +194,21 @@ TEST_F(WorkqueueTest, BoundWorkRunsOnItsCpu) {
   EXPECT_EQ(runtime_->bind_failures(), 0u);
 }
 
+// Queue on a bound workqueue uses the calling thread's CPU pool.
+TEST_F(WorkqueueTest, QueueUsesTheCallersCpu) {
+  auto wq = Make({});
+  const int cpu = runtime_->topology().cpus().back().cpu;
+  int ran_on = -2;
+  Work work([&] { ran_on = CurrentCpu(); });
+  std::thread caller([&] {
+    ASSERT_TRUE(BindCurrentThread({cpu}).ok());
+    ASSERT_TRUE(wq->Queue(&work));
+  });
+  caller.join();
+  wq->Flush(&work);
+  EXPECT_EQ(ran_on, cpu);
+}
+
 TEST_F(WorkqueueTest, StrictUnboundWorkRunsInsideItsPod) {
   auto wq =
       Make({.flags = kUnbound, .affinity_scope = AffinityScope::kCpu, .affinity_strict = true});
@@ -915,6 +930,18 @@ class FakeTimeWorkqueueTest : public ::testing::Test {
                                      },
                                  .fail_thread_creation = [this] { return fail_spawn_.load(); }});
 };
+
+// QueueDelayed with a CPU runs the work on that CPU's pool once the delay has passed.
+TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsOnTheCpuItWasQueuedFor) {
+  auto wq = *Workqueue::Create({.name = "on-cpu", .runtime = runtime_.get()});
+  const int cpu = runtime_->topology().cpus().back().cpu;
+  std::atomic<int> ran_on{-2};
+  DelayedWork delayed([&] { ran_on = CurrentCpu(); });
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Seconds(1), cpu));
+  clock_.Advance(absl::Seconds(1));
+  wq->Flush(&delayed);
+  EXPECT_EQ(ran_on.load(), cpu);
+}
 
 // Drain does not wait for delayed works still on their timers.
 TEST_F(FakeTimeWorkqueueTest, DrainDoesNotWaitForTimers) {
