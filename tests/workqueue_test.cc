@@ -182,6 +182,32 @@ TEST_F(WorkqueueTest, NeverRunsOnTwoWorkersAtOnce) {
   EXPECT_GT(runs.load(), 0);
 }
 
+// The deterministic half of the above: a work queued on another pod while it runs goes
+// to the pool where it runs (as the kernel's find_worker_executing_work), so it cannot
+// start beside itself; it runs there after the running instance.
+TEST_F(WorkqueueTest, RequeuedWhileRunningGoesToThePoolRunningIt) {
+  const auto& cpus = runtime_->topology().cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  auto wq = Make({.flags = kUnbound, .affinity_scope = AffinityScope::kCpu});
+  Gate gate;
+  std::atomic<int> runs{0};
+  Work work([&] {
+    if (runs.fetch_add(1) == 0) gate.Wait();  // the first instance waits
+  });
+  ASSERT_TRUE(wq->QueueOn(cpus.front().cpu, &work));
+  ASSERT_TRUE(
+      Eventually([&] { return internal::WorkAccess::running_pool(&work).load() != nullptr; }));
+  internal::WorkerPool* const running = internal::WorkAccess::running_pool(&work).load();
+  ASSERT_TRUE(wq->QueueOn(cpus.back().cpu, &work));  // another pod's pool
+  internal::PoolWorkqueue* const pwq = internal::WorkAccess::pwq(&work).load();
+  ASSERT_NE(pwq, nullptr);
+  EXPECT_EQ(pwq->pool, running);
+  EXPECT_EQ(runs.load(), 1);
+  gate.Open();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 2);
+}
+
 TEST_F(WorkqueueTest, BoundWorkRunsOnItsCpu) {
   auto wq = Make({});
   for (const CpuInfo& c : runtime_->topology().cpus()) {
