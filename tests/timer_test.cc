@@ -17,6 +17,7 @@
 #include "kwq/internal/mutex.h"
 #include "testing/eventually.h"
 #include "testing/refuse_io_uring.h"
+#include "testing/thread_state.h"
 
 namespace kwq {
 namespace {
@@ -95,6 +96,15 @@ TEST_P(RealTimerTest, EarlierTimerWakesASleepingService) {
   auto& service = service_;
   auto fired = std::make_shared<std::atomic<bool>>(false);
   service->ScheduleAfter(absl::Hours(1), [] { ADD_FAILURE() << "far timer fired"; });
+  // Learn the service thread's id from a callback, then wait until it sleeps towards the
+  // far timer, so the near one is scheduled while it sleeps (where /proc can be read).
+  auto service_tid = std::make_shared<std::atomic<pid_t>>(0);
+  service->Schedule(absl::InfinitePast(), [service_tid] { *service_tid = testing::CurrentTid(); });
+  ASSERT_TRUE(testing::Eventually([&] { return service_tid->load() != 0; }));
+  EXPECT_TRUE(testing::Eventually([&] {
+    const char state = testing::ThreadState(service_tid->load());
+    return state == 'S' || state == '?';
+  }));
   service->ScheduleAfter(absl::Milliseconds(1), [fired] { *fired = true; });
   EXPECT_TRUE(testing::Eventually([&] { return fired->load(); }))
       << "the service kept sleeping towards the far timer";
@@ -144,7 +154,15 @@ TEST_P(RealTimerTest, CancelSyncWaitsForRunningCallback) {
   });
   started.wait();
   EXPECT_FALSE(service->Cancel(id));  // running: Cancel does not stop or wait
-  std::thread releaser([&] { release = true; });
+  // The callback is released only once this thread sleeps in CancelSync (or after 2 s,
+  // or at once where /proc cannot be read): one that returned without waiting would find
+  // the callback unfinished.
+  const pid_t waiter = testing::CurrentTid();
+  std::thread releaser([&] {
+    (void)testing::Eventually([&] { return testing::ThreadState(waiter) == 'S'; },
+                              absl::Seconds(2));
+    release = true;
+  });
   EXPECT_FALSE(service->CancelSync(id));
   EXPECT_TRUE(finished.load());  // CancelSync returned only after the callback did
   releaser.join();
