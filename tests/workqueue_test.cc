@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "testing/eventually.h"
 #include "testing/pause_points.h"
+#include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
 
 namespace kwq {
@@ -95,6 +96,20 @@ TEST_F(WorkqueueTest, FlagsAndMaxActiveInForce) {
   EXPECT_EQ(ordered->max_active(), 1);
   EXPECT_EQ(Make({})->max_active(), 256);  // the default
   EXPECT_EQ(Make({.max_active = 3})->max_active(), 3);
+}
+
+// Destroying a pending Work fails a check with a message (its pool still links it).
+TEST(WorkDeathTest, DestroyingAPendingWorkFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto wq = *Workqueue::Create({.name = "frozen", .flags = kUnbound | kFreezable});
+        wq->Freeze();
+        auto work = std::make_unique<Work>([] {});
+        (void)wq->Queue(work.get());  // parked: the workqueue is frozen
+        work.reset();
+      },
+      "destroyed while pending or running");
 }
 
 TEST(SystemWorkqueueTest, FlagsMatchTheirKernelNamesakes) {
@@ -393,6 +408,20 @@ TEST_F(WorkqueueTest, UnboundMaxActiveIsSplitPerNodeWithMinActiveFloor) {
   EXPECT_EQ(PeakConcurrency(rt.get(), 2, 1, 2), 2);  // 1 per node
   EXPECT_EQ(PeakConcurrency(rt.get(), 2, 2, 4), 4);  // the floor lifts each node to 2
   EXPECT_GT(rt->bind_failures(), 0u);                // CPUs 2 and 3 do not exist here
+}
+
+// max_active is split over NUMA nodes by their CPU counts: 7 over a 4-CPU and a 3-CPU node
+// gives 4 and 3 (min_active 1 lifts neither).
+TEST_F(WorkqueueTest, UnboundMaxActiveIsSplitByNodeCpuCounts) {
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromXml(testing::kTwoSocketXml)});
+  auto wq = *Workqueue::Create({.name = "asym",
+                                .flags = kUnbound,
+                                .max_active = 7,
+                                .min_active = 1,
+                                .affinity_scope = AffinityScope::kNuma,
+                                .runtime = rt.get()});
+  EXPECT_EQ(HeldConcurrency(wq.get(), 10, 4, [&](Work* w, int) { wq->QueueOnNode(0, w); }), 4);
+  EXPECT_EQ(HeldConcurrency(wq.get(), 10, 3, [&](Work* w, int) { wq->QueueOnNode(1, w); }), 3);
 }
 
 TEST_F(WorkqueueTest, CancelRemovesPendingWork) {
