@@ -202,6 +202,38 @@ struct CallbackObserver : ClockObserver {
   }
 };
 
+// Moves from several threads are serialised: an observer never sees two at once, and the
+// times it sees never go back.
+TEST(FakeClockTest, ConcurrentMovesAreSerialised) {
+  struct Recorder : ClockObserver {
+    std::atomic<bool> inside{false};
+    std::atomic<bool> overlapped{false};
+    std::vector<absl::Time> seen;  // written one move at a time (checked by `inside`)
+    void OnClockMoved(absl::Time now) override {
+      if (inside.exchange(true)) overlapped = true;
+      seen.push_back(now);
+      for (int i = 0; i < 50; ++i) std::this_thread::yield();  // widen the window
+      inside = false;
+    }
+  } recorder;
+  FakeClock clock;
+  ASSERT_TRUE(clock.AddObserver(&recorder));
+  std::vector<std::thread> movers;
+  for (int t = 0; t < 3; ++t) {
+    movers.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) clock.Advance(absl::Nanoseconds(1));
+    });
+  }
+  for (auto& m : movers) m.join();
+  clock.RemoveObserver(&recorder);
+  EXPECT_FALSE(recorder.overlapped.load());
+  ASSERT_EQ(recorder.seen.size(), 900u);
+  for (size_t i = 1; i < recorder.seen.size(); ++i) {
+    ASSERT_LE(recorder.seen[i - 1], recorder.seen[i]) << "move " << i;
+  }
+  EXPECT_EQ(recorder.seen.back() - recorder.seen.front(), absl::Nanoseconds(899));
+}
+
 TEST(FakeClockTest, ObserversMayAddAndRemoveObserversDuringAMove) {
   FakeClock clock;
   CallbackObserver a, b, c, d;
