@@ -44,6 +44,9 @@ int main() {
     std::printf("reconciled %d keys, 1 of them failed and waits for its retry\n", reconciled);
 
     // What a scrape returns now: the workqueue families, deployments' series.
+    // The queue records its metrics in counters of its own; the provider pushes them into
+    // the registry every second (PrometheusOptions::flush_period). Push them now.
+    (*metrics)->Flush();
     const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
     std::istringstream lines(text);
     bool adds = false, retries = false;

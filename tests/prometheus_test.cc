@@ -8,8 +8,11 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,9 +35,9 @@ using ::testing::Not;
 using StringQueue = Queue<std::string>;
 
 // The series of family `family` whose label `label` is `value`, in a fresh collection.
-std::optional<prometheus::ClientMetric> Find(prometheus::Registry& registry,
-                                             const std::string& family, const std::string& value,
-                                             const std::string& label = "name") {
+std::optional<prometheus::ClientMetric> FindIn(prometheus::Registry& registry,
+                                               const std::string& family, const std::string& value,
+                                               const std::string& label = "name") {
   for (const prometheus::MetricFamily& f : registry.Collect()) {
     if (f.name != family) continue;
     for (const prometheus::ClientMetric& m : f.metric) {
@@ -47,7 +50,7 @@ std::optional<prometheus::ClientMetric> Find(prometheus::Registry& registry,
 }
 
 // How many series carry name="<queue>", over every family.
-int SeriesOf(prometheus::Registry& registry, const std::string& queue) {
+int SeriesIn(prometheus::Registry& registry, const std::string& queue) {
   int n = 0;
   for (const prometheus::MetricFamily& f : registry.Collect()) {
     for (const prometheus::ClientMetric& m : f.metric) {
@@ -57,24 +60,63 @@ int SeriesOf(prometheus::Registry& registry, const std::string& queue) {
   return n;
 }
 
-std::string Text(prometheus::Registry& registry) {
+std::string TextOf(prometheus::Registry& registry) {
   return prometheus::TextSerializer().Serialize(registry.Collect());
 }
 
 class PrometheusTest : public ::testing::Test {
  protected:
-  std::unique_ptr<PrometheusMetricsProvider> NewProvider(PrometheusOptions options = {}) {
+  // A provider whose flushes the helpers below run before they read the registry
+  // (its own flush timer is on the fake clock). Destroying it takes it off their list.
+  using ProviderPtr =
+      std::unique_ptr<PrometheusMetricsProvider, std::function<void(PrometheusMetricsProvider*)>>;
+  ProviderPtr NewProvider(PrometheusOptions options = {}) {
+    if (options.timers == nullptr) options.timers = timers.get();
     auto provider = PrometheusMetricsProvider::Create(registry, std::move(options));
     EXPECT_TRUE(provider.ok()) << provider.status();
-    return std::move(*provider);
+    PrometheusMetricsProvider* p = provider->release();
+    {
+      std::lock_guard<std::mutex> lock(live_mu_);
+      live_.insert(p);
+    }
+    return ProviderPtr(p, [this](PrometheusMetricsProvider* dying) {
+      {
+        std::lock_guard<std::mutex> lock(live_mu_);
+        live_.erase(dying);
+      }
+      delete dying;
+    });
   }
   QueueOptions On(MetricsProvider* metrics, std::string name) {
     return {.name = std::move(name), .metrics = metrics, .clock = &clock, .timers = timers.get()};
+  }
+  // Reads after flushing every live provider of the test.
+  void FlushAll() {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    for (PrometheusMetricsProvider* p : live_) p->Flush();
+  }
+  std::optional<prometheus::ClientMetric> Find(prometheus::Registry& r, const std::string& family,
+                                               const std::string& value,
+                                               const std::string& label = "name") {
+    FlushAll();
+    return FindIn(r, family, value, label);
+  }
+  int SeriesOf(prometheus::Registry& r, const std::string& queue) {
+    FlushAll();
+    return SeriesIn(r, queue);
+  }
+  std::string Text(prometheus::Registry& r) {
+    FlushAll();
+    return TextOf(r);
   }
 
   FakeClock clock;
   std::unique_ptr<TimerService> timers = *TimerService::Create({.clock = &clock});
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+
+ private:
+  std::mutex live_mu_;
+  std::set<PrometheusMetricsProvider*> live_;
 };
 
 TEST_F(PrometheusTest, ExportsTheClientGoMetricSetUnderItsNames) {
@@ -221,15 +263,34 @@ TEST_F(PrometheusTest, ProvidersSharingARegistryShareSeries) {
 }
 
 TEST_F(PrometheusTest, SeriesOutliveTheirProviderSafely) {
-  // QueueOptions::metrics must outlive the queue, but a series holds the registry itself,
-  // so releasing it after the provider is gone is still safe.
+  // QueueOptions::metrics must outlive the queue, but a metric holds the registry and the
+  // flusher itself, so one used and released after the provider is gone still pushes its
+  // last change and leaves its series safely (ASan checks the safety).
   auto provider = NewProvider();
   std::unique_ptr<GaugeMetric> depth = provider->NewDepthMetric("orphan");
+  EXPECT_EQ(Find(*registry, "workqueue_depth", "orphan")->gauge.value, 0);
   provider.reset();
   depth->Inc();
-  EXPECT_EQ(Find(*registry, "workqueue_depth", "orphan")->gauge.value, 1);
   depth.reset();
   EXPECT_FALSE(Find(*registry, "workqueue_depth", "orphan").has_value());
+}
+
+// Changes reach the registry on the flush timer (or Flush), not at once: a queue operation
+// does not touch prometheus-cpp's series.
+TEST_F(PrometheusTest, ChangesReachTheRegistryOnTheFlushTimer) {
+  auto provider = NewProvider({.flush_period = absl::Seconds(2)});
+  StringQueue q(On(provider.get(), "timed"));
+  q.Add("a");
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "timed")->counter.value, 0);  // buffered
+  clock.Advance(absl::Seconds(2));  // the flush timer runs inside Advance
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "timed")->counter.value, 1);
+  q.Add("b");
+  provider->Flush();
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "timed")->counter.value, 2);
+  EXPECT_EQ(PrometheusMetricsProvider::Create(registry, {.flush_period = absl::ZeroDuration()})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PrometheusTest, CreateRejectsBadInput) {

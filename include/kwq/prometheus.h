@@ -40,9 +40,10 @@
 //     other, as in client-go.
 //   - The families belong to kwq: a series added to them by other code may be removed
 //     when a queue of that name goes away.
-//   - prometheus-cpp's histograms take a mutex that a scrape also holds while it reads
-//     them, so an Add, Get or Done may wait for a scrape of its queue's histograms (a
-//     few microseconds; the other queue operations of that queue wait behind it).
+//   - A queue records its metric changes in counters of its own (relaxed atomics only it
+//     writes) and the provider pushes them into the series every flush_period, when the
+//     queue is destroyed, and on Flush(). So queue operations never take prometheus-cpp's
+//     locks or wait for a scrape, and a scrape may miss up to one period of changes.
 //
 // Thread safety: Create and every member may be called from any thread; the metric objects
 // handed to queues are thread-safe (prometheus-cpp's are). The provider must outlive every
@@ -58,6 +59,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kwq/metrics.h"
 
 namespace prometheus {
@@ -65,6 +67,8 @@ class Registry;
 }  // namespace prometheus
 
 namespace kwq {
+
+class TimerService;
 
 struct PrometheusOptions {
   // Labels added to every series of every family (prometheus-cpp's constant labels), for
@@ -78,6 +82,16 @@ struct PrometheusOptions {
   // do, instead of removing it with the last queue of its name: a queue made again under
   // that name then continues its counters rather than restarting them.
   bool keep_series = false;
+  // How often the queues' metric changes reach the registry. A queue records them in
+  // plain counters of its own; the provider pushes them into the prometheus-cpp series
+  // every flush_period on a timer (and at once when a queue is destroyed, or on Flush()),
+  // so queue operations never wait on prometheus-cpp's locks. A scrape may therefore
+  // miss up to one period of changes. Must be positive; InfiniteDuration() pushes only on
+  // Flush() and queue destruction.
+  absl::Duration flush_period = absl::Seconds(1);
+  // The timer service for the flushes; nullptr: TimerService::Default(). Must outlive the
+  // provider.
+  TimerService* timers = nullptr;
 };
 
 class PrometheusMetricsProvider final : public MetricsProvider {
@@ -105,16 +119,24 @@ class PrometheusMetricsProvider final : public MetricsProvider {
   std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view queue) override;
   std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view queue) override;
 
+  // Pushes every change the queues have recorded into the registry now (before a push to
+  // a gateway, or in tests). Waits for a flush in progress.
+  void Flush();
+
+  // The registry the families are on.
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
-  struct Families;  // src/prometheus.cc
+  struct Families;  // src/prometheus/prometheus.cc
+  struct Flushing;  // the flush timer
   PrometheusMetricsProvider(std::shared_ptr<prometheus::Registry> registry,
                             PrometheusOptions options, std::unique_ptr<Families> families);
+  void ArmFlush();
 
   const std::shared_ptr<prometheus::Registry> registry_;
   const PrometheusOptions options_;
   const std::unique_ptr<Families> families_;
+  const std::unique_ptr<Flushing> flushing_;
 };
 
 }  // namespace kwq

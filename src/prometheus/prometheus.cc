@@ -11,118 +11,21 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/timer.h"
+#include "buffered_metrics.h"
+#include "series.h"
 
 namespace kwq {
 
 namespace {
-
-// controller-runtime's buckets for both histograms: 10 ns to 1000 s, one per power of ten.
-prometheus::Histogram::BucketBoundaries DurationBuckets() {
-  prometheus::Histogram::BucketBoundaries buckets;
-  double bound = 1e-8;
-  for (int i = 0; i < 12; ++i, bound *= 10) buckets.push_back(bound);
-  return buckets;
-}
-
-// How many live queue metrics use each series. Family::Add hands out the existing series
-// for labels it has already, so queues of one name (through one provider or through
-// several sharing a registry) share a series, which must stay until the last of them
-// goes. Keyed by the series object; process-wide because providers may share a registry.
-class SeriesUsers {
- public:
-  static SeriesUsers& Get() {
-    static SeriesUsers* const users = new SeriesUsers;  // never destroyed: see ~Series
-    return *users;
-  }
-
-  template <typename M, typename... Args>
-  M* Acquire(prometheus::Family<M>& family, const prometheus::Labels& labels, Args&&... args) {
-    internal::MutexLock lock(&mu_);
-    M* series = &family.Add(labels, std::forward<Args>(args)...);
-    ++users_[series];
-    return series;
-  }
-
-  // Counts one user less; the last one removes the series unless `keep`.
-  template <typename M>
-  void Release(prometheus::Family<M>& family, M* series, bool keep) {
-    internal::MutexLock lock(&mu_);
-    auto it = users_.find(series);
-    if (it == users_.end() || --it->second > 0) return;
-    users_.erase(it);
-    if (!keep) family.Remove(series);  // takes the family's lock, never ours: no cycle
-  }
-
- private:
-  internal::Mutex mu_;
-  absl::flat_hash_map<const void*, int> users_ ABSL_GUARDED_BY(mu_);
-};
-
-// One queue's use of one series. Holds the registry, which owns the family, so a series
-// is removed safely even if the provider is gone first.
-template <typename M>
-class Series {
- public:
-  template <typename... Args>
-  Series(std::shared_ptr<prometheus::Registry> registry, prometheus::Family<M>* family, bool keep,
-         const prometheus::Labels& labels, Args&&... args)
-      : registry_(std::move(registry)),
-        family_(family),
-        keep_(keep),
-        series_(SeriesUsers::Get().Acquire(*family, labels, std::forward<Args>(args)...)) {}
-  ~Series() { SeriesUsers::Get().Release(*family_, series_, keep_); }
-  Series(const Series&) = delete;
-  Series& operator=(const Series&) = delete;
-
-  M& operator*() const { return *series_; }
-
- private:
-  const std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<M>* const family_;
-  const bool keep_;
-  M* const series_;
-};
-
-class Gauge final : public GaugeMetric {
- public:
-  explicit Gauge(std::unique_ptr<Series<prometheus::Gauge>> s) : s_(std::move(s)) {}
-  void Inc() override { (**s_).Increment(); }
-  void Dec() override { (**s_).Decrement(); }
-
- private:
-  const std::unique_ptr<Series<prometheus::Gauge>> s_;
-};
-
-class SettableGauge final : public SettableGaugeMetric {
- public:
-  explicit SettableGauge(std::unique_ptr<Series<prometheus::Gauge>> s) : s_(std::move(s)) {}
-  void Set(double value) override { (**s_).Set(value); }
-
- private:
-  const std::unique_ptr<Series<prometheus::Gauge>> s_;
-};
-
-class Counter final : public CounterMetric {
- public:
-  explicit Counter(std::unique_ptr<Series<prometheus::Counter>> s) : s_(std::move(s)) {}
-  void Inc() override { (**s_).Increment(); }
-
- private:
-  const std::unique_ptr<Series<prometheus::Counter>> s_;
-};
-
-class Histogram final : public HistogramMetric {
- public:
-  explicit Histogram(std::unique_ptr<Series<prometheus::Histogram>> s) : s_(std::move(s)) {}
-  void Observe(double seconds) override { (**s_).Observe(seconds); }
-
- private:
-  const std::unique_ptr<Series<prometheus::Histogram>> s_;
-};
-
+using prometheus_internal::BufferedCounter;
+using prometheus_internal::BufferedGauge;
+using prometheus_internal::BufferedHistogram;
+using prometheus_internal::BufferedSettableGauge;
+using prometheus_internal::Flusher;
+using prometheus_internal::Series;
 }  // namespace
 
 struct PrometheusMetricsProvider::Families {
@@ -140,6 +43,11 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
     std::shared_ptr<prometheus::Registry> registry, PrometheusOptions options) {
   if (registry == nullptr) {
     return absl::InvalidArgumentError("PrometheusMetricsProvider: the registry is null");
+  }
+  if (options.flush_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PrometheusMetricsProvider: flush_period must be positive, not ",
+        absl::FormatDuration(options.flush_period)));
   }
   for (const auto& [label, value] : options.const_labels) {
     if (!prometheus::CheckLabelName(label)) {
@@ -208,64 +116,102 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
       new PrometheusMetricsProvider(std::move(registry), std::move(options), std::move(families)));
 }
 
+struct PrometheusMetricsProvider::Flushing {
+  const std::shared_ptr<Flusher> flusher = std::make_shared<Flusher>();
+  TimerService* timers = nullptr;
+  internal::Mutex mu;
+  TimerId timer ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+};
+
 PrometheusMetricsProvider::PrometheusMetricsProvider(std::shared_ptr<prometheus::Registry> registry,
                                                      PrometheusOptions options,
                                                      std::unique_ptr<Families> families)
     : registry_(std::move(registry)),
       options_(std::move(options)),
-      families_(std::move(families)) {}
+      families_(std::move(families)),
+      flushing_(std::make_unique<Flushing>()) {
+  flushing_->timers = options_.timers != nullptr ? options_.timers : &TimerService::Default();
+  ArmFlush();
+}
 
-PrometheusMetricsProvider::~PrometheusMetricsProvider() = default;
+PrometheusMetricsProvider::~PrometheusMetricsProvider() {
+  TimerId timer;
+  {
+    internal::MutexLock lock(&flushing_->mu);
+    flushing_->stopping = true;
+    timer = flushing_->timer;
+  }
+  if (timer != 0) flushing_->timers->CancelSync(timer);
+  // Metrics still alive (the queues should be gone first) keep the flusher and push their
+  // changes when they die; what the others buffered is in the series already.
+  Flush();
+}
+
+void PrometheusMetricsProvider::ArmFlush() {
+  if (options_.flush_period == absl::InfiniteDuration()) return;
+  internal::MutexLock lock(&flushing_->mu);
+  if (flushing_->stopping) return;
+  flushing_->timer = flushing_->timers->ScheduleAfter(options_.flush_period, [this] {
+    Flush();
+    ArmFlush();
+  });
+}
+
+void PrometheusMetricsProvider::Flush() { flushing_->flusher->FlushAll(); }
 
 namespace {
 
+// The buffered metric of `queue` on `family` (nullptr for an unnamed queue, as client-go).
 template <typename Metric, typename M, typename... Args>
 std::unique_ptr<Metric> Make(const std::shared_ptr<prometheus::Registry>& registry,
+                             const std::shared_ptr<Flusher>& flusher,
                              prometheus::Family<M>* family, const PrometheusOptions& options,
                              std::string_view queue, Args&&... args) {
-  if (queue.empty()) return nullptr;  // client-go: unnamed queues have no metrics
+  if (queue.empty()) return nullptr;
   prometheus::Labels labels{{"name", std::string(queue)}};
   if (options.controller_label) labels.emplace("controller", std::string(queue));
-  return std::make_unique<Metric>(std::make_unique<Series<M>>(registry, family, options.keep_series,
-                                                              labels, std::forward<Args>(args)...));
+  return std::make_unique<Metric>(
+      flusher, std::make_unique<Series<M>>(registry, family, options.keep_series, labels,
+                                           std::forward<Args>(args)...));
 }
 
 }  // namespace
 
 std::unique_ptr<GaugeMetric> PrometheusMetricsProvider::NewDepthMetric(std::string_view queue) {
-  return Make<Gauge>(registry_, families_->depth, options_, queue);
+  return Make<BufferedGauge>(registry_, flushing_->flusher, families_->depth, options_, queue);
 }
 
 std::unique_ptr<CounterMetric> PrometheusMetricsProvider::NewAddsMetric(std::string_view queue) {
-  return Make<Counter>(registry_, families_->adds, options_, queue);
+  return Make<BufferedCounter>(registry_, flushing_->flusher, families_->adds, options_, queue);
 }
 
 std::unique_ptr<HistogramMetric> PrometheusMetricsProvider::NewLatencyMetric(
     std::string_view queue) {
-  return Make<Histogram>(registry_, families_->latency, options_, queue, DurationBuckets());
+  return Make<BufferedHistogram>(registry_, flushing_->flusher, families_->latency, options_, queue, BufferedHistogram::Bounds());
 }
 
 std::unique_ptr<HistogramMetric> PrometheusMetricsProvider::NewWorkDurationMetric(
     std::string_view queue) {
-  return Make<Histogram>(registry_, families_->work_duration, options_, queue, DurationBuckets());
+  return Make<BufferedHistogram>(registry_, flushing_->flusher, families_->work_duration, options_, queue, BufferedHistogram::Bounds());
 }
 
 std::unique_ptr<SettableGaugeMetric> PrometheusMetricsProvider::NewUnfinishedWorkSecondsMetric(
     std::string_view queue) {
-  return Make<SettableGauge>(registry_, families_->unfinished, options_, queue);
+  return Make<BufferedSettableGauge>(registry_, flushing_->flusher, families_->unfinished, options_, queue);
 }
 
 std::unique_ptr<SettableGaugeMetric>
 PrometheusMetricsProvider::NewLongestRunningProcessorSecondsMetric(std::string_view queue) {
-  return Make<SettableGauge>(registry_, families_->longest, options_, queue);
+  return Make<BufferedSettableGauge>(registry_, flushing_->flusher, families_->longest, options_, queue);
 }
 
 std::unique_ptr<CounterMetric> PrometheusMetricsProvider::NewRetriesMetric(std::string_view queue) {
-  return Make<Counter>(registry_, families_->retries, options_, queue);
+  return Make<BufferedCounter>(registry_, flushing_->flusher, families_->retries, options_, queue);
 }
 
 std::unique_ptr<GaugeMetric> PrometheusMetricsProvider::NewDelayedMetric(std::string_view queue) {
-  return Make<Gauge>(registry_, families_->delayed, options_, queue);
+  return Make<BufferedGauge>(registry_, flushing_->flusher, families_->delayed, options_, queue);
 }
 
 }  // namespace kwq

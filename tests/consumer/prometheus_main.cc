@@ -16,6 +16,7 @@ int main() {
   if (!metrics.ok()) return 1;
   kwq::Queue<std::string> q({.name = "consumer", .metrics = metrics->get()});
   q.Add("a");
+  (*metrics)->Flush();  // the queue's changes reach the registry every second otherwise
   const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
   const bool ok = text.find("workqueue_adds_total{name=\"consumer\"} 1") != std::string::npos;
   std::printf("consumer (prometheus): %s\n", ok ? "workqueue_adds_total exported" : text.c_str());

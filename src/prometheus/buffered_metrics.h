@@ -1,0 +1,200 @@
+// The metric objects kwq::PrometheusMetricsProvider hands to queues. Each keeps its
+// changes in plain atomics that only its queue writes (a queue calls its metrics one call
+// at a time: kwq/metrics.h), and a Flusher pushes them into the prometheus-cpp series
+// every flush period, on a timer, and when the metric dies. So a queue operation costs a
+// few relaxed loads and stores instead of prometheus-cpp's compare-and-swap loops and
+// histogram mutex, and never waits for a scrape (docs/benchmarks.md has the figures).
+// Internal to kwq::prometheus.
+
+#ifndef KWQ_SRC_PROMETHEUS_BUFFERED_METRICS_H_
+#define KWQ_SRC_PROMETHEUS_BUFFERED_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "kwq/internal/mutex.h"
+#include "kwq/metrics.h"
+#include "series.h"
+
+namespace kwq::prometheus_internal {
+
+// A metric whose buffered changes a Flusher pushes into its series.
+class Buffered {
+ public:
+  virtual ~Buffered() = default;
+  // Pushes what changed since the last push. Called by the Flusher, under its lock.
+  virtual void Push() = 0;
+};
+
+// The live metrics of one provider (shared with them, so a metric that outlives its
+// provider can still push its last changes). Thread-safe.
+class Flusher {
+ public:
+  void Add(Buffered* m) {
+    internal::MutexLock lock(&mu_);
+    live_.insert(m);
+  }
+  // Pushes `m`'s last changes and forgets it.
+  void Remove(Buffered* m) {
+    internal::MutexLock lock(&mu_);
+    m->Push();
+    live_.erase(m);
+  }
+  void FlushAll() {
+    internal::MutexLock lock(&mu_);
+    for (Buffered* m : live_) m->Push();
+  }
+
+ private:
+  internal::Mutex mu_;
+  absl::flat_hash_set<Buffered*> live_ ABSL_GUARDED_BY(mu_);
+};
+
+// What every buffered metric has: its series and its place in the Flusher. Subclasses
+// call Register() at the end of their constructor and Unregister() first in their
+// destructor (Push must not run on a half-built or half-destroyed object).
+template <typename M>
+class BufferedBase : public Buffered {
+ protected:
+  BufferedBase(std::shared_ptr<Flusher> flusher, std::unique_ptr<Series<M>> series)
+      : flusher_(std::move(flusher)), series_(std::move(series)) {}
+  void Register() { flusher_->Add(this); }
+  void Unregister() { flusher_->Remove(this); }
+  M& series() { return **series_; }
+
+  // The single writer's update of a value only it writes: no read-modify-write needed.
+  template <typename V, typename D>
+  static void Bump(std::atomic<V>& v, D by) {
+    v.store(v.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+
+ private:
+  const std::shared_ptr<Flusher> flusher_;
+  const std::unique_ptr<Series<M>> series_;
+};
+
+// depth, delayed: Inc/Dec, pushed as the change since the last push (queues of one name
+// share the series, so each adds its own changes).
+class BufferedGauge final : public GaugeMetric, BufferedBase<prometheus::Gauge> {
+ public:
+  BufferedGauge(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Gauge>> s)
+      : BufferedBase(std::move(f), std::move(s)) {
+    Register();
+  }
+  ~BufferedGauge() override { Unregister(); }
+  void Inc() override { Bump(value_, 1); }
+  void Dec() override { Bump(value_, -1); }
+  void Push() override {
+    const int64_t v = value_.load(std::memory_order_relaxed);
+    if (v != pushed_) series().Increment(static_cast<double>(v - pushed_));
+    pushed_ = v;
+  }
+
+ private:
+  std::atomic<int64_t> value_{0};
+  int64_t pushed_ = 0;  // the Flusher's lock
+};
+
+// unfinished work, longest running: Set, pushed as the last value set.
+class BufferedSettableGauge final : public SettableGaugeMetric, BufferedBase<prometheus::Gauge> {
+ public:
+  BufferedSettableGauge(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Gauge>> s)
+      : BufferedBase(std::move(f), std::move(s)) {
+    Register();
+  }
+  ~BufferedSettableGauge() override { Unregister(); }
+  void Set(double value) override {
+    value_.store(value, std::memory_order_relaxed);
+    set_.store(true, std::memory_order_release);
+  }
+  void Push() override {
+    if (set_.exchange(false, std::memory_order_acquire)) {
+      series().Set(value_.load(std::memory_order_relaxed));
+    }
+  }
+
+ private:
+  std::atomic<double> value_{0};
+  std::atomic<bool> set_{false};
+};
+
+// adds, retries.
+class BufferedCounter final : public CounterMetric, BufferedBase<prometheus::Counter> {
+ public:
+  BufferedCounter(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Counter>> s)
+      : BufferedBase(std::move(f), std::move(s)) {
+    Register();
+  }
+  ~BufferedCounter() override { Unregister(); }
+  void Inc() override { Bump(count_, 1); }
+  void Push() override {
+    const uint64_t c = count_.load(std::memory_order_relaxed);
+    if (c != pushed_) series().Increment(static_cast<double>(c - pushed_));
+    pushed_ = c;
+  }
+
+ private:
+  std::atomic<uint64_t> count_{0};
+  uint64_t pushed_ = 0;  // the Flusher's lock
+};
+
+// queue and work durations: the observations sorted into the buckets here, pushed with
+// ObserveMultiple.
+class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus::Histogram> {
+ public:
+  static constexpr int kBounds = 12;  // 1e-8 .. 1e3 s, then +Inf
+
+  static prometheus::Histogram::BucketBoundaries Bounds() {
+    prometheus::Histogram::BucketBoundaries bounds;
+    double bound = 1e-8;
+    for (int i = 0; i < kBounds; ++i, bound *= 10) bounds.push_back(bound);
+    return bounds;
+  }
+
+  BufferedHistogram(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Histogram>> s)
+      : BufferedBase(std::move(f), std::move(s)), bounds_(Bounds()) {
+    Register();
+  }
+  ~BufferedHistogram() override { Unregister(); }
+
+  void Observe(double seconds) override {
+    int i = 0;
+    while (i < kBounds && seconds > bounds_[i]) ++i;  // the first bucket with le >= seconds
+    Bump(counts_[i], 1);
+    Bump(sum_, seconds);
+  }
+
+  void Push() override {
+    std::vector<double> deltas(kBounds + 1);
+    bool any = false;
+    for (int i = 0; i <= kBounds; ++i) {
+      const uint64_t c = counts_[i].load(std::memory_order_relaxed);
+      deltas[i] = static_cast<double>(c - pushed_counts_[i]);
+      any |= c != pushed_counts_[i];
+      pushed_counts_[i] = c;
+    }
+    const double sum = sum_.load(std::memory_order_relaxed);
+    if (any) series().ObserveMultiple(deltas, sum - pushed_sum_);
+    pushed_sum_ = sum;
+  }
+
+ private:
+  const prometheus::Histogram::BucketBoundaries bounds_;
+  std::array<std::atomic<uint64_t>, kBounds + 1> counts_{};
+  std::atomic<double> sum_{0};
+  std::array<uint64_t, kBounds + 1> pushed_counts_{};  // the Flusher's lock
+  double pushed_sum_ = 0;                              // the Flusher's lock
+};
+
+}  // namespace kwq::prometheus_internal
+
+#endif  // KWQ_SRC_PROMETHEUS_BUFFERED_METRICS_H_
