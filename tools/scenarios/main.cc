@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -11,6 +12,10 @@
 ABSL_FLAG(std::string, scenario, "", "scenario to run (see --list)");
 ABSL_FLAG(int64_t, n, 0, "problem size; 0 means the scenario's default");
 ABSL_FLAG(bool, list, false, "print the scenario names and default sizes");
+ABSL_FLAG(bool, other_thread, false,
+          "start and join one thread before the scenario: glibc then leaves its "
+          "single-threaded mode (pthread_mutex_unlock becomes an atomic exchange), as in "
+          "any program with a second thread");
 ABSL_FLAG(int, polling_workers, 0,
           "QueueOptions::polling_workers of the queue scenarios (0: the default)");
 
@@ -34,6 +39,7 @@ int main(int argc, char** argv) {
   for (const auto& s : all) {
     if (s.name != name) continue;
     const int64_t n = absl::GetFlag(FLAGS_n) > 0 ? absl::GetFlag(FLAGS_n) : s.default_n;
+    if (absl::GetFlag(FLAGS_other_thread)) std::thread([] {}).join();
     const std::string result = s.run(n);
     std::printf("%s %s\n", s.name.c_str(), result.c_str());
     return 0;
