@@ -82,26 +82,46 @@ class BufferedBase : public Buffered {
   const std::unique_ptr<Series<M>> series_;
 };
 
-// depth, delayed: Inc/Dec, pushed as the change since the last push (queues of one name
-// share the series, so each adds its own changes).
-class BufferedGauge final : public GaugeMetric, BufferedBase<prometheus::Gauge> {
- public:
-  BufferedGauge(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Gauge>> s)
-      : BufferedBase(std::move(f), std::move(s)) {
-    Register();
-  }
-  ~BufferedGauge() override { Unregister(); }
-  void Inc() override { Bump(value_, 1); }
-  void Dec() override { Bump(value_, -1); }
+// A count changed by the queue and pushed as the change since the last push (queues of
+// one name share a series, so each adds its own changes): `M` is prometheus::Gauge or
+// prometheus::Counter, whose Increment takes the change.
+template <typename M>
+class BufferedDelta : public BufferedBase<M> {
+ protected:
+  using BufferedBase<M>::BufferedBase;
+  void Add(int64_t by) { this->Bump(value_, by); }
   void Push() override {
     const int64_t v = value_.load(std::memory_order_relaxed);
-    if (v != pushed_) series().Increment(static_cast<double>(v - pushed_));
+    if (v != pushed_) this->series().Increment(static_cast<double>(v - pushed_));
     pushed_ = v;
   }
 
  private:
   std::atomic<int64_t> value_{0};
   int64_t pushed_ = 0;  // the Flusher's lock
+};
+
+// depth, delayed.
+class BufferedGauge final : public GaugeMetric, BufferedDelta<prometheus::Gauge> {
+ public:
+  BufferedGauge(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Gauge>> s)
+      : BufferedDelta(std::move(f), std::move(s)) {
+    Register();
+  }
+  ~BufferedGauge() override { Unregister(); }
+  void Inc() override { Add(1); }
+  void Dec() override { Add(-1); }
+};
+
+// adds, retries.
+class BufferedCounter final : public CounterMetric, BufferedDelta<prometheus::Counter> {
+ public:
+  BufferedCounter(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Counter>> s)
+      : BufferedDelta(std::move(f), std::move(s)) {
+    Register();
+  }
+  ~BufferedCounter() override { Unregister(); }
+  void Inc() override { Add(1); }
 };
 
 // unfinished work, longest running: Set, pushed as the last value set.
@@ -125,26 +145,6 @@ class BufferedSettableGauge final : public SettableGaugeMetric, BufferedBase<pro
  private:
   std::atomic<double> value_{0};
   std::atomic<bool> set_{false};
-};
-
-// adds, retries.
-class BufferedCounter final : public CounterMetric, BufferedBase<prometheus::Counter> {
- public:
-  BufferedCounter(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Counter>> s)
-      : BufferedBase(std::move(f), std::move(s)) {
-    Register();
-  }
-  ~BufferedCounter() override { Unregister(); }
-  void Inc() override { Bump(count_, 1); }
-  void Push() override {
-    const uint64_t c = count_.load(std::memory_order_relaxed);
-    if (c != pushed_) series().Increment(static_cast<double>(c - pushed_));
-    pushed_ = c;
-  }
-
- private:
-  std::atomic<uint64_t> count_{0};
-  uint64_t pushed_ = 0;  // the Flusher's lock
 };
 
 // queue and work durations: the observations sorted into the buckets here, pushed with

@@ -12,14 +12,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "buffered_metrics.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/timer.h"
-#include "buffered_metrics.h"
 #include "series.h"
 
 namespace kwq {
 
 namespace {
+// Registers (or, on a merging registry, finds) one family.
+template <typename Builder>
+auto* Register(Builder builder, const char* name, const char* help,
+               const prometheus::Labels& labels, prometheus::Registry& registry) {
+  return &builder.Name(name).Help(help).Labels(labels).Register(registry);
+}
+
 using prometheus_internal::BufferedCounter;
 using prometheus_internal::BufferedGauge;
 using prometheus_internal::BufferedHistogram;
@@ -45,9 +52,9 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
     return absl::InvalidArgumentError("PrometheusMetricsProvider: the registry is null");
   }
   if (options.flush_period <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PrometheusMetricsProvider: flush_period must be positive, not ",
-        absl::FormatDuration(options.flush_period)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PrometheusMetricsProvider: flush_period must be positive, not ",
+                     absl::FormatDuration(options.flush_period)));
   }
   for (const auto& [label, value] : options.const_labels) {
     if (!prometheus::CheckLabelName(label)) {
@@ -65,49 +72,29 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
   // A failure leaves the families registered before it in place: they may be shared
   // with another provider, and an empty family exports nothing.
   try {
-    families->depth = &prometheus::BuildGauge()
-                           .Name("workqueue_depth")
-                           .Help("Items waiting in a kwq queue to be handed out")
-                           .Labels(labels)
-                           .Register(*registry);
-    families->adds = &prometheus::BuildCounter()
-                          .Name("workqueue_adds_total")
-                          .Help("Adds that queued an item in a kwq queue")
-                          .Labels(labels)
-                          .Register(*registry);
-    families->latency = &prometheus::BuildHistogram()
-                             .Name("workqueue_queue_duration_seconds")
-                             .Help("Seconds an item waited in a kwq queue before it was handed out")
-                             .Labels(labels)
-                             .Register(*registry);
-    families->work_duration = &prometheus::BuildHistogram()
-                                   .Name("workqueue_work_duration_seconds")
-                                   .Help("Seconds from handing an item out to its Done")
-                                   .Labels(labels)
-                                   .Register(*registry);
-    families->unfinished =
-        &prometheus::BuildGauge()
-             .Name("workqueue_unfinished_work_seconds")
-             .Help(
-                 "Sum of the running times of the items in flight; a value that keeps "
-                 "growing means stuck workers")
-             .Labels(labels)
-             .Register(*registry);
-    families->longest = &prometheus::BuildGauge()
-                             .Name("workqueue_longest_running_processor_seconds")
-                             .Help("Running time of the longest-running item in flight")
-                             .Labels(labels)
-                             .Register(*registry);
-    families->retries = &prometheus::BuildCounter()
-                             .Name("workqueue_retries_total")
-                             .Help("Rate-limited re-adds (AddRateLimited) of a kwq queue")
-                             .Labels(labels)
-                             .Register(*registry);
-    families->delayed = &prometheus::BuildGauge()
-                             .Name("kwq_workqueue_delayed_items")
-                             .Help("Items of a kwq delaying queue waiting for their delay")
-                             .Labels(labels)
-                             .Register(*registry);
+    families->depth = Register(prometheus::BuildGauge(), "workqueue_depth",
+                               "Items waiting in a kwq queue to be handed out", labels, *registry);
+    families->adds = Register(prometheus::BuildCounter(), "workqueue_adds_total",
+                              "Adds that queued an item in a kwq queue", labels, *registry);
+    families->latency = Register(prometheus::BuildHistogram(), "workqueue_queue_duration_seconds",
+                                 "Seconds an item waited in a kwq queue before it was handed out",
+                                 labels, *registry);
+    families->work_duration =
+        Register(prometheus::BuildHistogram(), "workqueue_work_duration_seconds",
+                 "Seconds from handing an item out to its Done", labels, *registry);
+    families->unfinished = Register(prometheus::BuildGauge(), "workqueue_unfinished_work_seconds",
+                                    "Sum of the running times of the items in flight; a value "
+                                    "that keeps growing means stuck workers",
+                                    labels, *registry);
+    families->longest =
+        Register(prometheus::BuildGauge(), "workqueue_longest_running_processor_seconds",
+                 "Running time of the longest-running item in flight", labels, *registry);
+    families->retries =
+        Register(prometheus::BuildCounter(), "workqueue_retries_total",
+                 "Rate-limited re-adds (AddRateLimited) of a kwq queue", labels, *registry);
+    families->delayed =
+        Register(prometheus::BuildGauge(), "kwq_workqueue_delayed_items",
+                 "Items of a kwq delaying queue waiting for their delay", labels, *registry);
   } catch (const std::exception& e) {
     return absl::AlreadyExistsError(absl::StrCat(
         "PrometheusMetricsProvider: cannot register the workqueue families: ", e.what()));
@@ -165,9 +152,9 @@ namespace {
 // The buffered metric of `queue` on `family` (nullptr for an unnamed queue, as client-go).
 template <typename Metric, typename M, typename... Args>
 std::unique_ptr<Metric> Make(const std::shared_ptr<prometheus::Registry>& registry,
-                             const std::shared_ptr<Flusher>& flusher,
-                             prometheus::Family<M>* family, const PrometheusOptions& options,
-                             std::string_view queue, Args&&... args) {
+                             const std::shared_ptr<Flusher>& flusher, prometheus::Family<M>* family,
+                             const PrometheusOptions& options, std::string_view queue,
+                             Args&&... args) {
   if (queue.empty()) return nullptr;
   prometheus::Labels labels{{"name", std::string(queue)}};
   if (options.controller_label) labels.emplace("controller", std::string(queue));
@@ -188,22 +175,26 @@ std::unique_ptr<CounterMetric> PrometheusMetricsProvider::NewAddsMetric(std::str
 
 std::unique_ptr<HistogramMetric> PrometheusMetricsProvider::NewLatencyMetric(
     std::string_view queue) {
-  return Make<BufferedHistogram>(registry_, flushing_->flusher, families_->latency, options_, queue, BufferedHistogram::Bounds());
+  return Make<BufferedHistogram>(registry_, flushing_->flusher, families_->latency, options_, queue,
+                                 BufferedHistogram::Bounds());
 }
 
 std::unique_ptr<HistogramMetric> PrometheusMetricsProvider::NewWorkDurationMetric(
     std::string_view queue) {
-  return Make<BufferedHistogram>(registry_, flushing_->flusher, families_->work_duration, options_, queue, BufferedHistogram::Bounds());
+  return Make<BufferedHistogram>(registry_, flushing_->flusher, families_->work_duration, options_,
+                                 queue, BufferedHistogram::Bounds());
 }
 
 std::unique_ptr<SettableGaugeMetric> PrometheusMetricsProvider::NewUnfinishedWorkSecondsMetric(
     std::string_view queue) {
-  return Make<BufferedSettableGauge>(registry_, flushing_->flusher, families_->unfinished, options_, queue);
+  return Make<BufferedSettableGauge>(registry_, flushing_->flusher, families_->unfinished, options_,
+                                     queue);
 }
 
 std::unique_ptr<SettableGaugeMetric>
 PrometheusMetricsProvider::NewLongestRunningProcessorSecondsMetric(std::string_view queue) {
-  return Make<BufferedSettableGauge>(registry_, flushing_->flusher, families_->longest, options_, queue);
+  return Make<BufferedSettableGauge>(registry_, flushing_->flusher, families_->longest, options_,
+                                     queue);
 }
 
 std::unique_ptr<CounterMetric> PrometheusMetricsProvider::NewRetriesMetric(std::string_view queue) {
