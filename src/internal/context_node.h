@@ -17,8 +17,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "kwq/internal/spin_lock.h"
 #include "kwq/context.h"
+#include "kwq/internal/spin_lock.h"
 #include "kwq/timer.h"
 
 namespace kwq::internal {
