@@ -922,6 +922,26 @@ TEST_F(WorkqueueTest, DumpNamesPoolsAndWorkqueues) {
   EXPECT_NE(dump.find("pods cache"), std::string::npos);
 }
 
+// The dump's counts: an ordered workqueue running one work with two more over its
+// max_active shows them inactive, and its pool one busy worker.
+TEST_F(WorkqueueTest, DumpShowsTheCounts) {
+  auto wq = Make({.name = "counted", .flags = kOrdered});
+  HeldWork held;
+  Work second([] {}), third([] {});
+  ASSERT_TRUE(wq->Queue(&held.work));
+  ASSERT_TRUE(wq->Queue(&second));
+  ASSERT_TRUE(wq->Queue(&third));
+  ASSERT_TRUE(
+      Eventually([&] { return internal::WorkAccess::running_pool(&held.work).load() != nullptr; }));
+  const std::string dump = runtime_->Dump();
+  EXPECT_NE(dump.find("counted: ordered"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("max_active=1 queued=3 inactive=2"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("busy=1"), std::string::npos) << dump;
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_NE(runtime_->Dump().find("max_active=1 queued=0 inactive=0"), std::string::npos);
+}
+
 // Runs in a child process: without the right to raise priority (not root), high-priority
 // pools run at normal priority, say so, and still run work.
 void HighPriFallsBackWithoutPermission() {
@@ -1036,6 +1056,24 @@ TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesTheTimer) {
   clock_.Advance(absl::Seconds(10));
   wq->Flush();
   EXPECT_EQ(runs.load(), 1);  // the first timer was replaced, not kept
+}
+
+// ModDelayed of a delayed work already in a pool (its timer fired, or it was queued with
+// no delay) takes it out and puts it back on a timer with the new delay.
+TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAWorkWaitingInAPoolBackToATimer) {
+  auto wq = *Workqueue::Create({.name = "mod-pool", .flags = kOrdered, .runtime = runtime_.get()});
+  HeldWork held;
+  ASSERT_TRUE(wq->Queue(&held.work));
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::ZeroDuration()));  // in the pool, behind `held`
+  EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(5)));        // was pending: moved
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);  // waits for its new delay
+  EXPECT_TRUE(dwork.pending());
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
 }
 
 // stats().queued counts successful calls: a cancelled timer still counts, a timer that
