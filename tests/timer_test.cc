@@ -155,8 +155,8 @@ TEST_P(RealTimerTest, CancelSyncWaitsForRunningCallback) {
   started.wait();
   EXPECT_FALSE(service->Cancel(id));  // running: Cancel does not stop or wait
   // The callback is released only once this thread sleeps in CancelSync (or after 2 s,
-  // or at once where /proc cannot be read): one that returned without waiting would find
-  // the callback unfinished.
+  // also where /proc cannot be read): one that returned without waiting would find the
+  // callback unfinished.
   const pid_t waiter = testing::CurrentTid();
   std::thread releaser([&] {
     (void)testing::Eventually([&] { return testing::ThreadState(waiter) == 'S'; },

@@ -210,8 +210,8 @@ TEST_F(WorkqueueTest, RequeuedWhileRunningGoesToThePoolRunningIt) {
     if (runs.fetch_add(1) == 0) gate.Wait();  // the first instance waits
   });
   ASSERT_TRUE(wq->QueueOn(cpus.front().cpu, &work));
-  ASSERT_TRUE(
-      Eventually([&] { return internal::WorkAccess::running_pool(&work).load() != nullptr; }));
+  // Inside the function: its pool is recorded and its pending bit cleared by then.
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
   internal::WorkerPool* const running = internal::WorkAccess::running_pool(&work).load();
   ASSERT_TRUE(wq->QueueOn(cpus.back().cpu, &work));  // another pod's pool
   internal::PoolWorkqueue* const pwq = internal::WorkAccess::pwq(&work).load();
@@ -1008,12 +1008,20 @@ class FakeTimeWorkqueueTest : public ::testing::Test {
 
 // QueueDelayed with a CPU runs the work on that CPU's pool once the delay has passed.
 TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsOnTheCpuItWasQueuedFor) {
+  const auto& cpus = runtime_->topology().cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
   auto wq = *Workqueue::Create({.name = "on-cpu", .runtime = runtime_.get()});
-  const int cpu = runtime_->topology().cpus().back().cpu;
+  const int cpu = cpus.back().cpu;
   std::atomic<int> ran_on{-2};
   DelayedWork delayed([&] { ran_on = CurrentCpu(); });
-  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Seconds(1), cpu));
-  clock_.Advance(absl::Seconds(1));
+  // The timer fires inside Advance, on the thread that moves the clock: pinned to another
+  // CPU, so a timer that queued on its own thread's CPU instead of `cpu` would be seen.
+  std::thread mover([&] {
+    ASSERT_TRUE(BindCurrentThread({cpus.front().cpu}).ok());
+    ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Seconds(1), cpu));
+    clock_.Advance(absl::Seconds(1));
+  });
+  mover.join();
   wq->Flush(&delayed);
   EXPECT_EQ(ran_on.load(), cpu);
 }
@@ -1058,19 +1066,42 @@ TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesTheTimer) {
   EXPECT_EQ(runs.load(), 1);  // the first timer was replaced, not kept
 }
 
-// ModDelayed of a delayed work already in a pool (its timer fired, or it was queued with
-// no delay) takes it out and puts it back on a timer with the new delay.
-TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAWorkWaitingInAPoolBackToATimer) {
-  auto wq = *Workqueue::Create({.name = "mod-pool", .flags = kOrdered, .runtime = runtime_.get()});
+// ModDelayed of a delayed work already queued (its timer fired, or it was queued with no
+// delay) takes it out and puts it back on a timer with the new delay, from both places it
+// can wait: parked over max_active (ordered) and in a busy CPU pool's worklist (bound).
+TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAParkedWorkBackToATimer) {
+  auto wq =
+      *Workqueue::Create({.name = "mod-parked", .flags = kOrdered, .runtime = runtime_.get()});
   HeldWork held;
   ASSERT_TRUE(wq->Queue(&held.work));
   std::atomic<int> runs{0};
   DelayedWork dwork([&] { ++runs; });
-  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::ZeroDuration()));  // in the pool, behind `held`
+  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::ZeroDuration()));  // parked: `held` has the slot
   EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(5)));        // was pending: moved
   held.gate.Open();
   wq->Flush();
   EXPECT_EQ(runs.load(), 0);  // waits for its new delay
+  EXPECT_TRUE(dwork.pending());
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+}
+
+TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAWorkInAPoolsWorklistBackToATimer) {
+  auto wq = *Workqueue::Create({.name = "mod-pool", .runtime = runtime_.get()});  // bound
+  const int cpu = runtime_->topology().cpus()[0].cpu;
+  HeldWork held;  // runs without a BlockingScope: the CPU pool starts nothing else
+  ASSERT_TRUE(wq->QueueOn(cpu, &held.work));
+  ASSERT_TRUE(
+      Eventually([&] { return internal::WorkAccess::running_pool(&held.work).load() != nullptr; }));
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::ZeroDuration(), cpu));  // the pool's worklist
+  EXPECT_EQ(internal::WorkAccess::where(&dwork.work()).load(),
+            static_cast<uint8_t>(internal::WorkWhere::kPool));
+  EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(5), cpu));  // was pending: moved
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);
   EXPECT_TRUE(dwork.pending());
   clock_.Advance(absl::Seconds(5));
   ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));

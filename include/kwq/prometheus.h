@@ -36,8 +36,8 @@
 //     (with the registry's default InsertBehavior::Merge) and then share series too.
 //   - Give each queue its own name. Queues sharing one add up in the counters, depth and
 //     delayed gauges and histograms (a destroyed queue takes what it still counted off
-//     the gauges), but their in-flight gauges, each set every 500 ms, overwrite each
-//     other, as in client-go.
+//     the gauges), but their in-flight gauges, each set every 500 ms, show one of the
+//     queues' values, not their sum (as in client-go).
 //   - The families belong to kwq: a series added to them by other code may be removed
 //     when a queue of that name goes away.
 //   - A queue records its metric changes in counters of its own (relaxed atomics only it
@@ -45,8 +45,9 @@
 //     queue is destroyed, and on Flush(). So queue operations never take prometheus-cpp's
 //     locks or wait for a scrape, and a scrape may miss up to one period of changes.
 //
-// Thread safety: Create and every member may be called from any thread; the metric objects
-// handed to queues are thread-safe (prometheus-cpp's are). The provider must outlive every
+// Thread safety: Create and every member may be called from any thread. A metric object
+// from New* takes one call at a time (a queue serialises its calls, kwq/metrics.h): it
+// buffers changes in counters only its user writes. The provider must outlive every
 // queue that uses it (QueueOptions::metrics) and keeps the registry alive itself. Nothing
 // here blocks except on short internal locks.
 

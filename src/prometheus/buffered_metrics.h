@@ -182,9 +182,14 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
       any |= c != pushed_counts_[i];
       pushed_counts_[i] = c;
     }
+    // The sum is read after the counts, so it may already hold an observation whose count
+    // comes with the next push; it is moved on only when something is pushed (else an
+    // observation landing between the two reads would be left out of the sum for good).
     const double sum = sum_.load(std::memory_order_relaxed);
-    if (any) series().ObserveMultiple(deltas, sum - pushed_sum_);
-    pushed_sum_ = sum;
+    if (any) {
+      series().ObserveMultiple(deltas, sum - pushed_sum_);
+      pushed_sum_ = sum;
+    }
   }
 
  private:
