@@ -70,7 +70,13 @@ void QueueMetricsRecorder::OnGet(uint32_t slot) {
   }
   Grow(started_at_, slot);
   started_at_[slot] = now;
-  in_flight_.insert(slot);
+  if (slot >= in_flight_at_.size()) {
+    in_flight_at_.resize(std::max<size_t>(slot + 1, in_flight_at_.size() * 2), kOut);
+  }
+  if (in_flight_at_[slot] == kOut) {
+    in_flight_at_[slot] = static_cast<uint32_t>(in_flight_.size());
+    in_flight_.push_back(slot);
+  }
 }
 
 void QueueMetricsRecorder::OnDone(uint32_t slot) {
@@ -78,7 +84,14 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) {
   if (work_duration_ && slot < started_at_.size()) {
     work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started_at_[slot]));
   }
-  in_flight_.erase(slot);
+  if (slot < in_flight_at_.size() && in_flight_at_[slot] != kOut) {
+    const uint32_t at = in_flight_at_[slot];
+    const uint32_t last = in_flight_.back();
+    in_flight_[at] = last;
+    in_flight_at_[last] = at;
+    in_flight_.pop_back();
+    in_flight_at_[slot] = kOut;
+  }
 }
 
 void QueueMetricsRecorder::OnRetry() {

@@ -363,6 +363,27 @@ TEST_F(QueueMetricsTest, UnfinishedIsTheSumAndLongestTheMaxOverLeases) {
   EXPECT_NEAR(rec.Get("longest"), 3.0, 0.01);
 }
 
+// A lease ending in the middle of the in-flight set leaves the others counted.
+TEST_F(QueueMetricsTest, UnfinishedCountsTheLeasesStillInFlight) {
+  StringQueue& q = MakeQueue();
+  q.Add("a");
+  q.Add("b");
+  q.Add("c");
+  auto first = q.TryGet();
+  clock.Advance(absl::Seconds(1));
+  auto second = q.TryGet();
+  clock.Advance(absl::Seconds(1));
+  auto third = q.TryGet();
+  second->Done();                   // ages now: a 2 s, c 0 s
+  clock.Advance(absl::Seconds(1));  // a 3 s, c 1 s; the 500 ms refresh runs inside Advance
+  EXPECT_NEAR(rec.Get("unfinished"), 4.0, 0.01);
+  EXPECT_NEAR(rec.Get("longest"), 3.0, 0.01);
+  first->Done();
+  clock.Advance(absl::Seconds(1));  // c 2 s
+  EXPECT_NEAR(rec.Get("unfinished"), 2.0, 0.01);
+  EXPECT_NEAR(rec.Get("longest"), 2.0, 0.01);
+}
+
 // depth counts what client-go's does: queued items plus in-flight ones added again.
 TEST_F(QueueMetricsTest, DepthCountsAnInFlightItemAddedAgain) {
   StringQueue& q = MakeQueue(/*refresh_gauges=*/false);

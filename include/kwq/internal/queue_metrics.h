@@ -16,7 +16,6 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
@@ -62,7 +61,11 @@ class QueueMetricsRecorder {
   SpinLock mu_;
   std::vector<absl::Time> added_at_ ABSL_GUARDED_BY(mu_);    // per slot: the queuing add
   std::vector<absl::Time> started_at_ ABSL_GUARDED_BY(mu_);  // per slot: the hand-out
-  absl::flat_hash_set<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  // The slots in flight, dense (a refresh walks them), and each slot's index in it (kOut
+  // when not in flight): O(1) insert and erase without hashing.
+  static constexpr uint32_t kOut = UINT32_MAX;
+  std::vector<uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> in_flight_at_ ABSL_GUARDED_BY(mu_);
   int64_t depth_count_ ABSL_GUARDED_BY(mu_) = 0;    // this queue's share of depth_
   int64_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // and of delayed_
 
