@@ -24,29 +24,16 @@ QueueMetricsRecorder::QueueMetricsRecorder(MetricsProvider* provider, std::strin
       longest_(provider->NewLongestRunningProcessorSecondsMetric(name)),
       retries_(provider->NewRetriesMetric(name)),
       delayed_(provider->NewDelayedMetric(name)) {
-  if (unfinished_ != nullptr || longest_ != nullptr) Arm();
+  if (unfinished_ != nullptr || longest_ != nullptr) {
+    refresh_.emplace(timers_, kRefreshPeriod, [this] { Refresh(); });
+  }
 }
 
 QueueMetricsRecorder::~QueueMetricsRecorder() {
-  TimerId timer;
-  {
-    MutexLock lock(&timer_mu_);
-    stopping_ = true;
-    timer = timer_;
-  }
-  if (timer != 0) timers_->CancelSync(timer);
+  refresh_.reset();  // waits for a refresh in progress
   SpinLockHolder lock(&mu_);
   for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
   for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
-}
-
-void QueueMetricsRecorder::Arm() {
-  MutexLock lock(&timer_mu_);
-  if (stopping_) return;
-  timer_ = timers_->ScheduleAfter(kRefreshPeriod, [this] {
-    Refresh();
-    Arm();
-  });
 }
 
 void QueueMetricsRecorder::OnAdd(uint32_t slot) {

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "internal/timer_waiter.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/periodic_timer.h"
 #include "testing/eventually.h"
 #include "testing/refuse_io_uring.h"
 #include "testing/thread_state.h"
@@ -301,6 +302,27 @@ TEST(FakeTimerTest, DestroyWaitsForACallbackRunningOnTheMovingThread) {
   mover.join();
   destroyer.join();
   EXPECT_FALSE(destroyed_seen_in_callback);
+}
+
+// internal::PeriodicTimer (the metric refreshes and flushes): runs every period until
+// stopped, and not after Stop returned.
+TEST(FakeTimerTest, PeriodicTimerRunsEveryPeriodUntilStopped) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  int runs = 0;
+  internal::PeriodicTimer timer(service.get(), absl::Seconds(1), [&] { ++runs; });
+  clock.Advance(absl::Milliseconds(999));
+  EXPECT_EQ(runs, 0);
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(runs, 1);
+  clock.Advance(absl::Seconds(1));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(runs, 3);
+  timer.Stop();
+  timer.Stop();  // idempotent
+  clock.Advance(absl::Seconds(5));
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(service->Pending(), 0u);
 }
 
 TEST(FakeTimerTest, PastTimerRunsOnNextAdvance) {

@@ -132,7 +132,6 @@ class PrometheusMetricsProvider final : public MetricsProvider {
   struct Flushing;  // the flush timer
   PrometheusMetricsProvider(std::shared_ptr<prometheus::Registry> registry,
                             PrometheusOptions options, std::unique_ptr<Families> families);
-  void ArmFlush();
 
   const std::shared_ptr<prometheus::Registry> registry_;
   const PrometheusOptions options_;

@@ -8,12 +8,14 @@
 #include <prometheus/registry.h>
 
 #include <exception>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "buffered_metrics.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/periodic_timer.h"
 #include "kwq/timer.h"
 #include "series.h"
 
@@ -105,10 +107,7 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
 
 struct PrometheusMetricsProvider::Flushing {
   const std::shared_ptr<Flusher> flusher = std::make_shared<Flusher>();
-  TimerService* timers = nullptr;
-  internal::Mutex mu;
-  TimerId timer ABSL_GUARDED_BY(mu) = 0;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::optional<internal::PeriodicTimer> timer;  // none with an infinite flush_period
 };
 
 PrometheusMetricsProvider::PrometheusMetricsProvider(std::shared_ptr<prometheus::Registry> registry,
@@ -118,31 +117,18 @@ PrometheusMetricsProvider::PrometheusMetricsProvider(std::shared_ptr<prometheus:
       options_(std::move(options)),
       families_(std::move(families)),
       flushing_(std::make_unique<Flushing>()) {
-  flushing_->timers = options_.timers != nullptr ? options_.timers : &TimerService::Default();
-  ArmFlush();
+  if (options_.flush_period != absl::InfiniteDuration()) {
+    flushing_->timer.emplace(
+        options_.timers != nullptr ? options_.timers : &TimerService::Default(),
+        options_.flush_period, [this] { Flush(); });
+  }
 }
 
 PrometheusMetricsProvider::~PrometheusMetricsProvider() {
-  TimerId timer;
-  {
-    internal::MutexLock lock(&flushing_->mu);
-    flushing_->stopping = true;
-    timer = flushing_->timer;
-  }
-  if (timer != 0) flushing_->timers->CancelSync(timer);
+  flushing_->timer.reset();  // waits for a flush in progress
   // Metrics still alive (the queues should be gone first) keep the flusher and push their
   // changes when they die; what the others buffered is in the series already.
   Flush();
-}
-
-void PrometheusMetricsProvider::ArmFlush() {
-  if (options_.flush_period == absl::InfiniteDuration()) return;
-  internal::MutexLock lock(&flushing_->mu);
-  if (flushing_->stopping) return;
-  flushing_->timer = flushing_->timers->ScheduleAfter(options_.flush_period, [this] {
-    Flush();
-    ArmFlush();
-  });
 }
 
 void PrometheusMetricsProvider::Flush() { flushing_->flusher->FlushAll(); }

@@ -13,12 +13,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/periodic_timer.h"
 #include "kwq/internal/spin_lock.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
@@ -45,8 +47,6 @@ class QueueMetricsRecorder {
   void Refresh();
 
  private:
-  void Arm();
-
   Clock* const clock_;
   TimerService* const timers_;
   std::unique_ptr<GaugeMetric> depth_;
@@ -69,9 +69,8 @@ class QueueMetricsRecorder {
   int64_t depth_count_ ABSL_GUARDED_BY(mu_) = 0;    // this queue's share of depth_
   int64_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // and of delayed_
 
-  Mutex timer_mu_;
-  TimerId timer_ ABSL_GUARDED_BY(timer_mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(timer_mu_) = false;
+  // Refreshes the in-flight gauges (when the provider gave any). Last: stopped first.
+  std::optional<PeriodicTimer> refresh_;
 };
 
 }  // namespace kwq::internal
