@@ -292,12 +292,20 @@ TEST(FakeTimerTest, DestroyWaitsForACallbackRunningOnTheMovingThread) {
   });
   std::thread mover([&] { clock.Advance(absl::Seconds(1)); });
   in_callback.wait();
+  std::atomic<pid_t> destroyer_tid{0};
   std::thread destroyer([&] {
+    destroyer_tid = testing::CurrentTid();
     service.reset();
     destroyed = true;
   });
-  // A negative check: a destructor that did not wait would finish within this time.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Release the callback once the destroyer sleeps in the destructor (or after 2 s, also
+  // where /proc cannot be read): a destructor that did not wait would have finished.
+  (void)testing::Eventually(
+      [&] {
+        return (destroyer_tid.load() != 0 && testing::ThreadState(destroyer_tid.load()) == 'S') ||
+               destroyed.load();
+      },
+      absl::Seconds(2));
   release.count_down();
   mover.join();
   destroyer.join();
