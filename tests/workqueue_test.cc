@@ -1084,6 +1084,7 @@ TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAParkedWorkBackToATimer) {
   EXPECT_TRUE(dwork.pending());
   clock_.Advance(absl::Seconds(5));
   ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  wq->Flush(&dwork);  // `runs` is seen before the worker lets go of the work
 }
 
 TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAWorkInAPoolsWorklistBackToATimer) {
@@ -1105,6 +1106,7 @@ TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesAWorkInAPoolsWorklistBackToATimer) 
   EXPECT_TRUE(dwork.pending());
   clock_.Advance(absl::Seconds(5));
   ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  wq->Flush(&dwork);  // `runs` is seen before the worker lets go of the work
 }
 
 // stats().queued counts successful calls: a cancelled timer still counts, a timer that
