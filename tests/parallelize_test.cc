@@ -168,7 +168,8 @@ TEST(ParallelizeUntilTest, DrainingWorkqueueStillRunsEveryPiece) {
   wq->Queue(&blocker);
   std::thread drainer([&] { wq->Drain(); });
   Work probe([] {});
-  ASSERT_TRUE(Eventually([&] { return !wq->Queue(&probe) && !probe.pending(); }));  // draining
+  // Not pending first: a refusal of an idle probe means draining, not "still pending".
+  ASSERT_TRUE(Eventually([&] { return !probe.pending() && !wq->Queue(&probe); }));
   std::atomic<int> ran{0};
   absl::Status s;
   const bool returned = ReturnsInTime([&] {
@@ -202,7 +203,7 @@ TEST(ParallelizeUntilTest, BoundWorkqueueRunsHelpersSideBySide) {
                                    std::unique_lock<std::mutex> lock(mu);
                                    ++arrived;
                                    cv.notify_all();
-                                   if (cv.wait_for(lock, std::chrono::seconds(5),
+                                   if (cv.wait_for(lock, std::chrono::seconds(30),
                                                    [&] { return arrived == kRunners; })) {
                                      ++met_all;
                                    }

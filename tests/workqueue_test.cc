@@ -588,7 +588,9 @@ TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
   Work probe([] {});  // may be queued (and run) before the drain begins
   wq->Queue(&work);
   std::thread drainer([&] { wq->Drain(); });
-  ASSERT_TRUE(Eventually([&] { return !wq->Queue(&probe) && !probe.pending(); }));  // draining
+  // Not pending first: only this thread queues `probe`, so a refusal then means draining
+  // (the other order could see a refusal for pending and then a worker clearing it).
+  ASSERT_TRUE(Eventually([&] { return !probe.pending() && !wq->Queue(&probe); }));
   // Refused, not merely pending: nothing was queued.
   EXPECT_FALSE(wq->Queue(&outsider));
   EXPECT_FALSE(outsider.pending());
@@ -1349,7 +1351,8 @@ TEST_F(FakeTimeWorkqueueTest, RescuerRunsMemReclaimWorkWhenThreadsCannotBeCreate
   wq->Queue(&work);
   ASSERT_TRUE(Eventually([&] { return ran.load(); }));
   wq->Flush();
-  EXPECT_EQ(wq->stats().rescued, 1u);
+  // The rescuer counts the rescue after the work has finished (and Flush may return).
+  EXPECT_TRUE(Eventually([&] { return wq->stats().rescued == 1u; }));
   fail_spawn_ = false;
 }
 
