@@ -13,10 +13,11 @@ void Grow(std::vector<absl::Time>& v, uint32_t slot) {
 }  // namespace
 
 QueueMetricsRecorder::QueueMetricsRecorder(MetricsProvider* provider, std::string_view name,
-                                           Clock* clock, TimerService* timers)
+                                           Clock* clock, TimerService* timers, bool by_priority)
     : clock_(clock != nullptr ? clock : RealClock::Default()),
       timers_(timers != nullptr ? timers : &TimerService::Default()),
-      depth_(provider->NewDepthMetric(name)),
+      depth_by_priority_(by_priority ? provider->NewDepthMetricWithPriority(name) : nullptr),
+      depth_(depth_by_priority_ ? nullptr : provider->NewDepthMetric(name)),
       adds_(provider->NewAddsMetric(name)),
       latency_(provider->NewLatencyMetric(name)),
       work_duration_(provider->NewWorkDurationMetric(name)),
@@ -33,13 +34,20 @@ QueueMetricsRecorder::~QueueMetricsRecorder() {
   refresh_.reset();  // waits for a refresh in progress
   SpinLockHolder lock(&mu_);
   for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
+  for (auto& [priority, count] : depth_by_priority_count_) {
+    for (; count > 0; --count) depth_by_priority_->Dec(priority);
+  }
   for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
 }
 
-void QueueMetricsRecorder::OnAdd(uint32_t slot) {
+void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) {
   SpinLockHolder lock(&mu_);
   ++depth_count_;
   if (depth_) depth_->Inc();
+  if (depth_by_priority_) {
+    ++depth_by_priority_count_[priority];
+    depth_by_priority_->Inc(priority);
+  }
   if (adds_) adds_->Inc();
   if (latency_) {
     Grow(added_at_, slot);
@@ -47,10 +55,14 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot) {
   }
 }
 
-void QueueMetricsRecorder::OnGet(uint32_t slot) {
+void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) {
   SpinLockHolder lock(&mu_);
   --depth_count_;
   if (depth_) depth_->Dec();
+  if (depth_by_priority_) {
+    --depth_by_priority_count_[priority];
+    depth_by_priority_->Dec(priority);
+  }
   const absl::Time now = clock_->Now();
   if (latency_ && slot < added_at_.size()) {
     latency_->Observe(absl::ToDoubleSeconds(now - added_at_[slot]));
@@ -79,6 +91,15 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) {
     in_flight_.pop_back();
     in_flight_at_[slot] = kOut;
   }
+}
+
+void QueueMetricsRecorder::OnReprioritize(int from, int to) {
+  if (!depth_by_priority_ || from == to) return;
+  SpinLockHolder lock(&mu_);
+  --depth_by_priority_count_[from];
+  depth_by_priority_->Dec(from);
+  ++depth_by_priority_count_[to];
+  depth_by_priority_->Inc(to);
 }
 
 void QueueMetricsRecorder::OnRetry() {

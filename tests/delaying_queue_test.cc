@@ -144,6 +144,19 @@ TEST_F(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
   EXPECT_EQ(rec.Get("depth"), 2);
 }
 
+// Every AddAfter before ShutDown is a retry, with or without a delay (client-go's).
+TEST_F(DelayingQueueMetricsTest, EveryAddAfterCountsARetryUntilShutDown) {
+  q.AddAfter("a", absl::Seconds(1));
+  q.AddAfter("a", absl::Seconds(2));  // merged, still counted
+  q.AddAfter("b", absl::ZeroDuration());
+  q.Add("c");  // not a retry
+  EXPECT_EQ(rec.Get("retries"), 3);
+  q.ShutDown();
+  q.AddAfter("d", absl::Seconds(1));
+  q.AddAfter("e", absl::ZeroDuration());
+  EXPECT_EQ(rec.Get("retries"), 3);
+}
+
 // An in-flight item's delayed re-add: counted in `delayed` while it waits, then in depth
 // (dirty, not ready: it runs after its Done) once it comes due.
 TEST_F(DelayingQueueMetricsTest, InFlightItemsDelayedReAddMovesFromDelayedToDepth) {

@@ -1024,8 +1024,12 @@ TEST_F(PriorityQueueTest, RecordsClientGoMetricSet) {
   q->AddAfter("d", absl::Seconds(1));
   q->AddRateLimited("r");  // 5 ms
   EXPECT_EQ(rec.Get("delayed"), 2);
-  EXPECT_EQ(rec.Get("retries"), 1);
-  EXPECT_EQ(rec.Get("adds"), 2);
+  // controller-runtime counts every add that waits as a retry, and only those.
+  EXPECT_EQ(rec.Get("retries"), 2);
+  q->AddAfter("d", absl::ZeroDuration());  // ready now: no retry
+  EXPECT_EQ(rec.Get("retries"), 2);
+  EXPECT_EQ(rec.Get("delayed"), 1);
+  EXPECT_EQ(rec.Get("adds"), 3);
   clock_.Advance(absl::Seconds(2));
   EXPECT_EQ(rec.Get("delayed"), 0);
   EXPECT_EQ(rec.Get("adds"), 4);
@@ -1040,6 +1044,71 @@ TEST_F(PriorityQueueTest, RecordsClientGoMetricSet) {
   q->AddAfter("x", absl::Seconds(1));
   q->ShutDown();  // drops the delayed item
   EXPECT_EQ(rec.Get("delayed"), 0);
+}
+
+// A provider with a priority depth gets a priority queue's depth by priority, and no plain
+// depth (controller-runtime's): an item counts at the priority it waits at.
+TEST_F(PriorityQueueTest, DepthByPriorityFollowsEachItemsPriority) {
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false, /*by_priority=*/true);
+  PQ::Options options = Opts();
+  options.name = "pq";
+  options.metrics = &provider;
+  auto q = Make(std::move(options));
+  q->Add("a");
+  q->Add("b", {.priority = 5});
+  EXPECT_EQ(rec.Get("depth/0"), 1);
+  EXPECT_EQ(rec.Get("depth/5"), 1);
+  q->Add("a", {.priority = 7});  // raised while it waits: moves
+  EXPECT_EQ(rec.Get("depth/0"), 0);
+  EXPECT_EQ(rec.Get("depth/7"), 1);
+  q->Add("a", {.priority = 1});  // lower: keeps 7
+  EXPECT_EQ(rec.Get("depth/7"), 1);
+  EXPECT_EQ(rec.Get("depth/1"), 0);
+  // Delayed items count at their (raised) priority once they are ready.
+  q->Add("d", {.priority = 2, .after = absl::Seconds(1)});
+  q->Add("d", {.priority = 3, .after = absl::Seconds(5)});
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(rec.Get("depth/2"), 0);
+  EXPECT_EQ(rec.Get("depth/3"), 1);
+  // Handed out: off its priority.
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+  EXPECT_EQ(rec.Get("depth/7"), 0);
+  // Re-added while in flight, then raised: counted, and moved, while it runs.
+  q->Add("a", {.priority = 1});
+  EXPECT_EQ(rec.Get("depth/1"), 1);
+  q->Add("a", {.priority = 4});
+  EXPECT_EQ(rec.Get("depth/1"), 0);
+  EXPECT_EQ(rec.Get("depth/4"), 1);
+  lease->Done();
+  auto again = q->TryGet();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(**again, "b");  // 5 before a's 4
+  EXPECT_EQ(rec.Get("depth/5"), 0);
+  EXPECT_EQ(rec.Get("depth"), 0);  // no plain depth beside it
+  again->Done();
+  EXPECT_EQ(rec.Get("depth/4"), 1);
+  EXPECT_EQ(rec.Get("depth/3"), 1);
+  q.reset();  // takes what it still counted off each priority
+  EXPECT_EQ(rec.Get("depth/4"), 0);
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+}
+
+// A provider without a priority depth gets a priority queue's depth through NewDepthMetric.
+TEST_F(PriorityQueueTest, DepthWithoutAPriorityMetricIsThePlainDepth) {
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
+  PQ::Options options = Opts();
+  options.name = "pq";
+  options.metrics = &provider;
+  auto q = Make(std::move(options));
+  q->Add("a", {.priority = 3});
+  q->Add("a", {.priority = 9});
+  EXPECT_EQ(rec.Get("depth"), 1);
+  EXPECT_EQ(rec.Get("depth/9"), 0);
 }
 
 // ---- model check ----
@@ -1177,6 +1246,12 @@ class Model {
     return CountIf(
         [](const Item& it) { return it.st == kDelayed || (it.st == kProc && it.pend_d); });
   }
+  // The depth at priority p (the metric NewDepthMetricWithPriority gives).
+  size_t DepthAt(int p) const {
+    return CountIf([p](const Item& it) {
+      return (it.st == kReady && it.prio == p) || (it.st == kProc && it.pend_q && it.pprio == p);
+    });
+  }
 
  private:
   enum St { kIdle, kReady, kDelayed, kProc };
@@ -1242,7 +1317,11 @@ TEST_P(PriorityQueueModelTest, AgreesWithTheModelOnRandomOperations) {
   const int groups = keys / 4;
   FakeClock clock;
   auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false, /*by_priority=*/true);
   PriorityQueue<int>::Options options;
+  options.name = "model";
+  options.metrics = &provider;
   options.clock = &clock;
   options.timers = timers.get();
   if (aging) options.aging = absl::Milliseconds(Model::kAging);
@@ -1285,6 +1364,9 @@ TEST_P(PriorityQueueModelTest, AgreesWithTheModelOnRandomOperations) {
     ASSERT_EQ(q->Len(), model.Len()) << "op " << op;
     ASSERT_EQ(q->Depth(), model.Depth()) << "op " << op;
     ASSERT_EQ(q->Waiting(), model.Waiting()) << "op " << op;
+    for (int p = 0; p < 4; ++p) {
+      ASSERT_EQ(rec.Get("depth/" + std::to_string(p)), model.DepthAt(p)) << "op " << op;
+    }
   }
   leases.clear();
 }

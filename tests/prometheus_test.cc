@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
+#include "kwq/priority_queue.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/rate_limiting_queue.h"
@@ -89,6 +90,12 @@ class PrometheusTest : public ::testing::Test {
   }
   QueueOptions On(MetricsProvider* metrics, std::string name) {
     return {.name = std::move(name), .metrics = metrics, .clock = &clock, .timers = timers.get()};
+  }
+  template <typename T>
+  std::unique_ptr<PriorityQueue<T>> NewPriorityQueue(MetricsProvider* metrics, std::string name) {
+    typename PriorityQueue<T>::Options options;
+    static_cast<QueueOptions&>(options) = On(metrics, std::move(name));
+    return *PriorityQueue<T>::Create(std::move(options));
   }
   // Reads after flushing every live provider of the test.
   void FlushAll() {
@@ -293,6 +300,67 @@ TEST_F(PrometheusTest, ChangesReachTheRegistryOnTheFlushTimer) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The series of `family` with name="<queue>" and priority="<priority>".
+std::optional<prometheus::ClientMetric> FindPriority(prometheus::Registry& registry,
+                                                     const std::string& queue,
+                                                     const std::string& priority) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != "workqueue_depth") continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      bool named = false, prioritised = false;
+      for (const auto& l : m.label) {
+        named |= l.name == "name" && l.value == queue;
+        prioritised |= l.name == "priority" && l.value == priority;
+      }
+      if (named && prioritised) return m;
+    }
+  }
+  return std::nullopt;
+}
+
+// A priority queue's depth has controller-runtime's priority label, one series per
+// priority, and no unlabelled depth series; they leave with the queue.
+TEST_F(PrometheusTest, PriorityQueueDepthIsLabelledByPriority) {
+  auto provider = NewProvider({.controller_label = true});
+  auto q = NewPriorityQueue<std::string>(provider.get(), "pq");
+  q->Add("a");
+  q->Add("b", {.priority = 10});
+  q->Add("c", {.priority = 10});
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "pq", "0")->gauge.value, 1);
+  EXPECT_EQ(FindPriority(*registry, "pq", "10")->gauge.value, 2);
+  EXPECT_EQ(SeriesIn(*registry, "pq"), 2 + 7);  // two depth series, one per other family
+  q->Add("a", {.priority = 10});                // raised: moves
+  auto lease = q->TryGet();
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "pq", "0")->gauge.value, 0);
+  EXPECT_EQ(FindPriority(*registry, "pq", "10")->gauge.value, 2);
+  EXPECT_THAT(Text(*registry),
+              HasSubstr("workqueue_depth{controller=\"pq\",name=\"pq\",priority=\"10\"} 2"));
+  lease->Done();
+  q.reset();
+  EXPECT_EQ(SeriesOf(*registry, "pq"), 0);
+}
+
+// Past max_priority_series priorities, the others share the placeholder series, and the
+// series handed out before stay exact (controller-runtime's would stop moving).
+TEST_F(PrometheusTest, PrioritiesPastTheLimitShareOneSeries) {
+  auto provider = NewProvider({.max_priority_series = 2});
+  auto q = NewPriorityQueue<int>(provider.get(), "many");
+  for (int p = 1; p <= 4; ++p) q->Add(p, {.priority = p});
+  q->Add(5, {.priority = 1});
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "many", "1")->gauge.value, 2);
+  EXPECT_EQ(FindPriority(*registry, "many", "2")->gauge.value, 1);
+  EXPECT_EQ(FindPriority(*registry, "many", "exceeded_cardinality_limit")->gauge.value, 2);
+  EXPECT_FALSE(FindPriority(*registry, "many", "3").has_value());
+  for (int i = 0; i < 4; ++i) q->TryGet()->Done();  // 4, 3, 2, then one of priority 1
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "many", "exceeded_cardinality_limit")->gauge.value, 0);
+  EXPECT_EQ(FindPriority(*registry, "many", "2")->gauge.value, 0);
+  EXPECT_EQ(FindPriority(*registry, "many", "1")->gauge.value, 1);  // still exact
+}
+
 TEST_F(PrometheusTest, CreateRejectsBadInput) {
   EXPECT_EQ(PrometheusMetricsProvider::Create(nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -306,6 +374,13 @@ TEST_F(PrometheusTest, CreateRejectsBadInput) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
       PrometheusMetricsProvider::Create(registry, {.const_labels = {{"le", "v"}}}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrometheusMetricsProvider::Create(registry, {.const_labels = {{"priority", "v"}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      PrometheusMetricsProvider::Create(registry, {.max_priority_series = -1}).status().code(),
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PrometheusMetricsProvider::Create(
                 registry, {.const_labels = {{"controller", "v"}}, .controller_label = true})

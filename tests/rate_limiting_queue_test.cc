@@ -181,6 +181,27 @@ TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {
       Exponential(), {.metrics = &provider, .clock = &clock_, .timers = timers_.get()});
   q.AddRateLimited("a");
   q.AddRateLimited("b");
+  q.AddAfter("c", absl::Seconds(1));  // client-go counts every AddAfter as a retry
+  EXPECT_EQ(rec.Get("retries"), 3);
+  q.ShutDown();
+  q.AddRateLimited("a");  // ignored after ShutDown, and not counted (client-go's)
+  q.AddAfter("c", absl::Seconds(1));
+  EXPECT_EQ(rec.Get("retries"), 3);
+}
+
+// The same with a limiter that does not count by failure number (the limiter keeps the
+// counts; AddRateLimited goes through AddAfter).
+TEST_F(RateLimitingQueueTest, RetriesOfANonCountingLimiterAreCountedOnce) {
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
+  auto bucket = *BucketRateLimiter<std::string>::Create({.qps = 1, .burst = 1, .clock = &clock_});
+  RateLimitingQueue<std::string> q(
+      std::move(bucket), {.metrics = &provider, .clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");  // no delay (the burst): still a retry, as client-go's AddAfter(0)
+  q.AddRateLimited("b");  // waits 1 s
+  EXPECT_EQ(rec.Get("retries"), 2);
+  q.ShutDown();
+  q.AddRateLimited("c");
   EXPECT_EQ(rec.Get("retries"), 2);
 }
 

@@ -190,8 +190,8 @@ TEST(ShardedQueueTest, GetScansFromItsOwnShardOnwards) {
   EXPECT_EQ(**c, in0);
 }
 
-// With a metrics provider every shard reports under its own name, "<name>/<index>", also
-// when the queue has no name.
+// With a metrics provider every shard of a named queue reports under its own name,
+// "<name>/<index>"; the shards of an unnamed queue stay unnamed.
 TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
   struct NameRecorder : MetricsProvider {  // records the names; makes no metric
     std::vector<std::string> names;

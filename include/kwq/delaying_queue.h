@@ -97,12 +97,14 @@ class DelayingQueue {
     return queue_.Add(std::forward<K>(item));
   }
 
-  // Makes `item` ready after `delay`. Ignored after ShutDown. When `item` is the key this
+  // Makes `item` ready after `delay`. Ignored after ShutDown. Counts a retry in the
+  // metrics (client-go's AddAfter: every call before ShutDown). When `item` is the key this
   // queue last handed to the calling thread (lease->item()), it is found by its address:
   // no hash, no lookup.
   template <typename K>
   void AddAfter(K&& item, absl::Duration delay) {
     if (delay <= absl::ZeroDuration()) {
+      queue_.RecordRetry();  // client-go counts every AddAfter, also one with no delay
       Add(std::forward<K>(item));
       return;
     }
@@ -113,6 +115,7 @@ class DelayingQueue {
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
     if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
+    queue_.RecordRetryLocked();
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
                              : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
@@ -168,9 +171,6 @@ class DelayingQueue {
   }
 
  protected:
-  // For RateLimitingQueue: counts a retry in the `retries` metric (Queue::RecordRetry).
-  void RecordRetry() { queue_.RecordRetry(); }
-
   // For RateLimitingQueue: Queue::EnableNextHashHint and Queue::TakeNextHash.
   void EnableNextHashHint() { queue_.EnableNextHashHint(); }
   std::optional<uint32_t> TakeNextHash() { return queue_.TakeNextHash(); }
@@ -201,6 +201,7 @@ class DelayingQueue {
         if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now()));
         return;
       }
+      queue_.RecordRetryLocked();
       bool fresh = false;
       if (slot == Table::kNone) {
         slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);

@@ -44,6 +44,15 @@ class SettableGaugeMetric {
   virtual void Set(double value) = 0;
 };
 
+// A gauge with one value per priority: the depth of a PriorityQueue by the priority its
+// items wait at (controller-runtime's DepthMetricWithPriority).
+class PriorityGaugeMetric {
+ public:
+  virtual ~PriorityGaugeMetric() = default;
+  virtual void Inc(int priority) = 0;
+  virtual void Dec(int priority) = 0;
+};
+
 // Observes durations in seconds.
 class HistogramMetric {
  public:
@@ -70,10 +79,22 @@ class MetricsProvider {
   // Running time of the longest item in flight, refreshed every 500 ms.
   virtual std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
       std::string_view queue) = 0;
-  // AddRateLimited calls (rate-limiting queues).
+  // Retries, as client-go and controller-runtime count them: every AddAfter and
+  // AddRateLimited call before ShutDown (delaying and rate-limiting queues, also with no
+  // delay); in a PriorityQueue, every add that waits (a delay or a rate-limited backoff).
   virtual std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view queue) = 0;
   // Items waiting for their AddAfter delay (delaying queues; kwq's addition).
   virtual std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view queue) = 0;
+  // The depth of a PriorityQueue by priority (controller-runtime's
+  // MetricsProviderWithPriority). A PriorityQueue asks for it first and, given one,
+  // reports its depth there and does not call NewDepthMetric. An item counts at the
+  // priority it waits at: raising a waiting item's priority moves it from one value to
+  // the other. Other queues never call it. The default returns nullptr, so a provider
+  // without it gets a priority queue's depth through NewDepthMetric.
+  virtual std::unique_ptr<PriorityGaugeMetric> NewDepthMetricWithPriority(std::string_view queue) {
+    (void)queue;
+    return nullptr;
+  }
 };
 
 }  // namespace kwq

@@ -132,7 +132,8 @@ struct AddOpts {
   // add with an earlier ready time).
   absl::Duration after = absl::ZeroDuration();
   // Also wait max(after, rate_limiter->When(item)) (which records a failure of the item
-  // in the limiter) and count a retry in the metrics.
+  // in the limiter). An add that waits (a delay or a backoff) counts a retry in the
+  // metrics, as controller-runtime's does.
   bool rate_limited = false;
 };
 
@@ -499,8 +500,8 @@ class PriorityQueue {
         aging_ns_(absl::ToInt64Nanoseconds(absl::Ceil(options.aging, absl::Nanoseconds(1)))),
         timers_(options.timers) {
     if (options.metrics != nullptr) {
-      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(options.metrics, options.name,
-                                                                  options.clock, options.timers);
+      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
+          options.metrics, options.name, options.clock, options.timers, /*by_priority=*/true);
     }
   }
 
@@ -595,7 +596,6 @@ class PriorityQueue {
       }
       return false;
     }
-    if (prep.rate_limited && metrics_) metrics_->OnRetry();
     uint32_t slot = prep.counted ? SlotOfLocked(item, prep.hash) : table_.Find(item, prep.hash);
     if (slot == Table::kNone) {
       slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
@@ -609,11 +609,13 @@ class PriorityQueue {
       after = std::max(after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now())));
     }
     const bool immediate = after <= absl::ZeroDuration();
+    if (!immediate && metrics_) metrics_->OnRetry();  // controller-runtime: adds that wait
     const int64_t due = immediate ? 0 : ReadyKey(now + after);
     SlotInfo& info = info_[slot];
     const uint8_t state = table_.state(slot);
     if (state & kQueued) {  // waiting with no delay: keep its ready time, raise priority
       if (priority > info.priority) {
+        if (metrics_) metrics_->OnReprioritize(info.priority, priority);
         if (state & kProcessing) {
           info.priority = priority;
         } else {
@@ -643,7 +645,7 @@ class PriorityQueue {
     if (immediate) {
       table_.state(slot) |= kQueued;
       ++queued_;
-      if (metrics_) metrics_->OnAdd(slot);
+      if (metrics_) metrics_->OnAdd(slot, priority);
       if (!(state & kProcessing)) MakeReadyLocked(slot, now);
     } else {
       table_.state(slot) |= kDelayed;
@@ -667,7 +669,7 @@ class PriorityQueue {
     ++queued_;
     if (metrics_) {
       metrics_->OnDelayed(-1);
-      metrics_->OnAdd(slot);
+      metrics_->OnAdd(slot, info_[slot].priority);
     }
   }
 
@@ -720,7 +722,7 @@ class PriorityQueue {
     state = static_cast<uint8_t>((state & ~kQueued) | kProcessing);
     --queued_;
     ++in_flight_;
-    if (metrics_) metrics_->OnGet(slot);
+    if (metrics_) metrics_->OnGet(slot, info_[slot].priority);
     HintNextLocked();
     if (counts_) hand_outs_.Record(slot);
     return Lease(this, slot, &table_.item(slot), info_[slot].priority);

@@ -14,7 +14,8 @@
 // prometheus-cpp is installed; Debian package prometheus-cpp-dev).
 //
 // Families (one series per queue name, label name="<QueueOptions::name>"):
-//   workqueue_depth                                gauge
+//   workqueue_depth                                gauge (a PriorityQueue's also labelled
+//                                                  priority="<n>": max_priority_series)
 //   workqueue_adds_total                           counter
 //   workqueue_queue_duration_seconds               histogram
 //   workqueue_work_duration_seconds                histogram
@@ -74,7 +75,7 @@ class TimerService;
 struct PrometheusOptions {
   // Labels added to every series of every family (prometheus-cpp's constant labels), for
   // example {{"cluster", "eu-1"}}. Names must be valid Prometheus label names and must not
-  // be "name" (or "controller" with controller_label).
+  // be "name", "priority" or "le" (or "controller" with controller_label).
   std::map<std::string, std::string> const_labels;
   // Also label each series controller="<queue name>", as controller-runtime does (its
   // queues are named after their controllers), so its dashboards' selectors match.
@@ -90,6 +91,13 @@ struct PrometheusOptions {
   // miss up to one period of changes. Must be positive; InfiniteDuration() pushes only on
   // Flush() and queue destruction.
   absl::Duration flush_period = absl::Seconds(1);
+  // A PriorityQueue's depth is exported per priority, as controller-runtime does:
+  // workqueue_depth{name, priority="<n>"}. Each queue gets its own series for the first
+  // max_priority_series priorities it uses (25: controller-runtime's limit) and one
+  // series, priority="exceeded_cardinality_limit", for all the others. Unlike
+  // controller-runtime, a priority keeps its series once the limit is reached, so each
+  // series stays exact. Must not be negative (0: every priority goes to the shared one).
+  int max_priority_series = 25;
   // The timer service for the flushes; nullptr: TimerService::Default(). Must outlive the
   // provider.
   TimerService* timers = nullptr;
@@ -119,6 +127,9 @@ class PrometheusMetricsProvider final : public MetricsProvider {
       std::string_view queue) override;
   std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view queue) override;
   std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view queue) override;
+  // A PriorityQueue's depth: workqueue_depth series with a priority="<n>" label
+  // (controller-runtime's), see PrometheusOptions::max_priority_series.
+  std::unique_ptr<PriorityGaugeMetric> NewDepthMetricWithPriority(std::string_view queue) override;
 
   // Pushes every change the queues have recorded into the registry now (before a push to
   // a gateway, or in tests). Waits for a flush in progress.

@@ -279,10 +279,15 @@ class Queue {
     return shutting_down_;
   }
 
-  // Counts one retry in the `retries` metric (RateLimitingQueue's AddRateLimited); nothing
-  // without a MetricsProvider. The recorder serialises it with every other metric update.
+  // Counts one retry in the `retries` metric unless the queue is shut down (client-go's
+  // AddAfter); nothing without a MetricsProvider. For DelayingQueue.
   void RecordRetry() {
-    if (metrics_) metrics_->OnRetry();
+    if (!metrics_) return;
+    internal::MutexLock lock(&mu_);
+    RecordRetryLocked();
+  }
+  void RecordRetryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (metrics_ && !shutting_down_) metrics_->OnRetry();
   }
 
  private:

@@ -10,7 +10,8 @@
 //   }
 //
 // Promises (pinned by tests/rate_limiting_queue_test.cc): AddRateLimited(item) is
-// AddAfter(item, limiter.When(item)) and counts one retry in the metrics; Forget and
+// AddAfter(item, limiter.When(item)) and so counts one retry in the metrics (none after
+// ShutDown); Forget and
 // NumRequeues act on the failure counts, wherever they live (below); everything else is
 // DelayingQueue's.
 //
@@ -79,7 +80,7 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   // Adds `item` after the delay the limiter gives it, recording one failure.
   template <typename K>
   void AddRateLimited(K&& item) {
-    this->RecordRetry();
+    // The retry is counted by AddAfter / AddAfterFailure (not after ShutDown: client-go's).
     if (counted_) {
       this->AddAfterFailure(std::forward<K>(item),
                             [this](int64_t failures) { return limiter_->WhenCounted(failures); });

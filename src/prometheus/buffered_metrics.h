@@ -16,10 +16,13 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/metrics.h"
@@ -198,6 +201,87 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
   std::atomic<double> sum_{0};
   std::array<uint64_t, kBounds + 1> pushed_counts_{};  // the Flusher's lock
   double pushed_sum_ = 0;                              // the Flusher's lock
+};
+
+// depth of a priority queue: one series per priority (label priority="<n>") for the first
+// `max_series` priorities the queue uses, then one shared series for every other
+// priority (priority="exceeded_cardinality_limit", controller-runtime's placeholder). A
+// priority keeps the series it first got, so every series stays exact; controller-runtime
+// moves all priorities to the placeholder once the limit is passed, which leaves the
+// earlier series stuck at their last values.
+//
+// The queue (single writer) only maps a priority to a slot and bumps its count; the
+// Flusher creates a slot's series the first time it pushes it, so a queue operation never
+// takes a registry lock.
+class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
+ public:
+  // `make_series(label)` makes the series of priority label `label`; called by the
+  // Flusher, under its lock.
+  using SeriesMaker =
+      std::function<std::unique_ptr<Series<prometheus::Gauge>>(const std::string& label)>;
+  static constexpr const char* kPlaceholder = "exceeded_cardinality_limit";
+
+  BufferedPriorityGauge(std::shared_ptr<Flusher> flusher, int max_series, SeriesMaker make_series)
+      : flusher_(std::move(flusher)),
+        make_series_(std::move(make_series)),
+        max_series_(max_series),
+        slots_(std::make_unique<Slot[]>(max_series + 1)) {
+    flusher_->Add(this);
+  }
+  ~BufferedPriorityGauge() override { flusher_->Remove(this); }
+
+  void Inc(int priority) override { Bump(SlotOf(priority), 1); }
+  void Dec(int priority) override { Bump(SlotOf(priority), -1); }
+
+  void Push() override {
+    const int used = used_.load(std::memory_order_acquire);
+    for (int i = 0; i <= max_series_; ++i) {
+      if (i >= used && i != max_series_) continue;  // not handed out yet
+      Slot& slot = slots_[i];
+      const int64_t v = slot.value.load(std::memory_order_relaxed);
+      if (slot.series == nullptr) {
+        if (i == max_series_ && v == slot.pushed) continue;  // the placeholder, unused
+        slot.series = make_series_(i == max_series_ ? std::string(kPlaceholder)
+                                                    : std::to_string(slot.priority));
+      }
+      if (v != slot.pushed) (**slot.series).Increment(static_cast<double>(v - slot.pushed));
+      slot.pushed = v;
+    }
+  }
+
+ private:
+  struct Slot {
+    std::atomic<int64_t> value{0};  // written by the queue only
+    int priority = 0;               // written once, before used_ covers the slot
+    int64_t pushed = 0;             // the Flusher's lock
+    std::unique_ptr<Series<prometheus::Gauge>> series;  // the Flusher's lock
+  };
+
+  // The queue's slot for `priority`: its own while fewer than max_series_ are taken, else
+  // the placeholder's. Single writer.
+  int SlotOf(int priority) {
+    if (auto it = slot_of_.find(priority); it != slot_of_.end()) return it->second;
+    const int used = used_.load(std::memory_order_relaxed);
+    int slot = max_series_;
+    if (used < max_series_) {
+      slot = used;
+      slots_[slot].priority = priority;
+      used_.store(used + 1, std::memory_order_release);
+    }
+    slot_of_.emplace(priority, slot);
+    return slot;
+  }
+  void Bump(int slot, int64_t by) {
+    std::atomic<int64_t>& v = slots_[slot].value;
+    v.store(v.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+
+  const std::shared_ptr<Flusher> flusher_;
+  const SeriesMaker make_series_;
+  const int max_series_;
+  const std::unique_ptr<Slot[]> slots_;    // max_series_ own slots, then the placeholder's
+  std::atomic<int> used_{0};               // own slots handed out
+  absl::flat_hash_map<int, int> slot_of_;  // the queue's only
 };
 
 }  // namespace kwq::prometheus_internal

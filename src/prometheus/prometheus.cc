@@ -32,6 +32,7 @@ auto* Register(Builder builder, const char* name, const char* help,
 using prometheus_internal::BufferedCounter;
 using prometheus_internal::BufferedGauge;
 using prometheus_internal::BufferedHistogram;
+using prometheus_internal::BufferedPriorityGauge;
 using prometheus_internal::BufferedSettableGauge;
 using prometheus_internal::Flusher;
 using prometheus_internal::Series;
@@ -53,6 +54,11 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
   if (registry == nullptr) {
     return absl::InvalidArgumentError("PrometheusMetricsProvider: the registry is null");
   }
+  if (options.max_priority_series < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PrometheusMetricsProvider: max_priority_series must not be negative, not ",
+                     options.max_priority_series));
+  }
   if (options.flush_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("PrometheusMetricsProvider: flush_period must be positive, not ",
@@ -63,8 +69,9 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
       return absl::InvalidArgumentError(
           absl::StrCat("PrometheusMetricsProvider: \"", label, "\" is not a valid label name"));
     }
-    // "le" is the bucket label of histograms.
-    if (label == "name" || label == "le" || (options.controller_label && label == "controller")) {
+    // "le" is the bucket label of histograms, "priority" that of a priority queue's depth.
+    if (label == "name" || label == "le" || label == "priority" ||
+        (options.controller_label && label == "controller")) {
       return absl::InvalidArgumentError(absl::StrCat("PrometheusMetricsProvider: the label name \"",
                                                      label, "\" is reserved for kwq's series"));
     }
@@ -135,6 +142,13 @@ void PrometheusMetricsProvider::Flush() { flushing_->flusher->FlushAll(); }
 
 namespace {
 
+// The labels of `queue`'s series.
+prometheus::Labels QueueLabels(const PrometheusOptions& options, std::string_view queue) {
+  prometheus::Labels labels{{"name", std::string(queue)}};
+  if (options.controller_label) labels.emplace("controller", std::string(queue));
+  return labels;
+}
+
 // The buffered metric of `queue` on `family` (nullptr for an unnamed queue, as client-go).
 template <typename Metric, typename M, typename... Args>
 std::unique_ptr<Metric> Make(const std::shared_ptr<prometheus::Registry>& registry,
@@ -142,8 +156,7 @@ std::unique_ptr<Metric> Make(const std::shared_ptr<prometheus::Registry>& regist
                              const PrometheusOptions& options, std::string_view queue,
                              Args&&... args) {
   if (queue.empty()) return nullptr;
-  prometheus::Labels labels{{"name", std::string(queue)}};
-  if (options.controller_label) labels.emplace("controller", std::string(queue));
+  const prometheus::Labels labels = QueueLabels(options, queue);
   return std::make_unique<Metric>(
       flusher, std::make_unique<Series<M>>(registry, family, options.keep_series, labels,
                                            std::forward<Args>(args)...));
@@ -153,6 +166,19 @@ std::unique_ptr<Metric> Make(const std::shared_ptr<prometheus::Registry>& regist
 
 std::unique_ptr<GaugeMetric> PrometheusMetricsProvider::NewDepthMetric(std::string_view queue) {
   return Make<BufferedGauge>(registry_, flushing_->flusher, families_->depth, options_, queue);
+}
+
+std::unique_ptr<PriorityGaugeMetric> PrometheusMetricsProvider::NewDepthMetricWithPriority(
+    std::string_view queue) {
+  if (queue.empty()) return nullptr;
+  return std::make_unique<BufferedPriorityGauge>(
+      flushing_->flusher, options_.max_priority_series,
+      [registry = registry_, family = families_->depth, keep = options_.keep_series,
+       labels = QueueLabels(options_, queue)](const std::string& priority) {
+        prometheus::Labels with_priority = labels;
+        with_priority.emplace("priority", priority);
+        return std::make_unique<Series<prometheus::Gauge>>(registry, family, keep, with_priority);
+      });
 }
 
 std::unique_ptr<CounterMetric> PrometheusMetricsProvider::NewAddsMetric(std::string_view queue) {

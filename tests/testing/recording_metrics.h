@@ -1,7 +1,8 @@
 // Test helper: a MetricsProvider that records every metric of a queue into a map, by
 // the short names "depth", "adds", "latency", "work", "unfinished", "longest",
-// "retries", "delayed". Counters and gauges accumulate; histograms sum their observations
-// (and count them); settable gauges keep their last value. Thread-safe.
+// "retries", "delayed" (and "depth/<priority>" when asked to). Counters and gauges accumulate;
+// histograms sum their observations (and count them); settable gauges keep their last value.
+// Thread-safe.
 
 #ifndef KWQ_TESTS_TESTING_RECORDING_METRICS_H_
 #define KWQ_TESTS_TESTING_RECORDING_METRICS_H_
@@ -50,8 +51,10 @@ class RecordingProvider : public MetricsProvider {
  public:
   // `refresh_gauges` false: no unfinished/longest gauges (so the queue arms no refresh
   // timer).
-  explicit RecordingProvider(RecordedMetrics* out, bool refresh_gauges = true)
-      : out_(out), refresh_gauges_(refresh_gauges) {}
+  // `by_priority`: also a priority depth, recorded as "depth/<priority>".
+  explicit RecordingProvider(RecordedMetrics* out, bool refresh_gauges = true,
+                             bool by_priority = false)
+      : out_(out), refresh_gauges_(refresh_gauges), by_priority_(by_priority) {}
 
   std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
     return Make<Gauge>("depth");
@@ -78,6 +81,9 @@ class RecordingProvider : public MetricsProvider {
   std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
     return Make<Gauge>("delayed");
   }
+  std::unique_ptr<PriorityGaugeMetric> NewDepthMetricWithPriority(std::string_view) override {
+    return by_priority_ ? Make<PriorityGauge>("depth/") : nullptr;
+  }
 
  private:
   struct Named {
@@ -90,6 +96,10 @@ class RecordingProvider : public MetricsProvider {
   struct Gauge : GaugeMetric, Named {
     void Inc() override { out->Add(name, 1); }
     void Dec() override { out->Add(name, -1); }
+  };
+  struct PriorityGauge : PriorityGaugeMetric, Named {
+    void Inc(int priority) override { out->Add(name + std::to_string(priority), 1); }
+    void Dec(int priority) override { out->Add(name + std::to_string(priority), -1); }
   };
   struct Settable : SettableGaugeMetric, Named {
     void Set(double v) override { out->Set(name, v); }
@@ -107,6 +117,7 @@ class RecordingProvider : public MetricsProvider {
 
   RecordedMetrics* const out_;
   const bool refresh_gauges_;
+  const bool by_priority_;
 };
 
 }  // namespace kwq::testing

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
@@ -30,18 +31,23 @@ namespace kwq::internal {
 class QueueMetricsRecorder {
  public:
   // `timers` refreshes the in-flight gauges every 500 ms (nullptr: TimerService::Default()).
+  // With `by_priority` (priority queues) the depth goes to the provider's
+  // NewDepthMetricWithPriority when it gives one, else to NewDepthMetric.
   QueueMetricsRecorder(MetricsProvider* provider, std::string_view name, Clock* clock,
-                       TimerService* timers);
+                       TimerService* timers, bool by_priority = false);
   // Stops the refresh timer (waits for a refresh in progress), then takes what this queue
   // still counts off the depth and delayed gauges (which queues of one name may share).
   // Call without any lock the metric objects may wait on.
   ~QueueMetricsRecorder();
 
-  void OnAdd(uint32_t slot);   // an add queued the item in `slot`
-  void OnGet(uint32_t slot);   // the item was handed out
-  void OnDone(uint32_t slot);  // its lease ended
-  void OnRetry();              // AddRateLimited
-  void OnDelayed(int delta);   // waiting items of a delaying queue: +1 / -1
+  // `priority`: the priority the item waits at (priority queues; 0 elsewhere).
+  void OnAdd(uint32_t slot, int priority = 0);  // an add queued the item in `slot`
+  void OnGet(uint32_t slot, int priority = 0);  // the item was handed out
+  void OnDone(uint32_t slot);                   // its lease ended
+  void OnRetry();                               // AddRateLimited
+  void OnDelayed(int delta);                    // waiting items of a delaying queue: +1 / -1
+  // A queued (counted in the depth) item's priority was raised from `from` to `to`.
+  void OnReprioritize(int from, int to);
 
   // Recomputes unfinished-work and longest-running gauges now (the timer calls it).
   void Refresh();
@@ -49,6 +55,8 @@ class QueueMetricsRecorder {
  private:
   Clock* const clock_;
   TimerService* const timers_;
+  // Before depth_, which is made only when this is not (as in controller-runtime).
+  std::unique_ptr<PriorityGaugeMetric> depth_by_priority_;
   std::unique_ptr<GaugeMetric> depth_;
   std::unique_ptr<CounterMetric> adds_;
   std::unique_ptr<HistogramMetric> latency_;
@@ -68,6 +76,8 @@ class QueueMetricsRecorder {
   std::vector<uint32_t> in_flight_at_ ABSL_GUARDED_BY(mu_);
   int64_t depth_count_ ABSL_GUARDED_BY(mu_) = 0;    // this queue's share of depth_
   int64_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // and of delayed_
+  // This queue's share of depth_by_priority_, by priority (entries may reach zero).
+  absl::flat_hash_map<int, int64_t> depth_by_priority_count_ ABSL_GUARDED_BY(mu_);
 
   // Refreshes the in-flight gauges (when the provider gave any). Last: stopped first.
   std::optional<PeriodicTimer> refresh_;
