@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/rate_limiting_queue.h"
+#include "testing/cancel_check.h"
 #include "testing/eventually.h"
 #include "testing/recording_metrics.h"
 
@@ -316,6 +317,13 @@ TEST_F(DelayingQueueTest, OneFiringMakesEveryDueItemReady) {
   EXPECT_EQ(q_.Len(), 100u);
   EXPECT_EQ(q_.Waiting(), 0u);
   EXPECT_EQ(timers_->Pending(), 0u);  // nothing left to fire for
+}
+
+// A cancel wakes a Get(ctx) asleep while an item waits on the queue's armed timer.
+TEST_F(DelayingQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
+  q_.AddAfter("later", absl::Hours(1));
+  testing::ExpectCancelWakesASleepingGet(
+      q_, [](auto& queue) { return internal::QueuePeer::Sleepers(queue); });
 }
 
 TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {

@@ -9,7 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kwq/context.h"
 #include "kwq/metrics.h"
+#include "testing/eventually.h"
 #include "testing/stress_check.h"
 
 namespace kwq {
@@ -169,6 +171,61 @@ TEST(ShardedQueueTest, GetStealsWhatIsLeftAfterShutDown) {
   q->ShutDown();
   worker.join();
   EXPECT_EQ(got, key);
+}
+
+// Get(w, ctx): a cancel wakes a worker asleep on its shard and ends it with nullopt, even
+// with an item in another shard; without a cancel, ShutDown still lets it steal that item.
+TEST(ShardedQueueTest, GetWithContextEndsOnCancelAndStealsAfterShutDown) {
+  auto q = *ShardedQueue<int>::Create(2);
+  const int key = KeyIn(*q, 1);
+  {
+    auto [ctx, cancel] = WithCancel(Background());
+    std::atomic<bool> returned{false}, got{false};
+    std::thread worker([&, c = ctx] {
+      got = q->Get(0, c).has_value();
+      returned = true;
+    });
+    while (internal::QueuePeer::Sleepers(q->shard(0)) == 0) std::this_thread::yield();
+    q->Add(key);  // shard 1: does not wake it
+    cancel();
+    EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }));
+    if (!returned) q->ShutDown();
+    worker.join();
+    EXPECT_FALSE(got.load());  // cancelled: not the item of shard 1
+  }
+  q->TryGet(1)->Done();  // empty again
+  auto [ctx, cancel] = WithCancel(Background());
+  std::optional<int> got;
+  std::thread worker([&, c = ctx] {
+    if (auto lease = q->Get(0, c)) got = **lease;
+  });
+  while (internal::QueuePeer::Sleepers(q->shard(0)) == 0) std::this_thread::yield();
+  q->Add(key);  // shard 1 again
+  q->ShutDown();
+  worker.join();
+  EXPECT_EQ(got, key);
+}
+
+// AddAll puts each key in its shard (one lock per shard), deduplicates, and counts what
+// it queued; InFlight sums the shards' leases.
+TEST(ShardedQueueTest, AddAllPutsEachKeyInItsShard) {
+  auto q = *ShardedQueue<std::string>::Create(3);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 30; ++i) keys.push_back(absl::StrCat("k", i));
+  keys.push_back("k0");  // a duplicate
+  EXPECT_EQ(q->AddAll(keys), 30u);
+  EXPECT_EQ(keys.front(), "k0");  // an lvalue range is copied
+  std::vector<size_t> per_shard(3);
+  for (int i = 0; i < 30; ++i) ++per_shard[q->ShardOf(absl::StrCat("k", i))];
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(q->shard(s).Len(), per_shard[s]) << s;
+  EXPECT_EQ(q->AddAll(std::vector<std::string>{"k1", "new"}), 1u);  // moved in
+  EXPECT_EQ(q->Len(), 31u);
+  auto a = q->TryGet(0);
+  auto b = q->TryGet(1);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(q->InFlight(), 2u);
+  a->Done();
+  EXPECT_EQ(q->InFlight(), 1u);
 }
 
 // Get(w) tries shard w first, then the others from w + 1 on, wrapping around.

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,6 +73,28 @@ class ShardedQueue {
     return shards_[ShardOfHash(hash)]->AddHashed(std::forward<K>(item), hash);
   }
 
+  // Adds every item of `items`, each to its shard, under one acquisition of each shard's
+  // lock (Queue::AddAll). Returns how many were queued. Items of an rvalue range are moved
+  // in; an lvalue range's items are copied once.
+  template <typename Range>
+  size_t AddAll(Range&& items) {
+    constexpr bool kMove = !std::is_lvalue_reference_v<Range>;
+    std::vector<std::vector<T>> by_shard(shards_.size());
+    for (auto& item : items) {
+      std::vector<T>& to = by_shard[ShardOf(item)];
+      if constexpr (kMove) {
+        to.push_back(std::move(item));
+      } else {
+        to.push_back(item);
+      }
+    }
+    size_t added = 0;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      if (!by_shard[s].empty()) added += shards_[s]->AddAll(std::move(by_shard[s]));
+    }
+    return added;
+  }
+
   // Ready item from shard `worker` % K (any int: a negative worker counts as
   // -(worker + 1)), else stolen from another shard; blocks on shard
   // `worker` when none is ready anywhere (items added to other shards meanwhile do not
@@ -105,6 +129,12 @@ class ShardedQueue {
   size_t Depth() const {
     size_t n = 0;
     for (const auto& s : shards_) n += s->Depth();
+    return n;
+  }
+  // Leases not yet ended over all shards.
+  size_t InFlight() const {
+    size_t n = 0;
+    for (const auto& s : shards_) n += s->InFlight();
     return n;
   }
   // Shard `index`, in [0, shards()) (a check fails loudly otherwise), for inspection and
