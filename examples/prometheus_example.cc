@@ -1,6 +1,7 @@
 // Queue metrics in Prometheus: a RateLimitingQueue reports the client-go metric set to a
-// prometheus-cpp registry through kwq::PrometheusMetricsProvider, and the example prints
-// what a scrape would return. In a real program, serve the registry with prometheus-cpp's
+// prometheus-cpp registry through kwq::PrometheusMetricsProvider, a PriorityQueue its
+// depth by priority (controller-runtime's label), and the example prints what a scrape
+// would return. In a real program, serve the registry with prometheus-cpp's
 // pull library instead:
 //
 //   prometheus::Exposer exposer("0.0.0.0:9100");
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "kwq/priority_queue.h"
 #include "kwq/prometheus.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/rate_limiting_queue.h"
@@ -31,9 +33,17 @@ int main() {
       {.base = absl::Milliseconds(1), .max = absl::Milliseconds(10)});
   if (!limiter.ok()) return 1;
   {
-    // The queue must not outlive the provider; its series leave the registry with it.
+    // The queues must not outlive the provider; their series leave the registry with them.
     kwq::RateLimitingQueue<std::string> queue(std::move(*limiter),
                                               {.name = "deployments", .metrics = metrics->get()});
+    kwq::PriorityQueue<std::string>::Options pods_options;
+    pods_options.name = "pods";
+    pods_options.metrics = metrics->get();
+    auto pods = kwq::PriorityQueue<std::string>::Create(std::move(pods_options));
+    if (!pods.ok()) return 1;
+    (*pods)->Add("default/new-pod", {.priority = 10});  // an edge-triggered event
+    (*pods)->Add("default/old-pod-1");                  // the initial list, priority 0
+    (*pods)->Add("default/old-pod-2");
     for (int i = 0; i < 5; ++i) queue.Add("default/web-" + std::to_string(i));
     queue.Add("default/web-0");  // deduplicated: not an add
     int reconciled = 0;
@@ -43,29 +53,31 @@ int main() {
     }
     std::printf("reconciled %d keys, 1 of them failed and waits for its retry\n", reconciled);
 
-    // What a scrape returns now: the workqueue families, deployments' series.
+    // What a scrape returns now: the workqueue families, deployments' and pods' series.
     // The queue records its metrics in counters of its own; the provider pushes them into
     // the registry every second (PrometheusOptions::flush_period). Push them now.
     (*metrics)->Flush();
     const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
     std::istringstream lines(text);
-    bool adds = false, retries = false;
+    bool adds = false, retries = false, by_priority = false;
     for (std::string line; std::getline(lines, line);) {
       if (line.rfind('#', 0) == 0 || line.find("_bucket{") != std::string::npos) continue;
       std::printf("  %s\n", line.c_str());
       adds |= line == "workqueue_adds_total{controller=\"deployments\",name=\"deployments\"} 5";
       retries |=
           line == "workqueue_retries_total{controller=\"deployments\",name=\"deployments\"} 1";
+      by_priority |= line == "workqueue_depth{controller=\"pods\",name=\"pods\",priority=\"0\"} 2";
     }
-    if (!adds || !retries) {
-      std::fprintf(stderr, "the scrape lacks the adds or the retry\n");
+    if (!adds || !retries || !by_priority) {
+      std::fprintf(stderr, "the scrape lacks the adds, the retry or the depth by priority\n");
       return 1;
     }
     queue.ShutDown();
+    (*pods)->ShutDown();
   }
-  const bool gone =
-      prometheus::TextSerializer().Serialize(registry->Collect()).find("deployments") ==
-      std::string::npos;
-  std::printf("queue destroyed: its series %s\n", gone ? "left the registry" : "remain (wrong)");
+  const std::string after = prometheus::TextSerializer().Serialize(registry->Collect());
+  const bool gone = after.find("deployments") == std::string::npos &&
+                    after.find("name=\"pods\"") == std::string::npos;
+  std::printf("queues destroyed: their series %s\n", gone ? "left the registry" : "remain (wrong)");
   return gone ? 0 : 1;
 }
