@@ -72,6 +72,13 @@ class PriorityQueueTest : public ::testing::Test {
     EXPECT_TRUE(q.ok()) << q.status();
     return q.ok() ? *std::move(q) : nullptr;
   }
+  // A queue named "pq" whose metrics go to `provider`.
+  std::unique_ptr<PQ> MakeMetered(MetricsProvider* provider) {
+    PQ::Options options = Opts();
+    options.name = "pq";
+    options.metrics = provider;
+    return Make(std::move(options));
+  }
   static Strings Drain(PQ& q) {
     Strings out;
     while (auto lease = q.TryGet()) out.push_back(lease->item());
@@ -1012,10 +1019,7 @@ TEST_F(PriorityQueueTest, InvalidOptionsAreRejected) {
 TEST_F(PriorityQueueTest, RecordsClientGoMetricSet) {
   testing::RecordedMetrics rec;
   testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
-  PQ::Options options = Opts();
-  options.name = "pq";
-  options.metrics = &provider;
-  auto q = Make(std::move(options));
+  auto q = MakeMetered(&provider);
   q->Add("a");
   q->Add("a", {.priority = 2});  // merged: not counted
   q->Add("b", {.priority = 1});
@@ -1051,10 +1055,7 @@ TEST_F(PriorityQueueTest, RecordsClientGoMetricSet) {
 TEST_F(PriorityQueueTest, DepthByPriorityFollowsEachItemsPriority) {
   testing::RecordedMetrics rec;
   testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false, /*by_priority=*/true);
-  PQ::Options options = Opts();
-  options.name = "pq";
-  options.metrics = &provider;
-  auto q = Make(std::move(options));
+  auto q = MakeMetered(&provider);
   q->Add("a");
   q->Add("b", {.priority = 5});
   EXPECT_EQ(rec.Get("depth/0"), 1);
@@ -1101,10 +1102,7 @@ TEST_F(PriorityQueueTest, DepthByPriorityFollowsEachItemsPriority) {
 TEST_F(PriorityQueueTest, DepthWithoutAPriorityMetricIsThePlainDepth) {
   testing::RecordedMetrics rec;
   testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
-  PQ::Options options = Opts();
-  options.name = "pq";
-  options.metrics = &provider;
-  auto q = Make(std::move(options));
+  auto q = MakeMetered(&provider);
   q->Add("a", {.priority = 3});
   q->Add("a", {.priority = 9});
   EXPECT_EQ(rec.Get("depth"), 1);

@@ -11,9 +11,8 @@
 //
 // Promises (pinned by tests/rate_limiting_queue_test.cc): AddRateLimited(item) is
 // AddAfter(item, limiter.When(item)) and so counts one retry in the metrics (none after
-// ShutDown); Forget and
-// NumRequeues act on the failure counts, wherever they live (below); everything else is
-// DelayingQueue's.
+// ShutDown); Forget and NumRequeues act on the failure counts, wherever they live
+// (below); everything else is DelayingQueue's.
 //
 // Where the failure counts live: with a limiter whose delay depends on an item only
 // through its failure count (RateLimiter::Counting: the exponential and fast/slow

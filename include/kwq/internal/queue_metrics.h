@@ -44,7 +44,7 @@ class QueueMetricsRecorder {
   void OnAdd(uint32_t slot, int priority = 0);  // an add queued the item in `slot`
   void OnGet(uint32_t slot, int priority = 0);  // the item was handed out
   void OnDone(uint32_t slot);                   // its lease ended
-  void OnRetry();                               // AddRateLimited
+  void OnRetry();                               // a retry (kwq/metrics.h says which)
   void OnDelayed(int delta);                    // waiting items of a delaying queue: +1 / -1
   // A queued (counted in the depth) item's priority was raised from `from` to `to`.
   void OnReprioritize(int from, int to);
