@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -461,6 +462,45 @@ TEST_F(PrometheusTest, ConcurrentQueuesAndScrapes) {
   scraper.join();
   EXPECT_EQ(SeriesOf(*registry, "busy"), 0);
   EXPECT_THAT(Text(*registry), Not(HasSubstr("busy")));
+}
+
+// A priority queue's producers and workers on other threads while the provider flushes
+// and a scraper reads: the per-priority series appear while the queue runs (the Flusher
+// makes them) and every one ends at zero once everything is handed out (run under TSan).
+TEST_F(PrometheusTest, PriorityDepthUnderConcurrentFlushes) {
+  auto provider = NewProvider({.max_priority_series = 4});
+  auto q = NewPriorityQueue<int>(provider.get(), "prio");
+  std::atomic<bool> stop{false};
+  std::thread flusher([&] {
+    while (!stop.load()) (void)Text(*registry);  // flushes every provider, then scrapes
+  });
+  constexpr int kKeys = 2000;
+  std::thread producer([&] {
+    for (int k = 0; k < kKeys; ++k) q->Add(k, {.priority = k % 7});  // 4 own series + shared
+  });
+  int got = 0;
+  while (got < kKeys) {
+    if (auto lease = q->TryGet()) {
+      ++got;
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  producer.join();
+  stop = true;
+  flusher.join();
+  FlushAll();
+  double total = 0;
+  int series = 0;
+  for (const prometheus::MetricFamily& f : registry->Collect()) {
+    if (f.name != "workqueue_depth") continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      total += std::abs(m.gauge.value);
+      ++series;
+    }
+  }
+  EXPECT_EQ(series, 5);  // priorities first seen get their own 4, the rest share one
+  EXPECT_EQ(total, 0);
 }
 
 }  // namespace

@@ -237,10 +237,10 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
     const int used = used_.load(std::memory_order_acquire);
     for (int i = 0; i <= max_series_; ++i) {
       if (i >= used && i != max_series_) continue;  // not handed out yet
+      if (i == max_series_ && !overflowed_.load(std::memory_order_acquire)) continue;
       Slot& slot = slots_[i];
       const int64_t v = slot.value.load(std::memory_order_relaxed);
       if (slot.series == nullptr) {
-        if (i == max_series_ && v == slot.pushed) continue;  // the placeholder, unused
         slot.series = make_series_(i == max_series_ ? std::string(kPlaceholder)
                                                     : std::to_string(slot.priority));
       }
@@ -267,6 +267,8 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
       slot = used;
       slots_[slot].priority = priority;
       used_.store(used + 1, std::memory_order_release);
+    } else {
+      overflowed_.store(true, std::memory_order_release);
     }
     slot_of_.emplace(priority, slot);
     return slot;
@@ -281,6 +283,7 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
   const int max_series_;
   const std::unique_ptr<Slot[]> slots_;    // max_series_ own slots, then the placeholder's
   std::atomic<int> used_{0};               // own slots handed out
+  std::atomic<bool> overflowed_{false};    // a priority got the placeholder's slot
   absl::flat_hash_map<int, int> slot_of_;  // the queue's only
 };
 
