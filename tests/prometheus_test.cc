@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -36,19 +37,28 @@ using ::testing::Not;
 
 using StringQueue = Queue<std::string>;
 
+// The series of family `family` carrying every label of `labels`, in a fresh collection.
+std::optional<prometheus::ClientMetric> FindLabelled(
+    prometheus::Registry& registry, const std::string& family,
+    const std::vector<std::pair<std::string, std::string>>& labels) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != family) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      size_t matched = 0;
+      for (const auto& [name, value] : labels) {
+        for (const auto& l : m.label) matched += l.name == name && l.value == value;
+      }
+      if (matched == labels.size()) return m;
+    }
+  }
+  return std::nullopt;
+}
+
 // The series of family `family` whose label `label` is `value`, in a fresh collection.
 std::optional<prometheus::ClientMetric> FindIn(prometheus::Registry& registry,
                                                const std::string& family, const std::string& value,
                                                const std::string& label = "name") {
-  for (const prometheus::MetricFamily& f : registry.Collect()) {
-    if (f.name != family) continue;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      for (const auto& l : m.label) {
-        if (l.name == label && l.value == value) return m;
-      }
-    }
-  }
-  return std::nullopt;
+  return FindLabelled(registry, family, {{label, value}});
 }
 
 // How many series carry name="<queue>", over every family.
@@ -301,22 +311,11 @@ TEST_F(PrometheusTest, ChangesReachTheRegistryOnTheFlushTimer) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// The series of `family` with name="<queue>" and priority="<priority>".
+// The depth series of `queue` at `priority`.
 std::optional<prometheus::ClientMetric> FindPriority(prometheus::Registry& registry,
                                                      const std::string& queue,
                                                      const std::string& priority) {
-  for (const prometheus::MetricFamily& f : registry.Collect()) {
-    if (f.name != "workqueue_depth") continue;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      bool named = false, prioritised = false;
-      for (const auto& l : m.label) {
-        named |= l.name == "name" && l.value == queue;
-        prioritised |= l.name == "priority" && l.value == priority;
-      }
-      if (named && prioritised) return m;
-    }
-  }
-  return std::nullopt;
+  return FindLabelled(registry, "workqueue_depth", {{"name", queue}, {"priority", priority}});
 }
 
 // A priority queue's depth has controller-runtime's priority label, one series per
