@@ -104,8 +104,9 @@ class DelayingQueue {
   template <typename K>
   void AddAfter(K&& item, absl::Duration delay) {
     if (delay <= absl::ZeroDuration()) {
-      queue_.RecordRetry();  // client-go counts every AddAfter, also one with no delay
-      Add(std::forward<K>(item));
+      // client-go counts every AddAfter as a retry, also one with no delay.
+      const uint32_t hash = Table::HashOf(item);
+      queue_.AddHashed(std::forward<K>(item), hash, /*retry=*/true);
       return;
     }
     const absl::Time now = clock_->Now();

@@ -131,7 +131,7 @@ class Queue {
   using Lease = internal::Lease<Queue, T>;
   friend Lease;  // calls Finish
   template <typename, typename, typename>
-  friend class DelayingQueue;  // calls GetPromoting
+  friend class DelayingQueue;  // calls GetPromoting, AddHashed
   template <typename, typename, typename>
   friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, StopAdds, DrainUntil
   friend struct internal::QueuePeer;
@@ -281,11 +281,6 @@ class Queue {
 
   // Counts one retry in the `retries` metric unless the queue is shut down (client-go's
   // AddAfter); nothing without a MetricsProvider. For DelayingQueue.
-  void RecordRetry() {
-    if (!metrics_) return;
-    internal::MutexLock lock(&mu_);
-    RecordRetryLocked();
-  }
   void RecordRetryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (metrics_ && !shutting_down_) metrics_->OnRetry();
   }
@@ -322,10 +317,12 @@ class Queue {
   // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
   // choose the shard and passes the hash on.
   template <typename K>
-  ABSL_ATTRIBUTE_ALWAYS_INLINE bool AddHashed(K&& item, uint32_t hash) {
+  // With `retry`, also counts a retry (RecordRetryLocked) under the same lock hold.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE bool AddHashed(K&& item, uint32_t hash, bool retry = false) {
     bool wake = false;
     {
       internal::MutexLock lock(&mu_);
+      if (retry) RecordRetryLocked();
       bool fresh = false;
       const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
       if (slot == Table::kNone) return false;
