@@ -35,10 +35,16 @@ class Leases {
     Keep(std::move(*lease));
   }
 
-  // Ends the lease chosen by `arg`, if any (its Done runs).
-  void DoneOne(int arg) {
-    if (!leases_.empty()) leases_.erase(std::next(leases_.begin(), arg % leases_.size()));
+  // Ends the lease chosen by `arg`, if any (its Done runs); returns its key, or -1.
+  int DoneOne(int arg) {
+    if (leases_.empty()) return -1;
+    auto it = std::next(leases_.begin(), arg % leases_.size());
+    const int key = it->first;
+    leases_.erase(it);
+    return key;
   }
+
+  bool leased(int key) const { return leases_.count(key) == 1; }
 
   // The lease chosen by `arg`, or nullptr when none is held.
   const Lease* Pick(int arg) const {

@@ -4,8 +4,10 @@
 // AddRateLimited and Forget (of a key, or of a leased item passed back, found by address)
 // / NumRequeues / TryGet / Done / clock moves / a churn of thousands of other keys (idle
 // keys are then evicted around the counted ones). Checks:
-//   - NumRequeues is the model's count: failures since the last Forget, 0 once none was
-//     added for longer than the horizon;
+//   - NumRequeues is the model's count: failures since the last Forget, 0 once the key has
+//     been idle (not waiting, owed a run or leased) for longer than the horizon, counted
+//     from its last failure or from its last Done that left it idle, whichever is later;
+//     a count that lapsed stays gone when the key is added again;
 //   - AddRateLimited(k) is AddAfter(k, When): k waits min(1 ms * 2^failures, 64 ms), the
 //     earliest wait winning; Add(k) ends the wait and owes k a run now. On a FakeClock
 //     every due timer fires inside Advance, so the model knows which keys wait and which
@@ -40,13 +42,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::Time last;
   };
   std::map<int, Count> model;
-  auto failures = [&](int k) -> int64_t {
-    auto it = model.find(k);
-    if (it == model.end() || clock.Now() - it->second.last > kHorizon) return 0;
-    return it->second.failures;
-  };
   Waits waits(&clock);
   Leases<kwq::RateLimitingQueue<int>::Lease> leases;
+  auto busy = [&](int k) { return waits.waits(k) || waits.owed(k) || leases.leased(k); };
+  auto failures = [&](int k) -> int64_t {
+    auto it = model.find(k);
+    if (it == model.end()) return 0;
+    if (!busy(k) && clock.Now() - it->second.last > kHorizon) return 0;
+    return it->second.failures;
+  };
+  // Before an add: a count that lapsed while the key was idle is gone.
+  auto settle = [&](int k) {
+    if (failures(k) == 0) model.erase(k);
+  };
+  // After a lease of k ended: if that left k idle, its horizon starts now.
+  auto done = [&](int k) {
+    auto it = model.find(k);
+    if (k >= 0 && it != model.end() && !busy(k)) it->second.last = clock.Now();
+  };
   auto handed_out = [&](int k) { waits.HandedOut(k); };
   // AddRateLimited = AddAfter(When): min(1 ms * 2^failures before, 64 ms).
   auto wait = [&](int k, int64_t failures_before) {
@@ -66,6 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (data[i] % 8) {
       case 0:
         q.Add(key);
+        settle(key);
         waits.AddNow(key);
         break;
       case 1:
@@ -93,7 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         leases.Take(q.TryGet(), handed_out);
         break;
       case 5:
-        leases.DoneOne(arg);
+        done(leases.DoneOne(arg));
         break;
       case 6:
         clock.Advance(absl::Milliseconds(arg % 25));
@@ -107,7 +121,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // Churn: thousands of keys through the queue, so idle keys are evicted.
         for (int c = 0; c < 5000; ++c) q.Add(kChurnBase + c);
         while (auto lease = q.TryGet()) {
-          if (**lease < kChurnBase) handed_out(**lease);  // a fuzzed key: Done at once
+          const int got = **lease;
+          if (got >= kChurnBase) continue;
+          handed_out(got);  // a fuzzed key: Done at once
+          lease.reset();
+          done(got);
         }
         for (int f = 0; f < 12; ++f) FUZZ_CHECK(q.NumRequeues(f) == failures(f));
         break;

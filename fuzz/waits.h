@@ -57,6 +57,8 @@ class Waits {
   }
 
   size_t waiting() const { return waiting_.size(); }
+  bool waits(int k) const { return waiting_.count(k) == 1; }
+  bool owed(int k) const { return owed_.count(k) == 1; }
   bool nothing_owed() const { return owed_.empty(); }
 
  private:

@@ -413,6 +413,46 @@ TEST_F(PriorityQueueTest, KeysWhoseCountsLapsedAreEvicted) {
   EXPECT_EQ(q->NumRequeues("failed-0"), 0);
 }
 
+// As RateLimitingQueue's: a count lapses only once its key has been idle for the
+// horizon, counted from when it went idle; waiting, queued and in flight it is kept.
+TEST_F(PriorityQueueTest, ACountLapsesOnlyOnceItsKeyIsIdlePastTheHorizon) {
+  PQ::Options options = Opts();
+  options.rate_limiter =
+      *ExponentialFailureRateLimiter<std::string>::Create({.base = absl::Milliseconds(10),
+                                                           .max = absl::Seconds(1),
+                                                           .clock = &clock_,
+                                                           .idle_horizon = absl::Seconds(10)});
+  auto q = Make(std::move(options));
+  q->AddRateLimited("a");
+  q->AddRateLimited("a");
+  clock_.Advance(absl::Seconds(60));  // due after 10 ms, then queued for a minute
+  EXPECT_EQ(q->NumRequeues("a"), 2);
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  clock_.Advance(absl::Seconds(60));  // a long reconcile
+  EXPECT_EQ(q->NumRequeues("a"), 2);
+  lease->Done();  // idle from here
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(q->NumRequeues("a"), 2);
+  q->AddRateLimited("a");  // counts on: the third backoff, 40 ms
+  EXPECT_EQ(q->NumRequeues("a"), 3);
+  clock_.Advance(absl::Milliseconds(39));
+  EXPECT_FALSE(q->TryGet().has_value());
+  clock_.Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(q->TryGet().has_value());  // and Done: idle from here
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(q->NumRequeues("a"), 3);
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(q->NumRequeues("a"), 0);
+  // Lapsed while idle, unobserved: it stays gone when the key is added again.
+  q->AddRateLimited("b");
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q->TryGet().has_value());
+  clock_.Advance(absl::Seconds(11));
+  q->Add("b");
+  EXPECT_EQ(q->NumRequeues("b"), 0);
+}
+
 // Forget drops a queue-kept count, so the key becomes evictable at once (no horizon here).
 TEST_F(PriorityQueueTest, ForgottenKeysAreEvictedWithoutWaitingForTheHorizon) {
   constexpr int kFailed = 20000;

@@ -243,20 +243,129 @@ TEST_F(RateLimitingQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
   q.Forget("unknown");  // a no-op
 }
 
+// A queue-kept count lapses once its key has been idle (not waiting, queued or in
+// flight) for longer than the horizon, counted from when it went idle.
 TEST_F(RateLimitingQueueTest, QueueKeptCountsLapseAfterTheIdleHorizon) {
   RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
                                    {.clock = &clock_, .timers = timers_.get()});
   q.AddRateLimited("a");
   q.AddRateLimited("a");  // still waiting: the earlier ready time stays
   EXPECT_EQ(q.NumRequeues("a"), 2);
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle from here
   clock_.Advance(absl::Seconds(10));
   EXPECT_EQ(q.NumRequeues("a"), 2);  // idle for exactly the horizon: kept
   clock_.Advance(absl::Nanoseconds(1));
   EXPECT_EQ(q.NumRequeues("a"), 0);
-  ASSERT_TRUE(q.TryGet().has_value());
   q.AddRateLimited("a");  // counts from zero again: the base delay
   EXPECT_EQ(q.NumRequeues("a"), 1);
   clock_.Advance(absl::Milliseconds(10));
+  EXPECT_TRUE(q.TryGet().has_value());
+}
+
+// A count does not lapse while its key waits, is queued or is being processed, however
+// long that takes: a retried item keeps its history (a horizon counted from the last
+// failure would reset NumRequeues of an item stuck behind a backlog, and a
+// `NumRequeues < maxRetries` check would then never give up).
+TEST_F(RateLimitingQueueTest, ACountDoesNotLapseWhileItsKeyIsBusy) {
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  q.AddRateLimited("a");
+  clock_.Advance(absl::Seconds(60));  // due after 10 ms, then queued behind a backlog
+  EXPECT_EQ(q.Len(), 1u);
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  clock_.Advance(absl::Seconds(60));  // a long reconcile
+  EXPECT_EQ(q.NumRequeues(lease->item()), 2);
+  EXPECT_EQ(q.NumRequeues("a"), 2);  // a copy: found under the lock
+  q.AddRateLimited(lease->item());   // the third failure counts on
+  EXPECT_EQ(q.NumRequeues(lease->item()), 3);
+  lease->Done();
+  clock_.Advance(absl::Milliseconds(40));  // its third backoff
+  lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  lease->Done();  // idle from here, with its count
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(q.NumRequeues("a"), 3);  // idle for exactly the horizon
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+}
+
+// Waiting longer than the horizon, here behind a token bucket's backlog (as under
+// DefaultControllerRateLimiter with many items failing), does not lapse a count either.
+TEST_F(RateLimitingQueueTest, ACountDoesNotLapseWhileItsKeyWaitsBehindABucket) {
+  std::vector<std::unique_ptr<RateLimiter<std::string>>> children;
+  children.push_back(Exponential(absl::Seconds(10)));
+  children.push_back(*BucketRateLimiter<std::string>::Create(
+      {.qps = 0.01, .burst = 1, .clock = &clock_}));  // one token per 100 s
+  RateLimitingQueue<std::string> q(*MaxOfRateLimiter<std::string>::Create(std::move(children)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");  // the bucket's one token: 10 ms
+  clock_.Advance(absl::Milliseconds(10));
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  q.AddRateLimited(lease->item());  // 100 s for the next token
+  lease->Done();
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  clock_.Advance(absl::Seconds(99));
+  EXPECT_EQ(q.Waiting(), 1u);
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  clock_.Advance(absl::Seconds(1));
+  lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(q.NumRequeues(lease->item()), 2);
+}
+
+// A count that lapsed while its key was idle (nobody asked) stays gone when the key is
+// added again: busy keys' counts do not lapse, so it must not come back with the add.
+TEST_F(RateLimitingQueueTest, ACountThatLapsedWhileIdleStaysGoneOnTheNextAdd) {
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  for (const char* key : {"a", "b"}) q.AddRateLimited(key);
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // both handed out and Done: idle from here
+  ASSERT_TRUE(q.TryGet().has_value());
+  clock_.Advance(absl::Seconds(11));
+  q.Add("a");
+  q.AddAfter("b", absl::Seconds(1));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+  EXPECT_EQ(q.NumRequeues("b"), 0);
+}
+
+// A wait ended by CancelAfter makes an idle key: its horizon starts then.
+TEST_F(RateLimitingQueueTest, CancelAfterStartsTheHorizon) {
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  q.AddAfter("a", absl::Seconds(1));  // the earlier (10 ms) stays
+  clock_.Advance(absl::Milliseconds(5));
+  ASSERT_TRUE(q.CancelAfter("a"));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_EQ(q.NumRequeues("a"), 1);
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+}
+
+// A long reconcile that ends in Done (no retry, no Forget) starts the horizon at the
+// Done: a failure recorded right after it still counts on.
+TEST_F(RateLimitingQueueTest, DoneStartsTheHorizon) {
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  clock_.Advance(absl::Milliseconds(10));
+  {
+    auto lease = q.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    clock_.Advance(absl::Seconds(30));  // longer than the horizon since the failure
+  }
+  EXPECT_EQ(q.NumRequeues("a"), 1);
+  q.AddRateLimited("a");  // the second failure: 20 ms
+  EXPECT_EQ(q.NumRequeues("a"), 2);
+  clock_.Advance(absl::Milliseconds(19));
+  EXPECT_FALSE(q.TryGet().has_value());
+  clock_.Advance(absl::Milliseconds(1));
   EXPECT_TRUE(q.TryGet().has_value());
 }
 
@@ -317,6 +426,8 @@ TEST_F(RateLimitingQueueTest, ALapsedCountStaysGoneWhenTheClockMovesBack) {
                                    {.clock = &clock_, .timers = timers_.get()});
   const absl::Time t0 = clock_.Now();
   q.AddRateLimited("a");
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // idle from here
   clock_.Advance(absl::Seconds(20));
   EXPECT_EQ(q.NumRequeues("a"), 0);
   clock_.SetTime(t0 + absl::Seconds(5));

@@ -199,7 +199,7 @@ class DelayingQueue {
       if (stopping_) {
         // Still counts the failure, as a limiter called with the item would.
         if (slot == Table::kNone) slot = queue_.FindLocked(item);
-        if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now()));
+        if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now(), queue_.Busy(slot)));
         return;
       }
       queue_.RecordRetryLocked();
@@ -208,7 +208,8 @@ class DelayingQueue {
         slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
         if (slot == Table::kNone) return;
       }
-      const absl::Duration delay = delay_for(counts.Record(slot, counts.NowGiven(clock_, now)));
+      const absl::Duration delay =
+          delay_for(counts.Record(slot, counts.NowGiven(clock_, now), queue_.Busy(slot)));
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
       } else {
@@ -225,13 +226,13 @@ class DelayingQueue {
     uint32_t slot = LeasedSlotOf(item);
     if (slot != Table::kNone) {
       bool lapsed = false;
-      const int64_t failures = counts.Failures(slot, counts.Now(), &lapsed);
+      const int64_t failures = counts.Failures(slot, counts.Now(), queue_.Busy(slot), &lapsed);
       if (!lapsed) return failures;
     }
     internal::MutexLock lock(&queue_.mu_);
     if (slot != Table::kNone && !queue_.LiveLocked(slot)) return 0;  // a lease used after Done
     if (slot == Table::kNone) slot = queue_.FindLocked(item);
-    return slot == Table::kNone ? 0 : counts.FailuresLocked(slot, counts.Now());
+    return slot == Table::kNone ? 0 : counts.FailuresLocked(slot, counts.Now(), queue_.Busy(slot));
   }
 
   // With failure counts: clears `item`'s count. Takes no lock for the item being
@@ -240,7 +241,8 @@ class DelayingQueue {
     internal::FailureCounts& counts = *queue_.counts_;
     uint32_t slot = LeasedSlotOf(item);
     bool lapsed = false;
-    if (slot != Table::kNone && counts.Failures(slot, counts.Now(), &lapsed) == 0 && !lapsed) {
+    if (slot != Table::kNone &&
+        counts.Failures(slot, counts.Now(), queue_.Busy(slot), &lapsed) == 0 && !lapsed) {
       return;
     }
     internal::MutexLock lock(&queue_.mu_);

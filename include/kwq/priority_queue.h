@@ -329,8 +329,8 @@ class PriorityQueue {
     if (!counts_) return 0;  // nothing counted yet
     const uint32_t slot = SlotOfLocked(item);
     if (slot == kNone) return 0;
-    return static_cast<int>(
-        std::min<int64_t>(counts_->FailuresLocked(slot, counts_->Now()), INT_MAX));
+    return static_cast<int>(std::min<int64_t>(
+        counts_->FailuresLocked(slot, counts_->Now(), BusyLocked(slot)), INT_MAX));
   }
 
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
@@ -552,6 +552,11 @@ class PriorityQueue {
     const uint32_t slot = LeasedSlotLocked(item);
     return slot != kNone ? slot : table_.Find(item, hash);
   }
+  // Whether `slot`'s key is queued, delayed or in flight (then its failure count cannot
+  // lapse, see FailureCounts).
+  bool BusyLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return table_.state(slot) & (kQueued | kDelayed | kProcessing);
+  }
   uint32_t LeasedSlotLocked(const T& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint32_t last = hand_outs_.LastSlot();
     if (last != internal::HandOutRecord::kNone && (table_.state(last) & Table::kLive) &&
@@ -591,7 +596,7 @@ class PriorityQueue {
       // A counted failure still counts, as a limiter called with the item would count it.
       if (prep.counted && counts_) {
         if (const uint32_t known = SlotOfLocked(item, prep.hash); known != kNone) {
-          limiter_->WhenCounted(counts_->Record(known, counts_->Now()));
+          limiter_->WhenCounted(counts_->Record(known, counts_->Now(), BusyLocked(known)));
         }
       }
       return false;
@@ -602,11 +607,14 @@ class PriorityQueue {
       if (counts_) counts_->Reset(slot);
       if (slot >= info_.size()) info_.resize(table_.slot_limit());
       info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
+    } else if (counts_ && !BusyLocked(slot)) {
+      counts_->EndIdle(slot);  // a count that lapsed while idle goes before the key is busy
     }
     absl::Duration after = prep.after;
     if (prep.counted) {
       if (!counts_) StartCountingLocked();
-      after = std::max(after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now())));
+      after = std::max(
+          after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now(), BusyLocked(slot))));
     }
     const bool immediate = after <= absl::ZeroDuration();
     if (!immediate && metrics_) metrics_->OnRetry();  // controller-runtime: adds that wait
@@ -769,6 +777,7 @@ class PriorityQueue {
   // Lists a slot that just went idle and erases the oldest idle keys beyond kMaxIdle (in
   // groups: up to kMaxIdle + 15 may be listed).
   void KeepIdleLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (counts_) counts_->Touch(slot);  // its failure count's idle horizon starts now
     uint8_t& state = table_.state(slot);
     if (!(state & kIdleListed)) {
       state |= kIdleListed;

@@ -436,6 +436,7 @@ class Queue {
         State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
         return false;
       }
+      if (counts_ && !(old & kProcessing)) counts_->EndIdle(slot);
     }
     waiting_.Push(slot, ready);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
@@ -456,7 +457,7 @@ class Queue {
   // Ends the wait of a waiting slot (it may be idle afterwards).
   void RemoveWaitingLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     waiting_.Remove(slot);
-    State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+    EndWaitLocked(slot);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
     RecordDelayedLocked(-1);
   }
@@ -479,7 +480,7 @@ class Queue {
       ++taken;
       RecordDelayedLocked(-1);
       if (shutting_down_) {
-        State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+        EndWaitLocked(slot);
         continue;
       }
       // One read-modify-write ends the wait and marks the item dirty (workers change the
@@ -508,11 +509,25 @@ class Queue {
     if (metrics_) metrics_->OnDelayed(delta);
   }
 
+  // Clears a slot's kWaiting bit without queuing it (the slot may be idle afterwards,
+  // which restarts the idle horizon of its failure count).
+  void EndWaitLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (counts_) counts_->Touch(slot);
+    State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+  }
+
+  // Whether `slot`'s key is queued, waiting or in flight (then its failure count cannot
+  // lapse, see FailureCounts). Lock-free; a caller without mu_ gets a snapshot.
+  bool Busy(uint32_t slot) {
+    return State(slot).load(std::memory_order_relaxed) & (kDirty | kProcessing | kWaiting);
+  }
+
   // Ends every wait (DelayingQueue's shutdown).
   void DropWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = waiting_.size();
     waiting_.Clear([this](uint32_t slot) {
-      State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
+      mu_.AssertHeld();  // the lambda runs here, under mu_
+      EndWaitLocked(slot);
     });
     delayed_.store(0, std::memory_order_relaxed);
     for (size_t i = 0; i < n; ++i) RecordDelayedLocked(-1);
@@ -794,6 +809,7 @@ class Queue {
       if (old & kWaiting) [[unlikely]]
         RemoveWaitingLocked(slot);
       if (old & kDirty) return false;
+      if (counts_ && !(old & (kProcessing | kWaiting))) counts_->EndIdle(slot);
     }
     return QueueMarkedLocked(slot, old, pushed);
   }
@@ -936,6 +952,13 @@ class Queue {
   // the item was added again meanwhile (then it is queued under mu_).
   void Finish(uint32_t slot) {
     if (metrics_) metrics_->OnDone(slot);
+    // A key with a failure count that goes idle now starts its idle horizon now (before
+    // the exchange: afterwards the slot may be erased). A key queued or waiting again
+    // stays busy (the common case, a retry before Done, skips the clock read); one whose
+    // wait a CancelAfter ends meanwhile is touched there.
+    if (counts_ && !(State(slot).load(std::memory_order_relaxed) & (kDirty | kWaiting))) {
+      counts_->Touch(slot);
+    }
     // After this exchange the slot may be erased (when idle): it is not touched again.
     const uint8_t old =
         State(slot).fetch_and(static_cast<uint8_t>(~kProcessing), std::memory_order_acq_rel);

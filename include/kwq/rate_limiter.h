@@ -195,8 +195,12 @@ struct ExponentialFailureRateLimiterOptions {
   // RealClock to within a kernel tick, 1-4 ms, either way: a horizon that short is
   // honoured only that roughly). Must be >= 0; absl::InfiniteDuration() means never.
   // Unset means internal::DefaultIdleHorizon(max) = max(2 * max, 1 minute) (never, for
-  // an infinite max): an item that is being retried fails again about `max` after its
-  // last failure at the latest, so it keeps its history.
+  // an infinite max). Counted from the item's last failure, so the time it then waits
+  // (also behind other limiters of a MaxOf, such as a bucket), sits queued or is
+  // processed counts too: choose a horizon longer than the longest time between two
+  // failures of an item. A RateLimitingQueue or PriorityQueue that keeps the counts
+  // itself (a counting limiter, see Counting) runs the horizon only while the item's key
+  // is idle (kwq/rate_limiting_queue.h).
   std::optional<absl::Duration> idle_horizon = std::nullopt;
 };
 

@@ -18,8 +18,12 @@
 // through its failure count (RateLimiter::Counting: the exponential and fast/slow
 // limiters, and MaxOf/WithMaxWait/Bucket combinations of them, such as the default), the
 // queue keeps each item's count beside the item's key and asks the limiter only for the
-// delay of the n-th failure (WhenCounted), with the same results, idle horizon included:
-// an idle key whose count has not lapsed stays in the table. A retry of the item being
+// delay of the n-th failure (WhenCounted), with the same delays and the limiter's idle
+// horizon, which here runs only while the key is idle: a count never lapses while its key
+// waits, is queued or is being processed (however long a backoff, a bucket's backlog or
+// a reconcile takes), and the horizon starts from the later of its last failure and the
+// Done that left the key idle. An idle key whose count has not lapsed stays in the
+// table. (A limiter's own table can only count from the last failure.) A retry of the item being
 // processed (AddRateLimited(lease->item()), NumRequeues, Forget) then hashes nothing and
 // looks nothing up, and AddRateLimited takes one lock. The limiter's own table stays
 // empty: its NumRequeues and TrackedItems, called directly, report nothing for items of

@@ -4,14 +4,20 @@
 // an item only through its failures since its last Forget, see
 // RateLimiter::FailureCounting), kept by a RateLimitingQueue beside each key of its key
 // table instead of in the limiter's own hash table. Indexed by the queue's slot numbers,
-// so a retry of the item being processed finds its count without hashing the item. A
-// count not added to for longer than the idle horizon reads as zero, as in the limiter's
-// table, and is cleared by the next call under the lock that sees it so (the table erases
-// such an entry). Times are whole nanoseconds of the clock's CoarseNow. Internal: used by
-// Queue.
+// so a retry of the item being processed finds its count without hashing the item.
+//
+// A count lapses (reads as zero, and is cleared by the next call under the lock that sees
+// it so, as the limiter's table erases such an entry) only while its key is idle: once
+// the key has been neither queued, waiting nor in flight for longer than the idle horizon,
+// counted from its last failure or from when it last went idle (Touch), whichever is
+// later (a count that lapsed while idle is cleared when the key becomes busy again,
+// EndIdle, so it does not count again). The limiter's own table can only count from the last
+// failure, so there the time an item spends waiting (also behind another limiter's delay, such as a
+// token bucket's), queued behind a backlog or being processed counts against the horizon. Times are
+// whole nanoseconds of the clock's CoarseNow. Internal: used by Queue and PriorityQueue.
 //
 // Thread safety: Reset, Record and Forget run under the owning queue's table lock;
-// Failures and Held may also run without it, for a slot that cannot be erased meanwhile
+// Failures, Held and Touch may also run without it, for a slot that cannot be erased meanwhile
 // (one that is in flight, or under the lock): entries never move.
 
 #ifndef KWQ_INTERNAL_FAILURE_COUNTS_H_
@@ -51,44 +57,67 @@ class FailureCounts {
   // counting after keys were stored. Under the lock.
   void Reserve(uint32_t limit);
 
-  // The failures recorded for `slot` since its last Forget; 0 once idle past the horizon
-  // (then `*lapsed`, if given, is set: a caller holding the lock should Forget the count,
-  // as the limiter's table erases a lapsed entry, so that a clock moved back later does
-  // not revive it).
-  int64_t Failures(uint32_t slot, int64_t now, bool* lapsed = nullptr) const {
+  // The failures recorded for `slot` since its last Forget. `busy`: the slot's key is
+  // queued, waiting or in flight, so its count cannot lapse. An idle key's count reads 0
+  // once idle past the horizon (then `*lapsed`, if given, is set: a caller holding the
+  // lock should Forget the count, as the limiter's table erases a lapsed entry, so that a
+  // clock moved back later does not revive it).
+  int64_t Failures(uint32_t slot, int64_t now, bool busy, bool* lapsed = nullptr) const {
     const Entry& e = At(slot);
     const int64_t failures = e.failures.load(std::memory_order_relaxed);
     if (failures == 0) return 0;
-    if (Lapsed(e.last.load(std::memory_order_relaxed), now)) {
+    if (!busy && Lapsed(e.last.load(std::memory_order_relaxed), now)) {
       if (lapsed != nullptr) *lapsed = true;
       return 0;
     }
     return failures;
   }
 
-  // Records one failure at `now`; returns the failures before it. Under the lock.
-  int64_t Record(uint32_t slot, int64_t now) {
+  // Records one failure at `now` (`busy` as for Failures); returns the failures before
+  // it. Under the lock.
+  int64_t Record(uint32_t slot, int64_t now, bool busy) {
     Entry& e = At(slot);
-    const int64_t before = Failures(slot, now);
+    const int64_t before = Failures(slot, now, busy);
     e.failures.store(before < INT64_MAX ? before + 1 : before, std::memory_order_relaxed);
     e.last.store(now, std::memory_order_relaxed);
     return before;
+  }
+
+  // Restarts the idle horizon of `slot`'s count, if it has one: its key is going idle
+  // now. Reads the clock only for a slot with a count. Under the lock, or, for a slot in
+  // flight, by the thread ending its lease (a racing Record stores a time as recent).
+  void Touch(uint32_t slot) {
+    Entry& e = At(slot);
+    if (e.failures.load(std::memory_order_relaxed) != 0) {
+      e.last.store(Now(), std::memory_order_relaxed);
+    }
+  }
+
+  // `slot`'s key is idle and about to become busy (an add): clears its count if it lapsed
+  // while idle, since a busy key's count does not lapse and this one would count again.
+  // Reads the clock only for a slot with a count. Under the lock.
+  void EndIdle(uint32_t slot) {
+    Entry& e = At(slot);
+    if (e.failures.load(std::memory_order_relaxed) != 0 &&
+        Lapsed(e.last.load(std::memory_order_relaxed), Now())) {
+      Forget(slot);
+    }
   }
 
   // Clears the count. Under the lock.
   void Forget(uint32_t slot) { At(slot).failures.store(0, std::memory_order_relaxed); }
 
   // Failures, clearing a lapsed count. Under the lock.
-  int64_t FailuresLocked(uint32_t slot, int64_t now) {
+  int64_t FailuresLocked(uint32_t slot, int64_t now, bool busy) {
     bool lapsed = false;
-    const int64_t failures = Failures(slot, now, &lapsed);
+    const int64_t failures = Failures(slot, now, busy, &lapsed);
     if (lapsed) Forget(slot);
     return failures;
   }
 
-  // Whether `slot` holds a count that has not lapsed: its key must stay in the table
-  // even while idle (an eviction would forget the failures before the horizon).
-  bool Held(uint32_t slot, int64_t now) const { return Failures(slot, now) != 0; }
+  // Whether the idle key in `slot` holds a count that has not lapsed: it must stay in the
+  // table (an eviction would forget the failures before the horizon).
+  bool Held(uint32_t slot, int64_t now) const { return Failures(slot, now, /*busy=*/false) != 0; }
 
  private:
   struct Entry {
