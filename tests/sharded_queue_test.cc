@@ -1,12 +1,15 @@
 #include "kwq/sharded_queue.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/context.h"
@@ -70,6 +73,29 @@ TEST(ShardedQueueTest, KeyAlwaysMapsToOneShardAndShardsAreUsed) {
     EXPECT_EQ(q->shard(s).Len(), static_cast<size_t>(per_shard[s]));
   }
   EXPECT_EQ(q->Len(), 4000u);
+}
+
+// A hash whose entropy is in its low bits only (std::hash<int> is the identity) still
+// spreads keys over every shard; a shard picked from the hash's top bits put every key
+// below 2^32 / shards into shard 0, and one worker did all the work.
+TEST(ShardedQueueTest, LowBitHashesSpreadOverEveryShard) {
+  auto q = *ShardedQueue<int, std::hash<int>>::Create(4);
+  for (int i = 0; i < 4000; ++i) q->Add(i);
+  for (int s = 0; s < 4; ++s) EXPECT_GT(q->shard(s).Len(), 800u) << "shard " << s;
+  EXPECT_EQ(q->Len(), 4000u);
+}
+
+// The keys of one shard do not share their hash's top bits (each shard's index takes its
+// probe positions from the hash's upper bits, so shared bits would cluster it).
+TEST(ShardedQueueTest, KeysOfOneShardDoNotShareTheirTopHashBits) {
+  auto q = *ShardedQueue<std::string>::Create(256);
+  absl::flat_hash_set<uint32_t> top_bits;  // hash >> 24 of shard 0's keys
+  for (int i = 0; i < 20000; ++i) {
+    const std::string key = absl::StrCat("default/object-", i);
+    if (q->ShardOf(key) == 0)
+      top_bits.insert(static_cast<uint32_t>(absl::Hash<std::string>{}(key)) >> 24);
+  }
+  EXPECT_GT(top_bits.size(), 16u);
 }
 
 TEST(ShardedQueueTest, DedupAndRequeueHoldPerKey) {

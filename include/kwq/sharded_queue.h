@@ -107,7 +107,9 @@ class ShardedQueue {
     return TryGetFrom(home);  // shut down: what the other shards still hold
   }
 
-  // Like Get(worker), and also returns nullopt when `ctx` is done.
+  // Like Get(worker), and also returns nullopt when `ctx` is done: a ready item on any
+  // shard still wins over a context already done at the call; a cancel that ends the
+  // sleep returns without stealing.
   std::optional<Lease> Get(int worker, const Context& ctx) {
     const size_t home = Home(worker);
     if (auto lease = TryGetFrom(home)) return lease;
@@ -175,10 +177,15 @@ class ShardedQueue {
     }
   }
 
-  // The shard of a key whose hash's low 32 bits are `hash`: its high bits pick the shard
-  // (the shards' hash tables use the low ones).
+  // The shard of a key whose hash's low 32 bits are `hash`. The hash is mixed first (the
+  // high half of a product with a 64-bit odd constant, Fibonacci hashing), so a hash whose
+  // entropy is in its low bits only (std::hash of an integer is the integer) still spreads
+  // over every shard, and the keys of one shard share no hash bits: picked from the
+  // hash's own top bits, they shared those, which absl's index in each shard takes its
+  // probe positions from, so a shard's index clustered past about 2^25 / shards keys.
   int ShardOfHash(uint32_t hash) const {
-    return static_cast<int>((uint64_t{hash} * shards_.size()) >> 32);
+    const uint64_t mixed = (uint64_t{hash} * 0x9E3779B97F4A7C15ull) >> 32;
+    return static_cast<int>((mixed * shards_.size()) >> 32);
   }
 
   size_t Home(int worker) const {
