@@ -256,11 +256,37 @@ TEST_F(PriorityQueueTest, DelayedAddOfReadyItemLeavesItReady) {
   EXPECT_EQ(q_->Waiting(), 0u);
 }
 
+// Also once the clock is past the last representable ready time (year 2262) and an add or
+// a Done promotes what is due: "never" saturates there too, but is not due.
 TEST_F(PriorityQueueTest, InfiniteDelayNeverFires) {
   q_->AddAfter("never", absl::InfiniteDuration());
+  q_->Add("leased");
+  auto lease = q_->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  q_->AddAfter("leased", absl::InfiniteDuration());  // to wait after its Done, for ever
   clock_.Advance(absl::Hours(24 * 365 * 1000));
   EXPECT_TRUE(Drain(*q_).empty());
-  EXPECT_EQ(q_->Waiting(), 1u);
+  EXPECT_EQ(q_->Waiting(), 2u);
+  lease->Done();
+  q_->Add("other");
+  EXPECT_EQ(Drain(*q_), Strings({"other"}));
+  EXPECT_EQ(q_->Waiting(), 2u);
+}
+
+// Aging compares ready times with the clock without overflow, also across the whole range
+// of time keys (a ready time before 1970, a clock past 2262).
+TEST_F(PriorityQueueTest, AgingAcrossTheWholeTimeRange) {
+  FakeClock clock(absl::FromUnixSeconds(-3600));
+  auto timers = *TimerService::Create({.clock = &clock});
+  PQ::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  options.aging = absl::Seconds(1);
+  auto q = Make(std::move(options));
+  q->Add("old", {.priority = 0});
+  clock.Advance(absl::Hours(24 * 365 * 1000));
+  q->Add("high", {.priority = 10});
+  EXPECT_EQ(Drain(*q), Strings({"old", "high"}));  // aged far past 1 s: first
 }
 
 TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {

@@ -685,7 +685,9 @@ class PriorityQueue {
   // time as the time it became ready.
   void PromoteDueLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t now_key = ToKey(now);
-    while (!delayed_.empty() && delayed_.TopKey() <= now_key) {
+    // kNeverKey never comes due, also once `now` saturates to it (past year 2262).
+    while (!delayed_.empty() && delayed_.TopKey() <= now_key &&
+           delayed_.TopKey() != internal::kNeverKey) {
       const uint32_t slot = delayed_.TopId();
       const absl::Time due = FromKey(delayed_.TopKey());
       delayed_.Pop();
@@ -716,9 +718,17 @@ class PriorityQueue {
     return seq;
   }
 
+  // Whether an item ready at `ready_key` is aged at `now_key` (now - ready >= aging),
+  // without overflow for any two keys.
+  bool Aged(int64_t now_key, int64_t ready_key) const {
+    return now_key >= ready_key &&
+           static_cast<uint64_t>(now_key) - static_cast<uint64_t>(ready_key) >=
+               static_cast<uint64_t>(aging_ns_);
+  }
+
   Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint32_t slot;
-    if (aging_ && ToKey(clock_->Now()) - aged_.TopKey() >= aging_ns_) {
+    if (aging_ && Aged(ToKey(clock_->Now()), aged_.TopKey())) {
       slot = aged_.TopId();  // out of turn: no group's turn moves on
       ready_.Unlink(slot);
     } else {
@@ -755,7 +765,7 @@ class PriorityQueue {
           --delayed_count_;
           if (metrics_) metrics_->OnDelayed(-1);
           KeepIdleLocked(slot);
-        } else if (info_[slot].due <= ToKey(now)) {
+        } else if (info_[slot].due <= ToKey(now) && info_[slot].due != internal::kNeverKey) {
           DelayedToQueuedLocked(slot);
           MakeReadyLocked(slot, now);
         } else {
