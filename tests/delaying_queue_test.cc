@@ -358,6 +358,53 @@ TEST_F(DelayingQueueTest, AddAfterWithAGetAsleepArmsTheExactReadyTime) {
   }
 }
 
+// A firing wakes a sleeping Get for "a"; when another thread takes "a" first, that Get
+// sleeps again without re-arming anything, so the firing itself must arm the timer for
+// "b"'s exact ready time (it coalesced while the Get counted as signalled).
+TEST_F(DelayingQueueTest, FiringWithAGetAsleepArmsTheNextReadyTimeExactly) {
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
+  std::thread worker([this] {
+    while (q_.Get()) {
+    }
+  });
+  while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
+  clock_.Advance(absl::Seconds(1));  // fires: "a" ready, the Get signalled
+  auto a = q_.TryGet();              // usually this thread wins "a"
+  clock_.Advance(absl::Microseconds(10));
+  EXPECT_EQ(q_.Waiting(), 0u);  // the timer fired for "b" inside the Advance
+  a.reset();
+  q_.ShutDown();
+  worker.join();
+}
+
+// A quiet window left from before the clock moved back does not hold the timer: items
+// are at most the coalescing window (50 us) late, not the size of the jump.
+TEST_F(DelayingQueueTest, ClockMovedBackDoesNotHoldTheTimer) {
+  const absl::Time t0 = clock_.Now();
+  q_.AddAfter("a", absl::Hours(1));
+  clock_.Advance(absl::Hours(1));  // fires: no firing before t0 + 1 h + 50 us
+  q_.AddAfter("c", absl::Hours(2));
+  clock_.SetTime(t0);
+  q_.AddAfter("b", absl::Milliseconds(10));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(q_.Waiting(), 1u);  // "b" moved by the timer, "c" still waits
+  EXPECT_EQ(q_.Len(), 2u);
+}
+
+// A clock moved to InfiniteFuture (FakeClock saturates there) fires everything due, with
+// no overflow in the timer's bookkeeping (UBSan checks), and "never" still waits.
+TEST_F(DelayingQueueTest, ClockAtInfiniteFutureFiresEverythingDue) {
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Hours(1));
+  q_.AddAfter("never", absl::InfiniteDuration());
+  clock_.Advance(absl::InfiniteDuration());
+  EXPECT_EQ(q_.Waiting(), 1u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b"}));
+  q_.AddAfter("c", absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{}));
+}
+
 TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {
   q_.AddAfter("a", absl::Seconds(1));
   q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));

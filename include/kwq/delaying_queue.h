@@ -29,8 +29,11 @@
 //     Get sleeps, so an idle worker gets an item at its ready time plus the timer
 //     service's resolution. (One race is left: an AddAfter in the instant between a
 //     Get's last look and its going to sleep can still be coalesced, up to 50 us late.)
-//     Every AddAfter (and AddRateLimited) also moves up to two due items along the way,
-//     so a reconcile loop's retries move its own due retries.
+//     Every AddAfter (and AddRateLimited) that makes an item wait also moves up to two due
+//     items along the way, so a reconcile loop's retries move its own due retries.
+//   - Ready times are kept in int64 nanoseconds since the Unix epoch: one past about the
+//     year 2262 (a delay of centuries, or a FakeClock moved that far) never comes due,
+//     like absl::InfiniteDuration(), until an Add.
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
 //
 // Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)
@@ -98,9 +101,9 @@ class DelayingQueue {
   }
 
   // Makes `item` ready after `delay`. Ignored after ShutDown. Counts a retry in the
-  // metrics (client-go's AddAfter: every call before ShutDown). When `item` is the key this
-  // queue last handed to the calling thread (lease->item()), it is found by its address:
-  // no hash, no lookup.
+  // metrics (client-go's AddAfter: every call before ShutDown). With a positive delay,
+  // when `item` is the key this queue last handed to the calling thread (lease->item()),
+  // it is found by its address: no hash, no lookup. A delay <= 0 is an Add.
   template <typename K>
   void AddAfter(K&& item, absl::Duration delay) {
     if (delay <= absl::ZeroDuration()) {
@@ -316,8 +319,14 @@ class DelayingQueue {
   // (unsignalled) on the queue, which nothing else would wake at the exact time.
   void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     if (heap().empty() || stopping_) return;
-    const bool get_asleep = queue_.waiters_ > queue_.signaled_;
-    const int64_t next = get_asleep ? heap().TopKey() : std::max(heap().TopKey(), quiet_until_);
+    // Any blocked Get counts, also one already signalled: a Get woken for an item that
+    // someone else takes sleeps again without re-arming (Queue::WaitForReady).
+    const bool get_asleep = queue_.waiters_ > 0;
+    const int64_t top = heap().TopKey();
+    // Coalesced, the wait is capped relative to the item too (kCoalesce past its ready
+    // time), so a quiet window left from before a clock jumped back holds nothing longer.
+    const int64_t next =
+        get_asleep ? top : std::max(top, std::min(quiet_until_, SaturatingAdd(top, kCoalesceNs)));
     if (timer_ != 0) {
       if (next >= armed_for_) return;
       // If Reschedule fails the timer is firing right now; that Fire re-arms under the lock.
@@ -341,7 +350,7 @@ class DelayingQueue {
       return;
     }
     timer_ = 0;  // this timer has fired
-    quiet_until_ = ToKey(clock_->Now()) + absl::ToInt64Nanoseconds(kCoalesce);
+    quiet_until_ = SaturatingAdd(ToKey(clock_->Now()), kCoalesceNs);
     ++firing_;  // StopWaiting waits for this firing to end before the queue may go
     for (;;) {
       bool more;
@@ -388,8 +397,9 @@ class DelayingQueue {
     if (!stopping_) {
       bool more;
       any = queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more) > 0;
-      if (!any && about_to_wait && !heap().empty() && heap().TopKey() != kNever) {
-        ArmExactLocked(heap().TopKey());  // nothing due: the head is in the future
+      // Also when it moved items: others may take them, and this Get then sleeps.
+      if (about_to_wait && !heap().empty() && heap().TopKey() != kNever) {
+        ArmExactLocked(heap().TopKey());
       }
       PublishLocked();
     }
@@ -446,6 +456,11 @@ class DelayingQueue {
   }
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
+  static constexpr int64_t kCoalesceNs = 50'000;
+  static_assert(kCoalesce == absl::Nanoseconds(kCoalesceNs));
+
+  // a + b for b >= 0, saturating at kNever (time keys near it must not overflow).
+  static int64_t SaturatingAdd(int64_t a, int64_t b) { return a > kNever - b ? kNever : a + b; }
   // Due items moved per lock hold (PromoteDueLocked).
   static constexpr size_t kMoveBatch = 16;
   // How long AddAfter and the timer's Fire spin for the lock before they sleep. A holder
