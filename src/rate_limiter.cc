@@ -128,6 +128,11 @@ absl::Status TokenBucket::Validate(double qps, int burst) {
   }
   if (qps > 0 && !std::isinf(qps)) {
     const absl::Duration interval = absl::Seconds(1) / qps;
+    if (interval == absl::InfiniteDuration() && burst == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kName, ": qps = ", qps,
+          " refills no token within absl::Duration's range, so it needs burst > 0 (as qps = 0)"));
+    }
     if (interval != absl::InfiniteDuration() &&
         interval * int64_t{burst} == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(

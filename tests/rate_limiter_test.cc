@@ -1010,6 +1010,7 @@ TEST(InvalidParametersTest, Bucket) {
   ExpectInvalid(create(std::numeric_limits<double>::quiet_NaN(), 10), "qps", "NaN");
   ExpectInvalid(create(10, -1), "burst", "-1");
   ExpectInvalid(create(0, 0), "burst", "qps = 0");
+  ExpectInvalid(create(1e-300, 0), "burst", "1e-300");  // as qps = 0: never a token
   ExpectInvalid(create(1e-12, INT_MAX), "burst / qps", "2147483647");
   EXPECT_TRUE(create(0, 1).ok());
   EXPECT_TRUE(create(1, 0).ok());

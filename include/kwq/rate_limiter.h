@@ -76,7 +76,8 @@ class RateLimiter {
   // idle horizon). Thread-safe; never blocks. Saturates at INT_MAX.
   virtual int NumRequeues(const T& item) = 0;
 
-  // The number of per-item entries this limiter holds (its memory footprint): for the
+  // The number of per-item entries this limiter holds (what its memory grows with; a
+  // table's slot array keeps the size of its peak after entries go): for the
   // per-item limiters, the items that failed within the idle horizon and were not
   // forgotten, as of the last When/NumRequeues call; the sum over children for the
   // composite limiters; 0 for limiters without per-item state. Thread-safe.
@@ -207,6 +208,9 @@ struct ExponentialFailureRateLimiterOptions {
 // client-go's ItemExponentialFailureRateLimiter: the n-th failure of an item since its
 // last Forget (n = 0, 1, 2, ...) waits min(base * 2^n, max), computed exactly and without
 // overflow for any n; with jitter j, that delay d then becomes min(d * U[1 - j, 1 + j), max).
+// With max = absl::InfiniteDuration() the delay is absl::InfiniteDuration() once base * 2^n
+// is beyond absl::Duration's range (about failure 71 for a 5 ms base): a RateLimitingQueue
+// then parks the item until a plain Add.
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
 class ExponentialFailureRateLimiter final : public internal::PerItemRateLimiter<T, Hash, Eq> {
  public:
@@ -308,7 +312,8 @@ class FastSlowRateLimiter final : public internal::PerItemRateLimiter<T, Hash, E
 struct BucketRateLimiterOptions {
   // Tokens added per second. Must be >= 0 and not NaN; +infinity means no limit.
   double qps = 10;
-  // The bucket's size (and its initial content). Must be >= 0, and > 0 when qps == 0.
+  // The bucket's size (and its initial content). Must be >= 0, and > 0 when qps == 0 (or
+  // so small that 1 / qps is beyond absl::Duration's range: no token would ever come).
   int burst = 100;
   // The clock tokens refill on. nullptr means RealClock::Default(). Must outlive the
   // limiter.
@@ -340,8 +345,9 @@ class BucketRateLimiter final : public RateLimiter<T, Hash, Eq> {
  public:
   using Options = BucketRateLimiterOptions;
 
-  // Errors: InvalidArgument for qps < 0 or NaN, burst < 0, qps == 0 with burst == 0, or
-  // burst / qps beyond absl::Duration's range (about 292 billion years).
+  // Errors: InvalidArgument for qps < 0 or NaN, burst < 0, qps == 0 (or 1 / qps beyond
+  // absl::Duration's range) with burst == 0, or burst / qps beyond that range (about 292
+  // billion years).
   static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(const Options& options) {
     absl::Status status = internal::TokenBucket::Validate(options.qps, options.burst);
     if (!status.ok()) return status;
