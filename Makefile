@@ -27,7 +27,7 @@ asan: setup
 	cmake -S . -B build/asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ \
 	  -DKWQ_SANITIZE=address,undefined -DKWQ_INSTALL_TEST=ON -DKWQ_PROMETHEUS=ON -DKWQ_WERROR=ON -DKWQ_BUILD_BENCHMARKS=OFF >/dev/null
 	cmake --build build/asan -j$(JOBS)
-	cd build/asan && $(CTEST)
+	cd build/asan && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp $(CTEST)
 
 tsan: setup
 	cmake -S . -B build/tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=g++ \

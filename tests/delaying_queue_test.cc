@@ -145,6 +145,29 @@ TEST_F(DelayingQueueMetricsTest, WaitingItemsAreCountedInDelayedNotDepth) {
   EXPECT_EQ(rec.Get("depth"), 2);
 }
 
+// ShutDownWithDrain drops waiting items (also an in-flight item's delayed re-add) before
+// it waits for the leases: nothing waits, the delayed gauge is back at zero and no timer
+// is left armed once the drain returns.
+TEST_F(DelayingQueueMetricsTest, ShutDownWithDrainDropsWaitingItems) {
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  q.AddAfter("b", absl::Seconds(1));
+  q.AddAfter(lease->item(), absl::Seconds(1));
+  EXPECT_EQ(rec.Get("delayed"), 2);
+  std::promise<bool> drained;
+  std::thread drainer([&] { drained.set_value(q.ShutDownWithDrain()); });
+  EXPECT_TRUE(testing::Eventually([&] { return q.ShuttingDown(); }));
+  EXPECT_EQ(q.Waiting(), 0u);
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  lease->Done();
+  drainer.join();
+  EXPECT_TRUE(drained.get_future().get());
+  EXPECT_EQ(timers->Pending(), 0u);
+  clock.Advance(absl::Seconds(2));
+  EXPECT_FALSE(q.TryGet().has_value());
+}
+
 // Every AddAfter before ShutDown is a retry, with or without a delay (client-go's).
 TEST_F(DelayingQueueMetricsTest, EveryAddAfterCountsARetryUntilShutDown) {
   q.AddAfter("a", absl::Seconds(1));

@@ -881,6 +881,25 @@ TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
   EXPECT_EQ(q_->Depth(), 0u);
 }
 
+// Gets asleep on an empty queue are woken by ShutDownWithDrain (nothing is left to hand
+// out) and return nullopt, and the drain returns drained.
+TEST_F(PriorityQueueTest, ShutDownWithDrainWakesGetsAsleep) {
+  std::atomic<int> returned{0};
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&] {
+      EXPECT_FALSE(q_->Get().has_value());
+      ++returned;
+    });
+  }
+  while (internal::QueuePeer::Waiters(*q_) < 2) std::this_thread::yield();
+  EXPECT_TRUE(q_->ShutDownWithDrain());
+  const bool woken = testing::Eventually([&] { return returned.load() == 2; });
+  EXPECT_TRUE(woken);
+  if (!woken) q_->ShutDown();  // release the workers so the test fails instead of hanging
+  for (auto& w : workers) w.join();
+}
+
 // client-go's drain waits only for in-flight items; this one also waits for queued ones.
 TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForAQueuedItemWithNoLeaseActive) {
   q_->Add("a");

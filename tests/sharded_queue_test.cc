@@ -122,6 +122,42 @@ TEST(ShardedQueueTest, IdleWorkerStealsFromOtherShards) {
   EXPECT_EQ(q->shard(2).InFlight(), 0u);  // the lease ended in the home shard
 }
 
+// Worker w's home shard is w % K, and a negative worker counts as -(w + 1); a worker takes
+// its home shard's items first, in FIFO order. Len, Depth and InFlight sum the shards.
+TEST(ShardedQueueTest, WorkersTakeTheirHomeShardsItemsInFifoOrder) {
+  constexpr int kShards = 3;
+  auto q = *ShardedQueue<std::string>::Create(kShards);
+  std::vector<std::vector<std::string>> by_shard(kShards);
+  for (int i = 0; i < 60; ++i) {
+    const std::string key = absl::StrCat("key-", i);
+    by_shard[q->ShardOf(key)].push_back(key);
+    q->Add(key);
+  }
+  for (int s = 0; s < kShards; ++s) ASSERT_GE(by_shard[s].size(), 4u) << "shard " << s;
+  EXPECT_EQ(q->Len(), 60u);
+  EXPECT_EQ(q->Depth(), 60u);
+  for (int s = 0; s < kShards; ++s) {
+    // Three names of the same home shard, then the home shard through Get.
+    for (int worker : {s, s + kShards, -(s + 1)}) {
+      auto lease = q->TryGet(worker);
+      ASSERT_TRUE(lease.has_value());
+      EXPECT_EQ(lease->item(), by_shard[s].front()) << "worker " << worker;
+      by_shard[s].erase(by_shard[s].begin());
+    }
+    auto lease = q->Get(s + 2 * kShards);
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(lease->item(), by_shard[s].front());
+    by_shard[s].erase(by_shard[s].begin());
+    // In flight and added again: counted in Depth, not in Len.
+    q->Add(lease->item());
+    EXPECT_EQ(q->InFlight(), 1u);
+    lease->Done();
+  }
+  EXPECT_EQ(q->InFlight(), 0u);
+  EXPECT_EQ(q->Len(), 60u - 4 * kShards + kShards);
+  EXPECT_EQ(q->Depth(), q->Len());
+}
+
 TEST(ShardedQueueTest, ShutDownWithDrainDrainsEveryShard) {
   auto q = *ShardedQueue<int>::Create(2);
   for (int i = 0; i < 100; ++i) q->Add(i);

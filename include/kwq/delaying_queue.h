@@ -315,8 +315,8 @@ class DelayingQueue {
   }
 
   // Arms (or moves) the one timer to the earliest ready time, if that is earlier than the
-  // time it is armed for: not within kCoalesce of the last firing, unless a Get sleeps
-  // (unsignalled) on the queue, which nothing else would wake at the exact time.
+  // time it is armed for: not within kCoalesce of the last firing, unless a Get is
+  // blocked on the queue, which nothing else would wake at the exact time.
   void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     if (heap().empty() || stopping_) return;
     // Any blocked Get counts, also one already signalled: a Get woken for an item that

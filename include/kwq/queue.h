@@ -315,9 +315,9 @@ class Queue {
   static constexpr int kSecondSpinnerPolls = 32;
 
   // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
-  // choose the shard and passes the hash on.
+  // choose the shard and passes the hash on. With `retry`, also counts a retry
+  // (RecordRetryLocked) under the same hold of the lock (DelayingQueue's AddAfter).
   template <typename K>
-  // With `retry`, also counts a retry (RecordRetryLocked) under the same lock hold.
   ABSL_ATTRIBUTE_ALWAYS_INLINE bool AddHashed(K&& item, uint32_t hash, bool retry = false) {
     bool wake = false;
     {
