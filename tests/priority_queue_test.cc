@@ -72,6 +72,15 @@ class PriorityQueueTest : public ::testing::Test {
     EXPECT_TRUE(q.ok()) << q.status();
     return q.ok() ? *std::move(q) : nullptr;
   }
+  // A queue rate-limited by ExponentialFailure(base, max) on clock_, with idle horizon
+  // `horizon` (unset: the limiter's default).
+  std::unique_ptr<PQ> MakeExponential(absl::Duration base, absl::Duration max,
+                                      std::optional<absl::Duration> horizon = std::nullopt) {
+    PQ::Options options = Opts();
+    options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
+        {.base = base, .max = max, .clock = &clock_, .idle_horizon = horizon});
+    return Make(std::move(options));
+  }
   // A queue named "pq" whose metrics go to `provider`.
   std::unique_ptr<PQ> MakeMetered(MetricsProvider* provider) {
     PQ::Options options = Opts();
@@ -331,10 +340,7 @@ TEST_F(PriorityQueueTest, HandOutsNameTheNextItemToTheLimiterOnceRateLimitingIsU
 }
 
 TEST_F(PriorityQueueTest, RateLimitedAddWaitsForTheLimiter) {
-  PQ::Options options = Opts();
-  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
-      {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_});
-  auto q = Make(std::move(options));
+  auto q = MakeExponential(absl::Seconds(1), absl::Seconds(100));
   EXPECT_TRUE(q->AddRateLimited("a"));  // 1st failure: 1 s
   EXPECT_EQ(q->NumRequeues("a"), 1);
   EXPECT_EQ(q->Waiting(), 1u);
@@ -378,10 +384,7 @@ TEST_F(PriorityQueueTest, DefaultRateLimiterIsClientGos) {
 // empty), finds a leased item passed back by address, and keeps an idle key whose count
 // has not lapsed while thousands of idle keys are erased around it.
 TEST_F(PriorityQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
-  PQ::Options options = Opts();
-  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
-      {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_});
-  auto q = Make(std::move(options));
+  auto q = MakeExponential(absl::Seconds(1), absl::Seconds(100));
   q->Add("a");
   for (int failure = 0; failure < 3; ++failure) {
     auto lease = q->TryGet();
@@ -416,13 +419,7 @@ TEST_F(PriorityQueueTest, CountingLimiterLeavesTheCountsToTheQueue) {
 // that failed and went idle stay while their counts are live and go once they lapse.
 TEST_F(PriorityQueueTest, KeysWhoseCountsLapsedAreEvicted) {
   constexpr int kFailed = 20000;
-  PQ::Options options = Opts();
-  options.rate_limiter =
-      *ExponentialFailureRateLimiter<std::string>::Create({.base = absl::Milliseconds(10),
-                                                           .max = absl::Seconds(1),
-                                                           .clock = &clock_,
-                                                           .idle_horizon = absl::Seconds(10)});
-  auto q = Make(std::move(options));
+  auto q = MakeExponential(absl::Milliseconds(10), absl::Seconds(1), absl::Seconds(10));
   for (int i = 0; i < kFailed; ++i) q->AddRateLimited(absl::StrCat("failed-", i));
   clock_.Advance(absl::Milliseconds(10));
   auto churn = [&q](int round) {  // 5,000 keys through the queue, idle afterwards
@@ -442,13 +439,7 @@ TEST_F(PriorityQueueTest, KeysWhoseCountsLapsedAreEvicted) {
 // As RateLimitingQueue's: a count lapses only once its key has been idle for the
 // horizon, counted from when it went idle; waiting, queued and in flight it is kept.
 TEST_F(PriorityQueueTest, ACountLapsesOnlyOnceItsKeyIsIdlePastTheHorizon) {
-  PQ::Options options = Opts();
-  options.rate_limiter =
-      *ExponentialFailureRateLimiter<std::string>::Create({.base = absl::Milliseconds(10),
-                                                           .max = absl::Seconds(1),
-                                                           .clock = &clock_,
-                                                           .idle_horizon = absl::Seconds(10)});
-  auto q = Make(std::move(options));
+  auto q = MakeExponential(absl::Milliseconds(10), absl::Seconds(1), absl::Seconds(10));
   q->AddRateLimited("a");
   q->AddRateLimited("a");
   clock_.Advance(absl::Seconds(60));  // due after 10 ms, then queued for a minute
@@ -482,13 +473,7 @@ TEST_F(PriorityQueueTest, ACountLapsesOnlyOnceItsKeyIsIdlePastTheHorizon) {
 // Forget drops a queue-kept count, so the key becomes evictable at once (no horizon here).
 TEST_F(PriorityQueueTest, ForgottenKeysAreEvictedWithoutWaitingForTheHorizon) {
   constexpr int kFailed = 20000;
-  PQ::Options options = Opts();
-  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
-      {.base = absl::Milliseconds(10),
-       .max = absl::Seconds(1),
-       .clock = &clock_,
-       .idle_horizon = absl::InfiniteDuration()});
-  auto q = Make(std::move(options));
+  auto q = MakeExponential(absl::Milliseconds(10), absl::Seconds(1), absl::InfiniteDuration());
   for (int i = 0; i < kFailed; ++i) q->AddRateLimited(absl::StrCat("failed-", i));
   clock_.Advance(absl::Milliseconds(10));
   while (auto lease = q->TryGet()) q->Forget(lease->item());
@@ -613,10 +598,7 @@ TEST_F(PriorityQueueTest, BatchAdd) {
 // The batch form with rate_limited: each item of the batch records a failure and waits
 // its own delay, at the batch's priority.
 TEST_F(PriorityQueueTest, BatchAddRateLimited) {
-  PQ::Options options = Opts();
-  options.rate_limiter = *ExponentialFailureRateLimiter<std::string>::Create(
-      {.base = absl::Seconds(1), .max = absl::Seconds(100), .clock = &clock_});
-  auto q = Make(std::move(options));
+  auto q = MakeExponential(absl::Seconds(1), absl::Seconds(100));
   q->AddRateLimited("b");  // b's 1st failure: 1 s
   clock_.Advance(absl::Seconds(1));
   ASSERT_EQ(Drain(*q), (Strings{"b"}));
