@@ -87,14 +87,19 @@ class TimerCore final : public ClockObserver {
     return id;
   }
 
+  // The cancelled callback is destroyed after the lock is released (declared first): its
+  // captures' destructors may call back into this service (a Context's last handle
+  // cancels its deadline timer), which would deadlock on mu_.
   bool Cancel(TimerId id) {
+    TimerHeap::Callback doomed;
     MutexLock lock(&mu_);
-    return heap_.Remove(id);
+    return heap_.Remove(id, &doomed);
   }
 
   bool CancelSync(TimerId id) {
+    TimerHeap::Callback doomed;
     MutexLock lock(&mu_);
-    if (heap_.Remove(id)) return true;
+    if (heap_.Remove(id, &doomed)) return true;
     while (running_id_ == id && running_thread_ != std::this_thread::get_id()) {
       running_done_.Wait(&mu_);
     }

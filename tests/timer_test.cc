@@ -277,6 +277,36 @@ TEST(FakeTimerTest, CallbackCancelsATimerDueInTheSameMove) {
   EXPECT_FALSE(second_ran);
 }
 
+// Cancel and CancelSync destroy the cancelled callback after releasing the service's lock:
+// a capture's destructor may call back into the same service (dropping the last handle of
+// a Context cancels that context's deadline timer there). Under the lock it deadlocked.
+TEST(FakeTimerTest, ACancelledCallbacksCapturesMayCallBackIntoTheService) {
+  struct State {
+    FakeClock clock;
+    std::unique_ptr<TimerService> service;
+  };
+  auto state = std::make_shared<State>();
+  state->service = *TimerService::Create({.clock = &state->clock});
+  struct CallsBack {
+    explicit CallsBack(TimerService* s) : service(s) {}
+    ~CallsBack() {
+      service->ScheduleAfter(absl::Seconds(1), [] {});
+    }
+    TimerService* service;
+  };
+  for (bool sync : {false, true}) {
+    const bool returned = testing::ReturnsInTime([state, sync] {
+      auto capture = std::make_shared<CallsBack>(state->service.get());
+      const TimerId id = state->service->ScheduleAfter(absl::Seconds(1), [capture] {});
+      capture.reset();  // the callback holds the last reference
+      EXPECT_TRUE(sync ? state->service->CancelSync(id) : state->service->Cancel(id));
+    });
+    // A hung call holds the service's lock: touch the service no more.
+    ASSERT_TRUE(returned) << "CancelSync: " << sync;
+  }
+  EXPECT_EQ(state->service->Pending(), 2u);  // what the destructors scheduled
+}
+
 // Destroying a fake-clock service from another thread waits for a callback running on
 // the thread that moves the clock.
 TEST(FakeTimerTest, DestroyWaitsForACallbackRunningOnTheMovingThread) {

@@ -46,10 +46,11 @@ uint32_t TimerHeap::Find(uint64_t id) const {
   return slot;
 }
 
-bool TimerHeap::Remove(uint64_t id) {
+bool TimerHeap::Remove(uint64_t id, Callback* fn) {
   const uint32_t slot = Find(id);
   if (slot == kNoSlot) return false;
   heap_.Remove(slot);
+  if (fn != nullptr) *fn = std::move(slots_[slot].fn);
   slots_[slot].fn = nullptr;
   FreeSlot(slot);
   return true;

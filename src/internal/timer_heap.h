@@ -39,8 +39,10 @@ class TimerHeap {
 
   // Adds a timer; returns its id (never 0).
   uint64_t Insert(absl::Time deadline, Callback fn);
-  // Removes a pending timer; returns false if `id` is not pending.
-  bool Remove(uint64_t id);
+  // Removes a pending timer; returns false if `id` is not pending. Its callback moves to
+  // `*fn` when given (so the caller can destroy it after releasing its lock: a capture's
+  // destructor may call back into the timer's owner), else is destroyed here.
+  bool Remove(uint64_t id, Callback* fn = nullptr);
   // Moves a pending timer (behind others with the same deadline); false if not pending.
   bool Update(uint64_t id, absl::Time deadline);
   // When the earliest timer becomes due (its deadline rounded up to a whole nanosecond),
