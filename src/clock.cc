@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -186,21 +187,23 @@ void FakeClock::MoveTo(absl::Time t) {
   // Observers may add and remove observers (FakeClock::AddObserver/RemoveObserver see
   // mover_): one added now is first called for the next move (the loop stops at the
   // old size), one removed now is nulled here and erased below.
-  struct MoverScope {  // also clears mover_ if an observer throws
-    explicit MoverScope(std::atomic<std::thread::id>* mover) : mover(mover) {
-      mover->store(std::this_thread::get_id(), std::memory_order_relaxed);
-    }
-    ~MoverScope() { mover->store(std::thread::id(), std::memory_order_relaxed); }
-    std::atomic<std::thread::id>* const mover;
-  };
-  {
-    MoverScope scope(&mover_);
-    const size_t n = observers_.size();
-    for (size_t i = 0; i < n; ++i) {
-      if (ClockObserver* observer = observers_[i]) observer->OnClockMoved(t);
+  // An observer's exception (a timer callback's) does not keep the move from the other
+  // observers: the first one is rethrown once every observer was told.
+  std::exception_ptr thrown;
+  mover_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  const size_t n = observers_.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (ClockObserver* observer = observers_[i]) {
+      try {
+        observer->OnClockMoved(t);
+      } catch (...) {
+        if (!thrown) thrown = std::current_exception();
+      }
     }
   }
+  mover_.store(std::thread::id(), std::memory_order_relaxed);
   std::erase(observers_, nullptr);
+  if (thrown) std::rethrow_exception(thrown);
 }
 
 size_t FakeClock::NumSleepers() const {

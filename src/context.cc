@@ -335,11 +335,20 @@ bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner, bool only_if_lin
     return record.state.compare_exchange_strong(expected, AfterFuncRecord::kStopped,
                                                 std::memory_order_acq_rel);
   };
-  if (owner == nullptr) return !only_if_linked && try_stop();
+  // The winner of the stop owns fn and frees it now, as a run does, so that a stopped
+  // function's captures (which may hold this registration's handle) go even while a
+  // handle lives. Freed after the lock: its captures' destructors may reach this node.
+  absl::AnyInvocable<void()> doomed_fn;
+  if (owner == nullptr) {
+    if (only_if_linked || !try_stop()) return false;
+    doomed_fn = std::move(record.fn);
+    return true;
+  }
   std::shared_ptr<AfterFuncRecord> doomed;  // freed after the lock
   SpinLockHolder lock(&owner->mu);
   if (only_if_linked && !record.linked) return false;  // taken by a cancellation: it runs
   if (!try_stop()) return false;
+  doomed_fn = std::move(record.fn);
   if (record.linked) {
     doomed = std::move(*record.it);
     owner->after_funcs.erase(record.it);

@@ -445,8 +445,25 @@ TEST(AfterFuncTest, SelfCaptureIsReleasedByStopOrCancel) {
     auto [ctx, cancel] = WithCancel(Background());
     AfterFuncHandle handle = AfterFunc(ctx, [ctx = ctx, alive] { (void)ctx.Err(); });
     EXPECT_TRUE(handle.Stop());
+    EXPECT_EQ(alive.use_count(), 1);  // freed by Stop, not by the handle's end
   }
   EXPECT_EQ(alive.use_count(), 1);
+  {
+    // Stop frees the function while a handle still lives, so a function that captures
+    // its own handle (through a shared request object) is released by Stop too.
+    struct Request {
+      AfterFuncHandle handle;
+    };
+    auto request = std::make_shared<Request>();
+    auto [ctx, cancel] = WithCancel(Background());
+    for (Context target : {ctx, WithValue(ctx, kAttempt, 1)}) {
+      request->handle = AfterFunc(target, [request, alive] {});
+      EXPECT_EQ(alive.use_count(), 2);
+      EXPECT_TRUE(request->handle.Stop());
+      EXPECT_EQ(alive.use_count(), 1);
+    }
+    EXPECT_EQ(request.use_count(), 1);
+  }
   {
     auto [ctx, cancel] = WithCancel(Background());
     Context v = WithValue(ctx, kAttempt, 1);

@@ -540,6 +540,20 @@ TEST(FakeTimerTest, CallbackExceptionLeavesTheServiceUsable) {
   EXPECT_TRUE(later_ran);
 }
 
+// One service's throwing callback does not keep the move from the other services on the
+// same clock: their due timers still run in that Advance, which then rethrows.
+TEST(FakeTimerTest, CallbackExceptionDoesNotStopOtherServicesTimers) {
+  FakeClock clock;
+  auto a = *TimerService::Create({.clock = &clock});
+  auto b = *TimerService::Create({.clock = &clock});
+  a->ScheduleAfter(absl::Seconds(1), [] { throw std::runtime_error("boom"); });
+  bool b_ran = false;
+  b->ScheduleAfter(absl::Seconds(1), [&] { b_ran = true; });
+  EXPECT_THROW(clock.Advance(absl::Seconds(1)), std::runtime_error);
+  EXPECT_TRUE(b_ran);
+  EXPECT_EQ(b->Pending(), 0u);
+}
+
 TEST(FakeTimerTest, ManualClockRefusingObserversIsFailedPrecondition) {
   // A manual clock that keeps Clock's AddObserver, which refuses every observer.
   class DeafClock final : public Clock {

@@ -115,7 +115,10 @@ class RealClock final : public Clock {
 
 // A clock that moves only when told to. Starts at `start` (a fixed, arbitrary instant by
 // default). Advance and SetTime run the observers (the timers of every TimerService built
-// on this clock) and wake sleepers before they return. Calls to Advance/SetTime from
+// on this clock) and wake sleepers before they return. A timer callback's exception does
+// not keep the move from the other services: Advance/SetTime rethrow the first one once
+// every observer was told (the throwing service runs its other due timers at the next
+// move). Calls to Advance/SetTime from
 // several threads are serialised: a move holds the clock's move lock while it calls the
 // observers, so Advance, SetTime, AddObserver and RemoveObserver on other threads wait
 // for it (an observer, or a timer callback, that waits for such a thread deadlocks).

@@ -160,7 +160,9 @@ class Context {
   const std::atomic<uint32_t>* word_;  // the nearest cancellable ancestor's state word
 };
 
-// Returned by AfterFunc. Copyable; dropping it does not stop the function.
+// Returned by AfterFunc. Copyable; dropping it does not stop the function (but see
+// AfterFunc: once every handle of the context holding the registration is gone too, the
+// context is freed uncancelled and the function never runs).
 class AfterFuncHandle {
  public:
   // Names no function: Stop() returns false.
@@ -270,7 +272,8 @@ Context WithoutCancel(const Context& parent);
 // On a context that can never be cancelled, `fn` never runs.
 // The registration lives on the nearest cancellable context at or above `ctx` (a
 // WithValue context has no cancellation of its own): it is freed when `fn` has run, by
-// Stop, or when that context is freed uncancelled (then `fn` never runs). So AfterFuncs
+// Stop (which also frees `fn` at once, while AfterFuncHandles live), or when that context
+// is freed uncancelled (then `fn` never runs: unlike Go, where AfterFunc keeps it). So AfterFuncs
 // registered per request through WithValue contexts of a long-lived root accumulate on
 // the root until they run or are stopped.
 //
