@@ -1028,6 +1028,71 @@ TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsOnTheCpuItWasQueuedFor) {
   EXPECT_EQ(ran_on.load(), cpu);
 }
 
+// flush_work of a work that waits on its delay timer (not yet queued, not running) has
+// nothing to wait for: false at once (it used to say true); flush_delayed_work queues it
+// now and waits.
+TEST_F(FakeTimeWorkqueueTest, FlushOfAWorkOnItsTimerDoesNotWait) {
+  auto wq = *Workqueue::Create({.name = "timer-flush", .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork delayed([&] { ++runs; });
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Hours(1)));
+  EXPECT_FALSE(wq->Flush(&delayed.work()));
+  EXPECT_TRUE(delayed.pending());
+  EXPECT_EQ(runs.load(), 0);
+  EXPECT_TRUE(wq->Flush(&delayed));
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// A Flush(work) waiting for a pending instance returns once ModDelayed takes that
+// instance back to a timer: it is gone, as if cancelled. Flush used to wait for the
+// re-armed timer to fire and the work to run (here: never, the clock does not move).
+TEST_F(FakeTimeWorkqueueTest, FlushReturnsWhenModDelayedTakesTheInstanceBack) {
+  auto wq = *Workqueue::Create({.name = "ordered", .flags = kOrdered, .runtime = runtime_.get()});
+  HeldWork blocker;
+  std::atomic<int> runs{0};
+  DelayedWork delayed([&] { ++runs; });
+  ASSERT_TRUE(wq->Queue(&blocker.work));
+  ASSERT_TRUE(wq->Queue(&delayed.work()));  // parked behind the blocker
+  testing::PausePoints hooks;
+  std::atomic<bool> flushed{false};
+  std::thread flusher([&] {
+    EXPECT_TRUE(wq->Flush(&delayed.work()));
+    flushed = true;
+  });
+  ASSERT_TRUE(hooks.WaitSeen(internal::HookPoint::kFlushWorkWaits, &delayed.work()));
+  EXPECT_TRUE(wq->ModDelayed(&delayed, absl::Hours(1)));  // it was pending: true
+  const bool returned = Eventually([&] { return flushed.load(); });
+  EXPECT_TRUE(returned) << "Flush(work) waited for the instance ModDelayed took back";
+  if (!returned) wq->Cancel(&delayed);  // ends the wait
+  flusher.join();
+  EXPECT_EQ(runs.load(), 0);
+  blocker.gate.Open();
+  EXPECT_TRUE(wq->CancelSync(&delayed));
+  wq->Flush();
+}
+
+// A delayed work can be cancelled through a workqueue of another runtime: its timer is
+// cancelled on the service it was armed on. It was cancelled on the caller's, which did
+// not know the id, and Cancel spun for ever (or could have cancelled an unrelated timer).
+TEST_F(FakeTimeWorkqueueTest, CancelThroughAnotherRuntimesWorkqueue) {
+  auto wq = *Workqueue::Create({.name = "owner", .runtime = runtime_.get()});
+  struct Other {  // on the heap: a Cancel that hangs keeps using it
+    std::unique_ptr<Workqueue> wq =
+        *Workqueue::Create({.name = "other", .runtime = &WorkqueueRuntime::Default()});
+    DelayedWork delayed{[] {}};
+  };
+  auto other = std::make_shared<Other>();
+  ASSERT_TRUE(wq->QueueDelayed(&other->delayed, absl::Seconds(1)));
+  const bool returned =
+      testing::ReturnsInTime([other] { EXPECT_TRUE(other->wq->Cancel(&other->delayed)); });
+  if (!returned) {
+    new std::shared_ptr<Other>(other);  // the spinning thread keeps using it: never freed
+    FAIL() << "Cancel through another runtime's workqueue did not return";
+  }
+  EXPECT_FALSE(other->delayed.pending());
+  EXPECT_EQ(timers_->Pending(), 0u);
+}
+
 // Drain does not wait for delayed works still on their timers.
 TEST_F(FakeTimeWorkqueueTest, DrainDoesNotWaitForTimers) {
   auto wq = *Workqueue::Create({.name = "d", .flags = kUnbound, .runtime = runtime_.get()});
@@ -1442,6 +1507,21 @@ TEST_F(WorkqueueTest, FlushWorkWaitsForTheWorkersLastTouch) {
   releasing.Resume();
   flusher.join();
   work.reset();  // safe now: under ASan a later touch by the worker is a use after free
+}
+
+// Dump lists the workqueues while others are created and destroyed: a workqueue listed
+// is read before its destructor can free it (ASan checks; Dump used to read the list's
+// workqueues after releasing the runtime's lock).
+TEST_F(WorkqueueTest, DumpWhileWorkqueuesComeAndGo) {
+  std::atomic<bool> stop{false};
+  std::thread dumper([&] {
+    while (!stop.load()) EXPECT_NE(runtime_->Dump().find("Workqueues"), std::string::npos);
+  });
+  for (int i = 0; i < 2000; ++i) {
+    auto wq = Make({.name = absl::StrCat("come-and-go-", i), .flags = kUnbound});
+  }
+  stop = true;
+  dumper.join();
 }
 
 // Drains in progress are counted: the first of two overlapping drains to end must not

@@ -186,7 +186,8 @@ struct WorkqueueStats {
 class Workqueue {
  public:
   // InvalidArgument for an empty name, max_active outside [0, 2048], negative
-  // min_active, kOrdered with max_active > 1, or an affinity_scope outside the enum.
+  // min_active, kOrdered with max_active > 1, or an affinity_scope outside the enum;
+  // ResourceExhausted when a kMemReclaim workqueue's rescuer thread cannot start.
   static absl::StatusOr<std::unique_ptr<Workqueue>> Create(WorkqueueOptions options);
 
   // destroy_workqueue: thaws a frozen workqueue, cancels delayed works still on their
@@ -221,9 +222,11 @@ class Workqueue {
   bool CancelSync(Work* work);
   bool CancelSync(DelayedWork* dwork);
 
-  // flush_work: waits until the instance pending or running at the call has finished
-  // and its worker is done with `work` (unless queued again, it may be destroyed once
-  // Flush returns). True when it waited. A delayed work is queued at once first
+  // flush_work: waits until the instance pending or running at the call has finished,
+  // or was taken back (cancelled, or moved back to a timer by ModDelayed), and its worker
+  // is done with `work` (unless queued again, it may be destroyed once Flush returns).
+  // True when it waited; false when nothing was queued or running (a work waiting on its
+  // delay timer counts as neither: Flush(DelayedWork*) queues it first). A delayed work is queued at once first
   // (flush_delayed_work), and then true also when it finished before the wait began.
   // Must not be called from `work` itself (it would wait for itself).
   bool Flush(Work* work);
@@ -247,9 +250,11 @@ class Workqueue {
   // still refused until a CancelSync in progress returns.
   bool Enable(Work* work);
 
-  // For kFreezable workqueues: stop starting works (running ones finish) / resume.
-  // Freeze waits until no work of this workqueue is running; once it returns, none
-  // starts until Thaw. No-op without kFreezable.
+  // For kFreezable workqueues: stop activating queued works / resume. Works already
+  // activated into a pool's worklist still start (as in the kernel), and Freeze waits
+  // until those and the running ones have finished; once it returns, none starts until
+  // Thaw. No-op without kFreezable. Must not be called from one of this workqueue's works
+  // (it would wait for itself).
   void Freeze();
   void Thaw();
 
@@ -276,7 +281,8 @@ class WorkqueueRuntime {
   struct Options {
     // nullptr: Topology::Detect().
     std::shared_ptr<const Topology> topology;
-    // Clock and timers for delays, the watchdog and idle reaping. nullptr: real ones.
+    // Clock and timers for delays and the watchdog (idle workers time out on real time,
+    // see idle_timeout). nullptr: real ones. Both must outlive the runtime.
     Clock* clock = nullptr;
     TimerService* timers = nullptr;
     // Idle workers beyond two per pool exit after this long (the kernel's 5 minutes).
@@ -297,7 +303,8 @@ class WorkqueueRuntime {
   };
 
   // Errors: InvalidArgument for a non-positive idle_timeout, cpu_intensive_threshold or
-  // stall_threshold; without a topology, Topology::Detect's errors.
+  // stall_threshold, or a topology with no CPU; without a topology, Topology::Detect's
+  // errors.
   static absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> Create(Options options);
   // The process-wide runtime on the detected topology (Topology::DetectForProcess: the
   // main thread's affinity mask, whichever thread calls first); never destroyed. If

@@ -345,26 +345,37 @@ void WorkerPool::WorkerMain(Worker* self) {
   if (highpri && setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), -20) != 0) {
     rt->highpri_raised_.store(false, std::memory_order_relaxed);
   }
-  MutexLock lock(&mu_);
-  for (;;) {
-    if (Work* w = NextLocked(self)) {
-      while (w != nullptr) w = Execute(self, w);
-      continue;
-    }
-    if (stopping_) break;
-    ++nr_idle_;
-    const bool timed_out = cv_.WaitFor(&mu_, rt->options.idle_timeout);
-    --nr_idle_;
-    // Too many idle workers: the kernel keeps two per pool.
-    if (timed_out && nr_idle_ >= 2 && worklist_.empty() && self->scheduled.empty() && !stopping_) {
-      auto it = std::find_if(workers_.begin(), workers_.end(),
-                             [self](const auto& p) { return p.get() == self; });
-      if (it != workers_.end()) {
-        dead_.push_back(std::move(*it));
-        workers_.erase(it);
+  // Idle workers that exited before this one, joined by it on its way out (outside the
+  // lock): the watchdog, the other joiner, is disarmed while the runtime is quiet, which
+  // is when idle workers exit, so their stacks would otherwise stay mapped.
+  std::vector<std::unique_ptr<Worker>> reaped;
+  {
+    MutexLock lock(&mu_);
+    for (;;) {
+      if (Work* w = NextLocked(self)) {
+        while (w != nullptr) w = Execute(self, w);
+        continue;
       }
-      break;
+      if (stopping_) break;
+      ++nr_idle_;
+      const bool timed_out = cv_.WaitFor(&mu_, rt->options.idle_timeout);
+      --nr_idle_;
+      // Too many idle workers: the kernel keeps two per pool.
+      if (timed_out && nr_idle_ >= 2 && worklist_.empty() && self->scheduled.empty() &&
+          !stopping_) {
+        auto it = std::find_if(workers_.begin(), workers_.end(),
+                               [self](const auto& p) { return p.get() == self; });
+        if (it != workers_.end()) {
+          reaped.swap(dead_);  // only workers that entered dead_ before this one
+          dead_.push_back(std::move(*it));
+          workers_.erase(it);
+        }
+        break;
+      }
     }
+  }
+  for (auto& w : reaped) {
+    if (w->thread.joinable()) w->thread.join();
   }
   tls_worker = nullptr;
 }
@@ -659,8 +670,8 @@ bool RuntimeCore::ShouldFailSpawn() {
 
 std::string RuntimeCore::Dump() const {
   std::string out = topology->Describe();
-  std::vector<const WorkerPool*> pools;
-  std::vector<WorkqueueCore*> wqs;
+  std::vector<const WorkerPool*> pools;  // live as long as the runtime
+  std::vector<std::string> wq_lines;
   {
     MutexLock lock(&mu_);
     for (const auto& v : cpu_pools_) {
@@ -669,12 +680,14 @@ std::string RuntimeCore::Dump() const {
       }
     }
     for (const auto& p : unbound_pools_) pools.push_back(p.get());
-    wqs = workqueues_;
+    // Under mu_: a workqueue unregisters (under mu_) before it is freed, so one listed here
+    // is alive until the lock is released. DumpLine takes no lock.
+    for (WorkqueueCore* wq : workqueues_) wq_lines.push_back(wq->DumpLine());
   }
   absl::StrAppend(&out, "\nPools (", pools.size(), "):\n");
   for (const WorkerPool* p : pools) absl::StrAppend(&out, "  ", p->DumpLine(), "\n");
-  absl::StrAppend(&out, "Workqueues (", wqs.size(), "):\n");
-  for (WorkqueueCore* wq : wqs) absl::StrAppend(&out, "  ", wq->DumpLine(), "\n");
+  absl::StrAppend(&out, "Workqueues (", wq_lines.size(), "):\n");
+  for (const std::string& line : wq_lines) absl::StrAppend(&out, "  ", line, "\n");
   return out;
 }
 

@@ -44,6 +44,16 @@ bool FinishedAndReleased(Work* w, uint64_t target) {
          A::running_seq(w).load(std::memory_order_acquire) > target;
 }
 
+// A pending instance was taken back (cancelled, or moved back to a timer by ModDelayed)
+// by the holder of the pending bit: it counts as finished for Flush, which would
+// otherwise wait for a later instance to run. Only done_seq's other writer, a worker
+// finishing an earlier instance, may store a smaller value after this; that only makes
+// a Flush wait longer, never return early. Returns true (GrabPending's result).
+bool TakenBack(Work* w) {
+  A::done_seq(w).store(A::queued_seq(w).load(std::memory_order_relaxed), std::memory_order_release);
+  return true;
+}
+
 // Takes the pending bit unless it is set or the work is disabled.
 bool TryClaimPending(Work* w) {
   uint64_t s = A::state(w).load(std::memory_order_relaxed);
@@ -347,7 +357,8 @@ WorkqueueCore::TimerGrab WorkqueueCore::GrabFromTimer(Work* w, PoolWorkqueue* pw
     return TimerGrab::kGone;
   }
   auto* d = static_cast<DelayedWork*>(A::list(w));
-  if (!rt->timers->Cancel(A::timer(d))) return TimerGrab::kFiring;
+  // The owner's timer service: the caller may be a workqueue of another runtime.
+  if (!owner_wq->rt->timers->Cancel(A::timer(d))) return TimerGrab::kFiring;
   SetWhere(w, WorkWhere::kNone);
   A::list(w) = nullptr;
   owner_wq->timed_.erase(d);
@@ -357,11 +368,15 @@ WorkqueueCore::TimerGrab WorkqueueCore::GrabFromTimer(Work* w, PoolWorkqueue* pw
 bool WorkqueueCore::GrabPending(Work* w) {
   for (;;) {
     if (!Pending(w)) return false;
+    // where_ first: a queuer stores pwq_ and then where_ (release), so a list read here
+    // (acquire) comes with a pwq_ at least as new. Read the other way round, an old pwq_
+    // (null before the first Queue, or of a destroyed workqueue) could meet a new list.
+    const WorkWhere where = WhereOf(w);
     PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
-    switch (WhereOf(w)) {
+    switch (where) {
       case WorkWhere::kTimer: {
         const TimerGrab grab = GrabFromTimer(w, pwq);
-        if (grab == TimerGrab::kGrabbed) return true;
+        if (grab == TimerGrab::kGrabbed) return TakenBack(w);
         if (grab == TimerGrab::kFiring) std::this_thread::yield();  // it moves to a pool
         break;
       }
@@ -381,7 +396,7 @@ bool WorkqueueCore::GrabPending(Work* w) {
           n.unparked.fetch_add(1, std::memory_order_seq_cst);
         }
         owner_wq->InstanceGone(A::color(w));
-        return true;
+        return TakenBack(w);
       }
       case WorkWhere::kPool:
       case WorkWhere::kScheduled: {
@@ -398,7 +413,7 @@ bool WorkqueueCore::GrabPending(Work* w) {
         owner_wq->Release(*owner_wq->nodes_[removed->node]);
         owner_wq->ActivateWaiting(removed->node);
         owner_wq->InstanceGone(A::color(w));
-        return true;
+        return TakenBack(w);
       }
       case WorkWhere::kNone:
         std::this_thread::yield();  // between lists for a moment
@@ -433,6 +448,9 @@ bool WorkqueueCore::CancelSync(Work* w) {
 bool WorkqueueCore::Flush(Work* w) {
   const uint64_t target = A::queued_seq(w).load(std::memory_order_acquire);
   if (!Pending(w) && !Running(w)) return false;
+  // Pending only on its delay timer (not yet queued) and not running: nothing to wait for
+  // (Flush(DelayedWork*) queues that one first), as flush_work.
+  if (FinishedAndReleased(w, target)) return false;
   BlockingScope blocking;
   MutexLock lock(&mu_);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
