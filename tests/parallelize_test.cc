@@ -143,6 +143,18 @@ TEST(ParallelizeUntilTest, NestedCallsOnAFullWorkqueueFinish) {
   EXPECT_EQ(inner.load(), 12);
 }
 
+// No more helpers are queued than the workqueue could run at once (max_active): a huge
+// `workers` does not allocate and queue a work item per worker.
+TEST(ParallelizeUntilTest, HelpersAreCappedAtMaxActive) {
+  auto wq = *Workqueue::Create({.name = "capped", .flags = kUnbound, .max_active = 3});
+  std::atomic<int> ran{0};
+  EXPECT_TRUE(ParallelizeUntil(Background(), 1'000'000, 100'000, [&](int) { ++ran; },
+                               {.workqueue = wq.get()})
+                  .ok());
+  EXPECT_EQ(ran.load(), 100'000);
+  EXPECT_LE(wq->stats().queued, 3u);
+}
+
 // A frozen workqueue holds the helpers; the caller runs every piece.
 TEST(ParallelizeUntilTest, FrozenWorkqueueStillFinishes) {
   auto wq = *Workqueue::Create({.name = "frozen", .flags = kUnbound | kFreezable});
