@@ -30,9 +30,28 @@ QueueMetricsRecorder::QueueMetricsRecorder(MetricsProvider* provider, std::strin
   }
 }
 
+std::unique_ptr<QueueMetricsRecorder> QueueMetricsRecorder::Make(MetricsProvider* provider,
+                                                                 std::string_view name,
+                                                                 Clock* clock, TimerService* timers,
+                                                                 bool by_priority) {
+  if (provider == nullptr) return nullptr;
+  auto recorder =
+      std::make_unique<QueueMetricsRecorder>(provider, name, clock, timers, by_priority);
+  const QueueMetricsRecorder& r = *recorder;
+  if (!r.depth_by_priority_ && !r.depth_ && !r.adds_ && !r.latency_ && !r.work_duration_ &&
+      !r.unfinished_ && !r.longest_ && !r.retries_ && !r.delayed_) {
+    return nullptr;
+  }
+  return recorder;
+}
+
 QueueMetricsRecorder::~QueueMetricsRecorder() {
   refresh_.reset();  // waits for a refresh in progress
   SpinLockHolder lock(&mu_);
+  // Nothing of this queue is in flight any more (another queue of the name, if any, sets
+  // its own values at its next refresh).
+  if (unfinished_) unfinished_->Set(0);
+  if (longest_) longest_->Set(0);
   for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
   for (auto& [priority, count] : depth_by_priority_count_) {
     for (; count > 0; --count) depth_by_priority_->Dec(priority);

@@ -22,6 +22,7 @@
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
 #include "testing/cancel_check.h"
+#include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
@@ -640,25 +641,7 @@ TEST_F(PriorityQueueTest, ALimiterKeepingItsOwnCountsIsCalledWithTheItem) {
 
 // ---- aging ----
 
-// A clock that counts its readings (and otherwise is `inner`).
-class CountingClock final : public Clock {
- public:
-  explicit CountingClock(FakeClock* inner) : inner_(inner) {}
-  absl::Time Now() const override {
-    reads_.fetch_add(1);
-    return inner_->Now();
-  }
-  absl::Time CoarseNow() const override { return Now(); }
-  void SleepUntil(absl::Time deadline) override { inner_->SleepUntil(deadline); }
-  bool is_manual() const override { return true; }
-  bool AddObserver(ClockObserver* observer) override { return inner_->AddObserver(observer); }
-  void RemoveObserver(ClockObserver* observer) override { inner_->RemoveObserver(observer); }
-  int reads() const { return reads_.load(); }
-
- private:
-  FakeClock* const inner_;
-  mutable std::atomic<int> reads_{0};
-};
+using testing::CountingClock;
 
 // With aging off (the default) handing out reads no clock.
 TEST(PriorityQueueClockTest, WithoutAgingGetNeverReadsTheClock) {

@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <climits>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "kwq/rate_limiting_queue.h"
 #include "kwq/sharded_queue.h"
 #include "kwq/timer.h"
+#include "testing/counting_clock.h"
 
 namespace kwq {
 namespace {
@@ -231,6 +233,26 @@ TEST_F(PrometheusTest, KeptSeriesOutliveTheirQueues) {
   EXPECT_EQ(Find(*registry, "workqueue_adds_total", "kept")->counter.value, 2);  // continued
 }
 
+// Providers with and without keep_series sharing a registry: a series one of them keeps
+// stays, whichever queue of the name goes last (it used to follow the last one's setting).
+TEST_F(PrometheusTest, ASeriesKeptByOneProviderStaysWhateverGoesLast) {
+  auto keeping = NewProvider({.keep_series = true});
+  auto plain = NewProvider();
+  for (bool keeper_last : {false, true}) {
+    const std::string name = keeper_last ? "keeper-last" : "keeper-first";
+    auto kept = std::make_unique<StringQueue>(On(keeping.get(), name));
+    auto not_kept = std::make_unique<StringQueue>(On(plain.get(), name));
+    if (keeper_last) {
+      not_kept.reset();
+      kept.reset();
+    } else {
+      kept.reset();
+      not_kept.reset();
+    }
+    EXPECT_EQ(SeriesOf(*registry, name), 8) << name;
+  }
+}
+
 TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {
   auto provider = NewProvider();
   StringQueue q(On(provider.get(), ""));
@@ -238,6 +260,23 @@ TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {
   EXPECT_EQ(provider->NewDepthMetric(""), nullptr);
   for (const prometheus::MetricFamily& f : registry->Collect()) {
     EXPECT_TRUE(f.metric.empty()) << f.name;
+  }
+}
+
+// A queue the provider gives no metric (an unnamed one) keeps no recorder: it reads no
+// clock and takes no lock for metrics, as a queue without a provider.
+TEST_F(PrometheusTest, UnnamedQueuesReadNoClockForMetrics) {
+  auto provider = NewProvider();
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto counting_timers = *TimerService::Create({.clock = &clock});
+  for (const char* name : {"", "named"}) {
+    StringQueue q(StringQueue::Options{
+        .name = name, .metrics = provider.get(), .clock = &clock, .timers = counting_timers.get()});
+    const int before = clock.reads();
+    q.Add("a");
+    q.TryGet();
+    EXPECT_EQ(clock.reads() > before, *name != '\0') << "queue \"" << name << "\"";
   }
 }
 
@@ -382,6 +421,12 @@ TEST_F(PrometheusTest, CreateRejectsBadInput) {
   EXPECT_EQ(
       PrometheusMetricsProvider::Create(registry, {.max_priority_series = -1}).status().code(),
       absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      PrometheusMetricsProvider::Create(registry, {.max_priority_series = INT_MAX}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(PrometheusMetricsProvider::Create(
+                  registry, {.max_priority_series = PrometheusOptions::kMaxPrioritySeriesLimit})
+                  .ok());
   EXPECT_EQ(PrometheusMetricsProvider::Create(
                 registry, {.const_labels = {{"controller", "v"}}, .controller_label = true})
                 .status()

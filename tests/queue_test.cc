@@ -319,6 +319,7 @@ class QueueMetricsTest : public ::testing::Test {
         .name = "q", .metrics = provider_.get(), .clock = &clock, .timers = timers_.get()});
     return *queue_;
   }
+  void DestroyQueue() { queue_.reset(); }
 
   FakeClock clock;
   testing::RecordedMetrics rec;
@@ -382,6 +383,22 @@ TEST_F(QueueMetricsTest, UnfinishedCountsTheLeasesStillInFlight) {
   clock.Advance(absl::Seconds(1));  // c 2 s
   EXPECT_NEAR(rec.Get("unfinished"), 2.0, 0.01);
   EXPECT_NEAR(rec.Get("longest"), 2.0, 0.01);
+}
+
+// A destroyed queue sets its in-flight gauges to zero: the last refresh's value would
+// otherwise stay exported (with keep_series, for good) for a queue that is gone.
+TEST_F(QueueMetricsTest, DestroyedQueueZeroesItsInFlightGauges) {
+  StringQueue& q = MakeQueue();
+  q.Add("a");
+  {
+    auto lease = q.TryGet();
+    clock.Advance(absl::Seconds(2));  // the refreshes see it 2 s in flight
+  }
+  EXPECT_NEAR(rec.Get("unfinished"), 2.0, 0.01);
+  EXPECT_NEAR(rec.Get("longest"), 2.0, 0.01);
+  DestroyQueue();  // before the next refresh
+  EXPECT_EQ(rec.Get("unfinished"), 0);
+  EXPECT_EQ(rec.Get("longest"), 0);
 }
 
 // depth counts what client-go's does: queued items plus in-flight ones added again.

@@ -499,10 +499,8 @@ class PriorityQueue {
         // Rounded up: a sub-nanosecond aging must not truncate to "aged at once".
         aging_ns_(absl::ToInt64Nanoseconds(absl::Ceil(options.aging, absl::Nanoseconds(1)))),
         timers_(options.timers) {
-    if (options.metrics != nullptr) {
-      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(
-          options.metrics, options.name, options.clock, options.timers, /*by_priority=*/true);
-    }
+    metrics_ = internal::QueueMetricsRecorder::Make(options.metrics, options.name, options.clock,
+                                                    options.timers, /*by_priority=*/true);
   }
 
   // Times as ns since the Unix epoch (kwq/internal/time_key.h): current times round

@@ -96,8 +96,10 @@ struct PrometheusOptions {
   // max_priority_series priorities it uses (25: controller-runtime's limit) and one
   // series, priority="exceeded_cardinality_limit", for all the others. Unlike
   // controller-runtime, a priority keeps its series once the limit is reached, so each
-  // series stays exact. Must not be negative (0: every priority goes to the shared one).
+  // series stays exact. In [0, kMaxPrioritySeriesLimit] (0: every priority goes to the
+  // shared one); each priority queue keeps a slot per series and every flush walks them.
   int max_priority_series = 25;
+  static constexpr int kMaxPrioritySeriesLimit = 1024;
   // The timer service for the flushes; nullptr: TimerService::Default(). Must outlive the
   // provider.
   TimerService* timers = nullptr;

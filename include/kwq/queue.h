@@ -140,10 +140,8 @@ class Queue {
   explicit Queue(Options options)
       : options_(std::move(options)),
         max_pollers_(options_.polling_workers > 0 ? std::min(options_.polling_workers, 1024) : 1) {
-    if (options_.metrics != nullptr) {
-      metrics_ = std::make_unique<internal::QueueMetricsRecorder>(options_.metrics, options_.name,
-                                                                  options_.clock, options_.timers);
-    }
+    metrics_ = internal::QueueMetricsRecorder::Make(options_.metrics, options_.name, options_.clock,
+                                                    options_.timers);
   }
   // Shuts the queue down. Leases must have ended (a debug assertion checks it).
   ~Queue() {
@@ -279,13 +277,13 @@ class Queue {
     return shutting_down_;
   }
 
+ private:
   // Counts one retry in the `retries` metric unless the queue is shut down (client-go's
   // AddAfter); nothing without a MetricsProvider. For DelayingQueue.
   void RecordRetryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (metrics_ && !shutting_down_) metrics_->OnRetry();
   }
 
- private:
   using Table = internal::KeyTable<T, Hash, Eq>;
 
   // Per-slot state bits (atomic, see State()). Only holders of mu_ set kDirty (an add, a

@@ -185,11 +185,13 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
       any |= c != pushed_counts_[i];
       pushed_counts_[i] = c;
     }
-    // The sum is read after the counts, so it may already hold an observation whose count
-    // comes with the next push; it is moved on only when something is pushed (else an
-    // observation landing between the two reads would be left out of the sum for good).
+    // Observe bumps a count and then the sum, and this reads them in the same order, so a
+    // push may carry an observation's count without its value (or, read the other way
+    // round, its value without its count). The sum is pushed whenever it moved, also with
+    // no count: the value of an observation whose count went out with an earlier push
+    // must follow, even if no observation comes after it.
     const double sum = sum_.load(std::memory_order_relaxed);
-    if (any) {
+    if (any || sum != pushed_sum_) {
       series().ObserveMultiple(deltas, sum - pushed_sum_);
       pushed_sum_ = sum;
     }

@@ -54,10 +54,11 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
   if (registry == nullptr) {
     return absl::InvalidArgumentError("PrometheusMetricsProvider: the registry is null");
   }
-  if (options.max_priority_series < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PrometheusMetricsProvider: max_priority_series must not be negative, not ",
-                     options.max_priority_series));
+  if (options.max_priority_series < 0 ||
+      options.max_priority_series > PrometheusOptions::kMaxPrioritySeriesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PrometheusMetricsProvider: max_priority_series must be in [0, ",
+        PrometheusOptions::kMaxPrioritySeriesLimit, "], not ", options.max_priority_series));
   }
   if (options.flush_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -100,7 +101,9 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
                  "Running time of the longest-running item in flight", labels, *registry);
     families->retries =
         Register(prometheus::BuildCounter(), "workqueue_retries_total",
-                 "Rate-limited re-adds (AddRateLimited) of a kwq queue", labels, *registry);
+                 "Retries of a kwq queue: AddAfter and AddRateLimited calls before ShutDown, "
+                 "and the adds of a priority queue that wait",
+                 labels, *registry);
     families->delayed =
         Register(prometheus::BuildGauge(), "kwq_workqueue_delayed_items",
                  "Items of a kwq delaying queue waiting for their delay", labels, *registry);

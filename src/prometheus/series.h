@@ -28,27 +28,38 @@ class SeriesUsers {
     return *users;
   }
 
+  // `keep`: this user's provider keeps its series for the life of the registry; one such
+  // user is enough for the series to stay, whichever user goes last.
   template <typename M, typename... Args>
-  M* Acquire(prometheus::Family<M>& family, const prometheus::Labels& labels, Args&&... args) {
+  M* Acquire(prometheus::Family<M>& family, bool keep, const prometheus::Labels& labels,
+             Args&&... args) {
     internal::MutexLock lock(&mu_);
     M* series = &family.Add(labels, std::forward<Args>(args)...);
-    ++users_[series];
+    Users& users = users_[series];
+    ++users.count;
+    users.keep |= keep;
     return series;
   }
 
-  // Counts one user less; the last one removes the series unless `keep`.
+  // Counts one user less; the last one removes the series unless one of its users kept
+  // it.
   template <typename M>
-  void Release(prometheus::Family<M>& family, M* series, bool keep) {
+  void Release(prometheus::Family<M>& family, M* series) {
     internal::MutexLock lock(&mu_);
     auto it = users_.find(series);
-    if (it == users_.end() || --it->second > 0) return;
+    if (it == users_.end() || --it->second.count > 0) return;
+    const bool keep = it->second.keep;
     users_.erase(it);
     if (!keep) family.Remove(series);  // takes the family's lock, never ours: no cycle
   }
 
  private:
+  struct Users {
+    int count = 0;
+    bool keep = false;  // sticky: a keep_series provider used it
+  };
   internal::Mutex mu_;
-  absl::flat_hash_map<const void*, int> users_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const void*, Users> users_ ABSL_GUARDED_BY(mu_);
 };
 
 // One queue's use of one series. Holds the registry, which owns the family, so a series
@@ -61,9 +72,8 @@ class Series {
          const prometheus::Labels& labels, Args&&... args)
       : registry_(std::move(registry)),
         family_(family),
-        keep_(keep),
-        series_(SeriesUsers::Get().Acquire(*family, labels, std::forward<Args>(args)...)) {}
-  ~Series() { SeriesUsers::Get().Release(*family_, series_, keep_); }
+        series_(SeriesUsers::Get().Acquire(*family, keep, labels, std::forward<Args>(args)...)) {}
+  ~Series() { SeriesUsers::Get().Release(*family_, series_); }
   Series(const Series&) = delete;
   Series& operator=(const Series&) = delete;
 
@@ -72,7 +82,6 @@ class Series {
  private:
   const std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<M>* const family_;
-  const bool keep_;
   M* const series_;
 };
 

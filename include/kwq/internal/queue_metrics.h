@@ -35,6 +35,12 @@ class QueueMetricsRecorder {
   // NewDepthMetricWithPriority when it gives one, else to NewDepthMetric.
   QueueMetricsRecorder(MetricsProvider* provider, std::string_view name, Clock* clock,
                        TimerService* timers, bool by_priority = false);
+  // The recorder a queue keeps: nullptr without a provider, or when the provider gives
+  // the queue no metric at all (an unnamed queue on kwq::prometheus), so that such a queue
+  // pays no clock reads and no lock for metrics.
+  static std::unique_ptr<QueueMetricsRecorder> Make(MetricsProvider* provider,
+                                                    std::string_view name, Clock* clock,
+                                                    TimerService* timers, bool by_priority = false);
   // Stops the refresh timer (waits for a refresh in progress), then takes what this queue
   // still counts off the depth and delayed gauges (which queues of one name may share).
   // Call without any lock the metric objects may wait on.
