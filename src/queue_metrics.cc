@@ -79,7 +79,7 @@ void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) {
   --depth_count_;
   if (depth_) depth_->Dec();
   if (depth_by_priority_) {
-    --depth_by_priority_count_[priority];
+    LeavePriorityLocked(priority);
     depth_by_priority_->Dec(priority);
   }
   const absl::Time now = clock_->Now();
@@ -115,10 +115,17 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) {
 void QueueMetricsRecorder::OnReprioritize(int from, int to) {
   if (!depth_by_priority_ || from == to) return;
   SpinLockHolder lock(&mu_);
-  --depth_by_priority_count_[from];
+  LeavePriorityLocked(from);
   depth_by_priority_->Dec(from);
   ++depth_by_priority_count_[to];
   depth_by_priority_->Inc(to);
+}
+
+void QueueMetricsRecorder::LeavePriorityLocked(int priority) {
+  auto it = depth_by_priority_count_.find(priority);
+  if (it != depth_by_priority_count_.end() && --it->second == 0) {
+    depth_by_priority_count_.erase(it);
+  }
 }
 
 void QueueMetricsRecorder::OnRetry() {

@@ -260,20 +260,20 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
   };
 
   // The queue's slot for `priority`: its own while fewer than max_series_ are taken, else
-  // the placeholder's. Single writer.
+  // the placeholder's. Only priorities with their own slot are remembered, so a queue
+  // whose priorities are computed (timestamps, hashes) does not grow a map entry per
+  // priority ever used. Single writer.
   int SlotOf(int priority) {
     if (auto it = slot_of_.find(priority); it != slot_of_.end()) return it->second;
     const int used = used_.load(std::memory_order_relaxed);
-    int slot = max_series_;
-    if (used < max_series_) {
-      slot = used;
-      slots_[slot].priority = priority;
-      used_.store(used + 1, std::memory_order_release);
-    } else {
+    if (used == max_series_) {
       overflowed_.store(true, std::memory_order_release);
+      return max_series_;
     }
-    slot_of_.emplace(priority, slot);
-    return slot;
+    slots_[used].priority = priority;
+    used_.store(used + 1, std::memory_order_release);
+    slot_of_.emplace(priority, used);
+    return used;
   }
   void Bump(int slot, int64_t by) {
     std::atomic<int64_t>& v = slots_[slot].value;

@@ -59,6 +59,9 @@ class QueueMetricsRecorder {
   void Refresh();
 
  private:
+  // One item of `priority` left this queue's depth.
+  void LeavePriorityLocked(int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   Clock* const clock_;
   TimerService* const timers_;
   // Before depth_, which is made only when this is not (as in controller-runtime).
@@ -82,7 +85,8 @@ class QueueMetricsRecorder {
   std::vector<uint32_t> in_flight_at_ ABSL_GUARDED_BY(mu_);
   int64_t depth_count_ ABSL_GUARDED_BY(mu_) = 0;    // this queue's share of depth_
   int64_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // and of delayed_
-  // This queue's share of depth_by_priority_, by priority (entries may reach zero).
+  // This queue's share of depth_by_priority_, by priority (no zero entries: a priority
+  // whose items all left is forgotten).
   absl::flat_hash_map<int, int64_t> depth_by_priority_count_ ABSL_GUARDED_BY(mu_);
 
   // Refreshes the in-flight gauges (when the provider gave any). Last: stopped first.
