@@ -1434,6 +1434,76 @@ bool Parked(Work* w) {
          internal::WorkWhere::kInactive;
 }
 
+// Two kMemReclaim workqueues rescuing one pool at once: an instance scheduled to the first
+// rescuer (queued while that rescuer ran it) stays cancellable while the second rescuer
+// is in the pool. The pool kept only the latest rescuer, so Cancel could not find the
+// instance and spun until the first rescuer ran it, "cancelled" work and all.
+TEST(WorkqueueRescuerTest, AnInstanceScheduledToOneOfTwoRescuersIsCancelled) {
+  std::atomic<bool> fail_spawn{false};
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
+                                       .cpu_intensive_threshold = absl::Seconds(30),
+                                       .fail_thread_creation = [&] { return fail_spawn.load(); }});
+  auto make = [&](const char* name, uint32_t flags) {  // all in the one unbound pool
+    return *Workqueue::Create({.name = name,
+                               .flags = kUnbound | flags,
+                               .affinity_scope = AffinityScope::kSystem,
+                               .runtime = rt.get()});
+  };
+  auto plain = make("plain", 0), a = make("a", kMemReclaim), b = make("b", kMemReclaim);
+  Work warm([] {});
+  ASSERT_TRUE(plain->Queue(&warm));
+  plain->Flush();  // the pool has its one worker
+  fail_spawn = true;
+  Gate blocker_gate, blocker2_gate, a_gate, b_gate;
+  std::atomic<bool> blocker_in{false}, blocker2_in{false}, b_in{false};
+  std::atomic<int> a_runs{0};
+  Work blocker([&] {
+    BlockingScope blocking;
+    blocker_in = true;
+    blocker_gate.Wait();
+  });
+  Work blocker2([&] {
+    BlockingScope blocking;
+    blocker2_in = true;
+    blocker2_gate.Wait();
+  });
+  Work wa([&] {
+    if (a_runs.fetch_add(1) == 0) a_gate.Wait();
+  });
+  Work wb([&] {
+    b_in = true;
+    b_gate.Wait();
+  });
+  auto where = [](Work* w) {
+    return static_cast<internal::WorkWhere>(WorkAccess::where(w).load());
+  };
+  ASSERT_TRUE(plain->Queue(&blocker));
+  ASSERT_TRUE(Eventually([&] { return blocker_in.load(); }));  // the worker blocks
+  ASSERT_TRUE(a->Queue(&wa));  // no worker can be made: a's rescuer runs it
+  ASSERT_TRUE(Eventually([&] { return a_runs.load() == 1; }));
+  ASSERT_TRUE(a->Queue(&wa));  // queued while it runs
+  blocker_gate.Open();         // the worker hands that instance to a's rescuer, running wa
+  ASSERT_TRUE(Eventually([&] { return where(&wa) == internal::WorkWhere::kScheduled; }));
+  ASSERT_TRUE(plain->Queue(&blocker2));
+  ASSERT_TRUE(Eventually([&] { return blocker2_in.load(); }));  // the worker blocks again
+  ASSERT_TRUE(b->Queue(&wb));                                   // b's rescuer enters the same pool
+  ASSERT_TRUE(Eventually([&] { return b_in.load(); }));
+  std::atomic<int> cancelled{-1};
+  std::thread canceller([&] { cancelled = a->Cancel(&wa); });
+  const bool returned = Eventually([&] { return cancelled.load() != -1; }, absl::Seconds(2));
+  EXPECT_TRUE(returned) << "Cancel could not find the instance scheduled to a's rescuer";
+  a_gate.Open();
+  canceller.join();
+  EXPECT_EQ(cancelled.load(), 1);
+  b_gate.Open();
+  blocker2_gate.Open();
+  a->Flush();
+  b->Flush();
+  plain->Flush();
+  EXPECT_EQ(a_runs.load(), 1);  // the cancelled instance never ran
+  fail_spawn = false;
+}
+
 // Freeze stores frozen_ and then counts the taken slots; a queuer that found the workqueue
 // not frozen takes its slot after that count must see the freeze and park the work (it
 // used to insert it, and the work started after Freeze had returned).

@@ -187,9 +187,11 @@ class WorkerPool {
   WorkList worklist_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Worker>> dead_ ABSL_GUARDED_BY(mu_);
-  // The rescuer while it runs this pool's works (Rescue): instances scheduled to it can
-  // be found and cancelled like those scheduled to a worker in workers_.
-  Worker* rescuing_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The rescuers running this pool's works (Rescue), so that instances scheduled to them
+  // can be found and cancelled like those scheduled to a worker in workers_. Several: the
+  // kMemReclaim workqueues of one pool each have a rescuer, and Rescue drops the lock
+  // while a work runs, so another may enter meanwhile.
+  std::vector<Worker*> rescuing_ ABSL_GUARDED_BY(mu_);
   int nr_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int nr_running_ ABSL_GUARDED_BY(mu_) = 0;  // counted running workers (bound pools)
   int nr_creating_ ABSL_GUARDED_BY(mu_) = 0;

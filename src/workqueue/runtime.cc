@@ -225,7 +225,9 @@ PoolWorkqueue* WorkerPool::TryRemove(Work* w) {
     for (auto& worker : workers_) {
       if (take(worker.get())) return pwq;
     }
-    if (rescuing_ != nullptr && take(rescuing_)) return pwq;
+    for (Worker* rescuer : rescuing_) {
+      if (take(rescuer)) return pwq;
+    }
   }
   return nullptr;
 }
@@ -473,7 +475,7 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
   Worker* const outer = tls_worker;
   tls_worker = rescuer;
   MutexLock lock(&mu_);
-  rescuing_ = rescuer;
+  rescuing_.push_back(rescuer);
   for (;;) {
     Work* found = nullptr;
     for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
@@ -497,7 +499,7 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
       for (Work* w = again; w != nullptr; w = Execute(rescuer, w)) ++ran;
     }
   }
-  rescuing_ = nullptr;
+  std::erase(rescuing_, rescuer);
   tls_worker = outer;
   return ran;
 }
