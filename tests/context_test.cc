@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdint>
 #include <latch>
 #include <memory>
 #include <string>
@@ -236,6 +237,18 @@ TEST_F(FakeTimeTest, ParentDeadlineEarlierWins) {
   EXPECT_EQ(child.Err().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// A child deadline equal to the parent's is "not later": no timer of its own, and the
+// child reports the parent's cause when that deadline passes.
+TEST_F(FakeTimeTest, EqualChildDeadlineUsesTheParents) {
+  auto [parent, cancel_parent] = WithTimeout(root_, absl::Seconds(5));
+  auto [child, cancel_child] = WithDeadline(parent, parent.Deadline());
+  EXPECT_EQ(child.Deadline(), parent.Deadline());
+  EXPECT_EQ(timers_->Pending(), 1u);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(child.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(child.Cause(), parent.Cause());
+}
+
 TEST_F(FakeTimeTest, ChildDeadlineEarlierFiresAlone) {
   auto [parent, cancel_parent] = WithTimeout(root_, absl::Seconds(50));
   auto [child, cancel_child] = WithTimeout(parent, absl::Seconds(5));
@@ -289,6 +302,11 @@ TEST_F(FakeTimeTest, InfiniteTimeoutMeansNoDeadline) {
   auto [huge, cancel_huge] = WithTimeout(root_, absl::Hours(1e12));
   clock_.Advance(absl::Hours(24 * 365));
   EXPECT_FALSE(huge.IsCancelled());
+  // Past absl::Duration's range now + timeout saturates: no deadline, no timer.
+  const size_t timers_before = timers_->Pending();
+  auto [saturated, cancel_saturated] = WithTimeout(root_, absl::Seconds(INT64_MAX));
+  EXPECT_EQ(saturated.Deadline(), absl::InfiniteFuture());
+  EXPECT_EQ(timers_->Pending(), timers_before);
 }
 
 TEST_F(FakeTimeTest, DroppedDeadlineContextCancelsItsTimer) {

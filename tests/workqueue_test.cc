@@ -1,5 +1,6 @@
 #include "kwq/workqueue.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -90,6 +91,29 @@ TEST_F(WorkqueueTest, InvalidOptionsAreRejected) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// kHighPri works run on their own pools' workers (named kwq-worker-H, niced to -20 where
+// allowed), bound or unbound, never on a normal pool's worker, as in the kernel.
+TEST_F(WorkqueueTest, HighPriWorksRunOnHighPriPools) {
+  auto thread_name = [] {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    return std::string(name);
+  };
+  for (uint32_t flags : {0u, static_cast<uint32_t>(kUnbound)}) {
+    auto normal = Make({.flags = flags});
+    auto high = Make({.flags = flags | kHighPri});
+    std::string normal_name, high_name;
+    Work on_normal([&] { normal_name = thread_name(); });
+    Work on_high([&] { high_name = thread_name(); });
+    ASSERT_TRUE(normal->Queue(&on_normal));
+    ASSERT_TRUE(high->Queue(&on_high));
+    normal->Flush();
+    high->Flush();
+    EXPECT_EQ(normal_name, "kwq-worker") << "flags " << flags;
+    EXPECT_EQ(high_name, "kwq-worker-H") << "flags " << flags;
+  }
+}
+
 TEST_F(WorkqueueTest, FlagsAndMaxActiveInForce) {
   auto ordered = Make({.flags = kOrdered});
   EXPECT_NE(ordered->flags() & kUnbound, 0u);  // kOrdered adds kUnbound
@@ -107,6 +131,24 @@ TEST(WorkDeathTest, DestroyingAPendingWorkFailsLoudly) {
         wq->Freeze();
         auto work = std::make_unique<Work>([] {});
         (void)wq->Queue(work.get());  // parked: the workqueue is frozen
+        work.reset();
+      },
+      "destroyed while pending or running");
+}
+
+// So does destroying a running one (its worker still touches it when the function ends).
+TEST(WorkDeathTest, DestroyingARunningWorkFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto wq = *Workqueue::Create({.name = "running", .flags = kUnbound});
+        std::atomic<bool> entered{false};
+        auto work = std::make_unique<Work>([&entered] {
+          entered = true;
+          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        });
+        (void)wq->Queue(work.get());
+        while (!entered.load()) std::this_thread::yield();
         work.reset();
       },
       "destroyed while pending or running");
