@@ -594,5 +594,21 @@ TEST(DelayingQueueRealTest, DestroyWhileTimerArmedIsSafe) {
   }
 }
 
+// Destroying the queue while its timer's Fire moves due items batch by batch (it releases
+// the lock between batches) waits for that Fire to end: ASan and TSan check the overlap.
+TEST(DelayingQueueRealTest, DestroyWhileTheTimerMovesBatchesIsSafe) {
+  for (int round = 0; round < 5; ++round) {
+    FakeClock clock;
+    auto timers = *TimerService::Create({.clock = &clock});
+    auto q =
+        std::make_unique<DelayingQueue<int>>(QueueOptions{.clock = &clock, .timers = timers.get()});
+    for (int i = 0; i < 20000; ++i) q->AddAfter(i, absl::Seconds(1));
+    std::thread mover([&clock] { clock.Advance(absl::Seconds(1)); });
+    while (q->Len() == 0) std::this_thread::yield();  // the Fire is moving batches
+    q.reset();
+    mover.join();
+  }
+}
+
 }  // namespace
 }  // namespace kwq
