@@ -12,10 +12,12 @@
 ABSL_FLAG(std::string, scenario, "", "scenario to run (see --list)");
 ABSL_FLAG(int64_t, n, 0, "problem size; 0 means the scenario's default");
 ABSL_FLAG(bool, list, false, "print the scenario names and default sizes");
-ABSL_FLAG(bool, other_thread, false,
+ABSL_FLAG(bool, other_thread, true,
           "start and join one thread before the scenario: glibc then leaves its "
           "single-threaded mode (pthread_mutex_unlock becomes an atomic exchange), as in "
-          "any program with a second thread");
+          "any program with a second thread and as in the Go peer's runtime; "
+          "--other_thread=false shows the single-threaded mode (fifo_1t and the ctx "
+          "scenarios start no thread of their own)");
 ABSL_FLAG(int, polling_workers, 0,
           "QueueOptions::polling_workers of the queue scenarios (0: the default)");
 
