@@ -6,7 +6,7 @@
 //
 //   auto registry = std::make_shared<prometheus::Registry>();
 //   auto metrics = kwq::PrometheusMetricsProvider::Create(registry).value();
-//   kwq::RateLimitingQueue<std::string> q(limiter, {.name = "pods", .metrics = metrics.get()});
+//   kwq::RateLimitingQueue<std::string> q({.name = "pods", .metrics = metrics.get()});
 //   prometheus::Exposer exposer("127.0.0.1:8080");  // prometheus-cpp's pull library
 //   exposer.RegisterCollectable(registry);
 //

@@ -22,7 +22,8 @@
 // horizon, which here runs only while the key is idle: a count never lapses while its key
 // waits, is queued or is being processed (however long a backoff, a bucket's backlog or
 // a reconcile takes), and the horizon starts from the later of its last failure and the
-// Done that left the key idle. An idle key whose count has not lapsed stays in the
+// moment the key last went idle (the Done that ended its processing, or a CancelAfter or
+// shutdown that ended its wait). An idle key whose count has not lapsed stays in the
 // table. (A limiter's own table can only count from the last failure.) A retry of the item being
 // processed (AddRateLimited(lease->item()), NumRequeues, Forget) then hashes nothing and
 // looks nothing up, and AddRateLimited takes one lock. The limiter's own table stays
