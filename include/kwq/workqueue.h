@@ -226,8 +226,8 @@ class Workqueue {
   // or was taken back (cancelled, or moved back to a timer by ModDelayed), and its worker
   // is done with `work` (unless queued again, it may be destroyed once Flush returns).
   // True when it waited; false when nothing was queued or running (a work waiting on its
-  // delay timer counts as neither: Flush(DelayedWork*) queues it first). A delayed work is queued
-  // at once first (flush_delayed_work), and then true also when it finished before the wait began.
+  // delay timer counts as neither). Flush(DelayedWork*) queues a delayed work at once first
+  // (flush_delayed_work), and is then true also when it finished before the wait began.
   // Must not be called from `work` itself (it would wait for itself).
   bool Flush(Work* work);
   bool Flush(DelayedWork* dwork);
