@@ -350,6 +350,21 @@ TEST_F(PrometheusTest, ChangesReachTheRegistryOnTheFlushTimer) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// flush_period = InfiniteDuration(): no flush timer at all; changes reach the registry on
+// Flush() and when a queue goes.
+TEST_F(PrometheusTest, InfiniteFlushPeriodPushesOnlyOnFlushAndDestruction) {
+  auto provider = NewProvider({.keep_series = true, .flush_period = absl::InfiniteDuration()});
+  auto q = std::make_unique<StringQueue>(On(provider.get(), "manual"));
+  q->Add("a");
+  clock.Advance(absl::Hours(24));
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "manual")->counter.value, 0);
+  provider->Flush();
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "manual")->counter.value, 1);
+  q->Add("b");
+  q.reset();  // its last push
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "manual")->counter.value, 2);
+}
+
 // The depth series of `queue` at `priority`.
 std::optional<prometheus::ClientMetric> FindPriority(prometheus::Registry& registry,
                                                      const std::string& queue,
