@@ -445,6 +445,43 @@ TEST_F(WorkqueueTest, UnboundPoolRunsOneWorkPerCpuItMayRunOn) {
   }
 }
 
+// The smt and system scopes: a strict pool's pod is CPU 0's core (its 2 SMT siblings)
+// and the whole machine (4 CPUs); CPU works all queued to CPU 0 run that many at once.
+// 2 cores of 2 hyper-threads (synthetic).
+TEST_F(WorkqueueTest, SmtAndSystemScopesBoundAStrictPoolsConcurrency) {
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:2 pu:2"),
+                                       .cpu_intensive_threshold = absl::Seconds(30)});
+  for (const std::pair<AffinityScope, int>& c :
+       {std::pair{AffinityScope::kSmt, 2}, std::pair{AffinityScope::kSystem, 4}}) {
+    const AffinityScope scope = c.first;
+    const int expected = c.second;  // not a structured binding: lambdas below capture it
+    auto wq = *Workqueue::Create({.name = "scope",
+                                  .flags = kUnbound,
+                                  .affinity_scope = scope,
+                                  .affinity_strict = true,
+                                  .runtime = rt.get()});
+    Gate gate;
+    std::atomic<int> busy{0}, peak{0};
+    std::vector<std::unique_ptr<Work>> works;
+    for (int i = 0; i < 6; ++i) {
+      works.push_back(std::make_unique<Work>([&] {  // CPU work: counted while it runs
+        const int now = busy.fetch_add(1) + 1;
+        int p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        gate.Wait();
+        busy.fetch_sub(1);
+      }));
+    }
+    for (auto& w : works) wq->QueueOn(0, w.get());
+    ASSERT_TRUE(Eventually([&] { return busy.load() == expected; })) << "expected " << expected;
+    EXPECT_FALSE(Eventually([&] { return busy.load() > expected; }, absl::Milliseconds(50)));
+    gate.Open();
+    wq->Flush();
+    EXPECT_EQ(peak.load(), expected);
+  }
+}
+
 TEST_F(WorkqueueTest, UnboundMaxActiveIsSplitPerNodeWithMinActiveFloor) {
   auto rt = *WorkqueueRuntime::Create({.topology = TwoNodes()});
   EXPECT_EQ(PeakConcurrency(rt.get(), 2, 1, 2), 2);  // 1 per node
