@@ -586,6 +586,39 @@ TEST(DelayingQueueRealTest, AddAfterFromManyThreadsLosesNothing) {
   EXPECT_FALSE(q.TryGet().has_value()) << "an item handed out once more";
 }
 
+// An Add racing the timer's promotion of the same waiting item queues it once: both end
+// the wait, and only one may queue the item (a broken hand-over would queue it twice, or
+// lose it). Another thread adds each key right at its ready time, while the timer thread
+// promotes it; nothing is handed out until the races are over, so each key must come out
+// exactly once.
+TEST(DelayingQueueRealTest, AddRacingThePromotionQueuesTheItemOnce) {
+  constexpr int kKeys = 2000;
+  constexpr absl::Duration kStep = absl::Microseconds(100);
+  Clock* clock = RealClock::Default();
+  DelayingQueue<int> q;  // on the same real clock
+  const absl::Time first = clock->Now() + absl::Milliseconds(10);
+  for (int k = 0; k < kKeys; ++k) q.AddAfter(k, first + k * kStep - clock->Now());
+  std::thread adder([&] {
+    for (int k = 0; k < kKeys; ++k) {
+      while (clock->Now() < first + k * kStep) {
+      }
+      q.Add(k);
+    }
+  });
+  adder.join();
+  ASSERT_TRUE(testing::Eventually([&q] { return q.Waiting() == 0; }));
+  std::vector<int> runs(kKeys);
+  int total = 0;
+  while (auto lease = q.TryGet()) {
+    ++runs[**lease];
+    ++total;
+  }
+  EXPECT_EQ(total, kKeys);
+  int wrong = 0;
+  for (int k = 0; k < kKeys; ++k) wrong += runs[k] != 1;
+  EXPECT_EQ(wrong, 0);
+}
+
 TEST(DelayingQueueRealTest, DestroyWhileTimerArmedIsSafe) {
   for (int i = 0; i < 100; ++i) {
     DelayingQueue<int> q;
