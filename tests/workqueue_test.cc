@@ -8,6 +8,7 @@
 #include <functional>
 #include <latch>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -356,17 +357,19 @@ TEST_F(WorkqueueTest, OrderedRunsOneAtATimeInQueueingOrder) {
   for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
 }
 
-// Works that block (on a gate, telling the pool with a BlockingScope) until all that the
-// limits allow run at once: exactly `expected` of them must be running, and no more start
-// meanwhile. Returns the peak seen.
+// Works held on a gate until all that the limits allow run at once: exactly `expected`
+// of them must be running, and no more start meanwhile. Returns the peak seen. With
+// `blocking` they tell the pool they sleep (BlockingScope), so the limit, not the CPU,
+// must stop the others; without, they count as CPU work while they run.
 int HeldConcurrency(Workqueue* wq, int works_count, int expected,
-                    const std::function<void(Work*, int)>& queue) {
+                    const std::function<void(Work*, int)>& queue, bool blocking = true) {
   Gate gate;
   std::atomic<int> busy{0}, peak{0}, done{0};
   std::vector<std::unique_ptr<Work>> works;
   for (int i = 0; i < works_count; ++i) {
     works.push_back(std::make_unique<Work>([&] {
-      BlockingScope blocking;  // a sleeping work: the limit, not the CPU, must stop others
+      std::optional<BlockingScope> scope;
+      if (blocking) scope.emplace();
       const int now = busy.fetch_add(1) + 1;
       int p = peak.load();
       while (now > p && !peak.compare_exchange_weak(p, now)) {
@@ -421,27 +424,12 @@ TEST_F(WorkqueueTest, UnboundPoolRunsOneWorkPerCpuItMayRunOn) {
                                   .affinity_scope = AffinityScope::kCache,
                                   .affinity_strict = strict,
                                   .runtime = rt.get()});
-    Gate gate;
-    std::atomic<int> busy{0}, peak{0};
-    std::vector<std::unique_ptr<Work>> works;
-    for (int i = 0; i < 8; ++i) {
-      works.push_back(std::make_unique<Work>([&] {  // CPU work: counted while it runs
-        const int now = busy.fetch_add(1) + 1;
-        int p = peak.load();
-        while (now > p && !peak.compare_exchange_weak(p, now)) {
-        }
-        gate.Wait();
-        busy.fetch_sub(1);
-      }));
-    }
-    for (auto& w : works) wq->QueueOn(0, w.get());  // all to CPU 0's pod {0, 1}
-    const int expected = strict ? 2 : 8;
-    ASSERT_TRUE(Eventually([&] { return busy.load() == expected; })) << "strict=" << strict;
-    // More would start within this time if the pool allowed them.
-    EXPECT_FALSE(Eventually([&] { return busy.load() > expected; }, absl::Milliseconds(50)));
-    gate.Open();
-    wq->Flush();
-    EXPECT_EQ(peak.load(), expected) << "strict=" << strict;
+    const int expected = strict ? 2 : 8;  // all queued to CPU 0's pod {0, 1}
+    EXPECT_EQ(HeldConcurrency(
+                  wq.get(), 8, expected, [&](Work* w, int) { wq->QueueOn(0, w); },
+                  /*blocking=*/false),
+              expected)
+        << "strict=" << strict;
   }
 }
 
@@ -453,32 +441,15 @@ TEST_F(WorkqueueTest, SmtAndSystemScopesBoundAStrictPoolsConcurrency) {
                                        .cpu_intensive_threshold = absl::Seconds(30)});
   for (const std::pair<AffinityScope, int>& c :
        {std::pair{AffinityScope::kSmt, 2}, std::pair{AffinityScope::kSystem, 4}}) {
-    const AffinityScope scope = c.first;
-    const int expected = c.second;  // not a structured binding: lambdas below capture it
     auto wq = *Workqueue::Create({.name = "scope",
                                   .flags = kUnbound,
-                                  .affinity_scope = scope,
+                                  .affinity_scope = c.first,
                                   .affinity_strict = true,
                                   .runtime = rt.get()});
-    Gate gate;
-    std::atomic<int> busy{0}, peak{0};
-    std::vector<std::unique_ptr<Work>> works;
-    for (int i = 0; i < 6; ++i) {
-      works.push_back(std::make_unique<Work>([&] {  // CPU work: counted while it runs
-        const int now = busy.fetch_add(1) + 1;
-        int p = peak.load();
-        while (now > p && !peak.compare_exchange_weak(p, now)) {
-        }
-        gate.Wait();
-        busy.fetch_sub(1);
-      }));
-    }
-    for (auto& w : works) wq->QueueOn(0, w.get());
-    ASSERT_TRUE(Eventually([&] { return busy.load() == expected; })) << "expected " << expected;
-    EXPECT_FALSE(Eventually([&] { return busy.load() > expected; }, absl::Milliseconds(50)));
-    gate.Open();
-    wq->Flush();
-    EXPECT_EQ(peak.load(), expected);
+    EXPECT_EQ(HeldConcurrency(
+                  wq.get(), 6, c.second, [&](Work* w, int) { wq->QueueOn(0, w); },
+                  /*blocking=*/false),
+              c.second);
   }
 }
 
