@@ -295,6 +295,8 @@ class Queue {
   // ready time wins), but a waiting item may be in flight (it runs again when its delay
   // ends).
   static constexpr uint8_t kWaiting = 4;
+  // A key with none of these bits is idle: evictable, and its failure count may lapse.
+  static constexpr uint8_t kBusyBits = kDirty | kProcessing | kWaiting;
   // finished_: leases ended, in the low bits; kDrainFlag while a drain waits.
   static constexpr uint64_t kDrainFlag = uint64_t{1} << 63;
   // next_hash_: set beside a hash that no TakeNextHash has taken yet.
@@ -434,7 +436,7 @@ class Queue {
         State(slot).fetch_and(static_cast<uint8_t>(~kWaiting), std::memory_order_relaxed);
         return false;
       }
-      if (counts_ && !(old & kProcessing)) counts_->EndIdle(slot);
+      if (counts_ && !(old & kBusyBits)) counts_->EndIdle(slot);  // was idle
     }
     waiting_.Push(slot, ready);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
@@ -516,9 +518,7 @@ class Queue {
 
   // Whether `slot`'s key is queued, waiting or in flight (then its failure count cannot
   // lapse, see FailureCounts). Lock-free; a caller without mu_ gets a snapshot.
-  bool Busy(uint32_t slot) {
-    return State(slot).load(std::memory_order_relaxed) & (kDirty | kProcessing | kWaiting);
-  }
+  bool Busy(uint32_t slot) { return State(slot).load(std::memory_order_relaxed) & kBusyBits; }
 
   // Ends every wait (DelayingQueue's shutdown).
   void DropWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -807,7 +807,7 @@ class Queue {
       if (old & kWaiting) [[unlikely]]
         RemoveWaitingLocked(slot);
       if (old & kDirty) return false;
-      if (counts_ && !(old & (kProcessing | kWaiting))) counts_->EndIdle(slot);
+      if (counts_ && !(old & kBusyBits)) counts_->EndIdle(slot);  // was idle
     }
     return QueueMarkedLocked(slot, old, pushed);
   }
@@ -910,7 +910,7 @@ class Queue {
         if (hand_ >= table_.slot_limit()) hand_ = 0;
         const uint32_t slot = hand_++;
         const uint8_t state = State(slot).load(std::memory_order_acquire);
-        if (!(state & Table::kLive) || (state & (kDirty | kProcessing | kWaiting))) continue;
+        if (!(state & Table::kLive) || (state & kBusyBits)) continue;
         // A key with a failure count that has not lapsed stays (RateLimitingQueue).
         if (counts_ && counts_->Held(slot, now)) {
           kept = true;
