@@ -365,7 +365,7 @@ void AfterFuncFreedWithNode(ContextNode* node, absl::AnyInvocable<void()> fn) {
   node->after_funcs.push_back(std::move(record));
 }
 
-CancelFunc MakeCancelFunc(Context ctx) { return CancelFunc(std::move(ctx)); }
+CancelFunc MakeCancelFunc(ContextNode* node) { return CancelFunc(node); }
 
 ContextNode* NodeOf(const Context& ctx) { return ctx.node(); }
 Context AdoptNode(ContextNode* node) { return Context(node); }
@@ -541,9 +541,9 @@ CancelableContext WithCancel(const Context& parent) {
   ContextNode* p = internal::NodeOf(parent);
   // Two references: one for the context, one for the cancel function.
   ContextNode* node = internal::NewCancellableChild(p, p->deadline, /*refs=*/2);
-  Context ctx = internal::AdoptNode(node);
-  CancelFunc cancel = internal::MakeCancelFunc(internal::AdoptNode(node));
-  return {std::move(ctx), std::move(cancel)};
+  // Both handles built in place in the caller's result: no handle is moved, so none is
+  // read back right after its stores (a store-forwarding stall of a few ns).
+  return {internal::AdoptNode(node), internal::MakeCancelFunc(node)};
 }
 
 CancelableContext WithCancelCause(const Context& parent) { return WithCancel(parent); }
@@ -576,13 +576,12 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
                                               }),
                       std::memory_order_relaxed);
   }
-  // The handles first: returning them right after they are built would read them back
-  // before their stores complete (a store-forwarding stall of a few ns).
-  Context ctx = internal::AdoptNode(node);
-  CancelFunc cancel = internal::MakeCancelFunc(internal::AdoptNode(node));
+  // The node holds the handles' two references already, so it may be published (and
+  // cancelled) before they exist. They are built in place in the caller's result, so
+  // none is moved and read back right after its stores (a store-forwarding stall).
   internal::Register(node);
   if (past) internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
-  return {std::move(ctx), std::move(cancel)};
+  return {internal::AdoptNode(node), internal::MakeCancelFunc(node)};
 }
 
 }  // namespace

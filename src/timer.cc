@@ -72,7 +72,9 @@ class TimerCore final : public ClockObserver {
     }
   }
 
-  TimerId Schedule(absl::Time deadline, TimerHeap::Callback fn) {
+  // `fn` by reference: it is read (moved into the heap) only under the lock, after the
+  // caller's stores that built it have drained (no store-forwarding stall).
+  TimerId Schedule(absl::Time deadline, TimerHeap::Callback&& fn) {
     bool wake = false;
     TimerId id;
     {

@@ -82,7 +82,7 @@ class CancelFunc;
 class AfterFuncHandle;
 
 namespace internal {
-CancelFunc MakeCancelFunc(Context ctx);
+CancelFunc MakeCancelFunc(ContextNode* node);  // takes over one reference
 ContextNode* NodeOf(const Context& ctx);
 Context AdoptNode(ContextNode* node);
 }  // namespace internal
@@ -217,8 +217,9 @@ class CancelFunc {
   void operator()(absl::Status cause = absl::OkStatus()) const;
 
  private:
-  friend CancelFunc internal::MakeCancelFunc(Context ctx);
-  explicit CancelFunc(Context ctx) : ctx_(std::move(ctx)) {}
+  friend CancelFunc internal::MakeCancelFunc(internal::ContextNode* node);
+  // Takes over one reference to `node`.
+  explicit CancelFunc(internal::ContextNode* node) : ctx_(node) {}
   Context ctx_;
 };
 

@@ -20,7 +20,7 @@ int64_t TimerHeap::KeyOf(absl::Time t, bool round_up) const {
   return ns;
 }
 
-uint64_t TimerHeap::Insert(absl::Time deadline, Callback fn) {
+uint64_t TimerHeap::Insert(absl::Time deadline, Callback&& fn) {
   uint32_t slot;
   if (free_head_ != kNoSlot) {
     slot = free_head_;

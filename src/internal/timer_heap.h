@@ -38,7 +38,7 @@ class TimerHeap {
   explicit TimerHeap(absl::Time origin = absl::UnixEpoch()) : origin_(origin) {}
 
   // Adds a timer; returns its id (never 0).
-  uint64_t Insert(absl::Time deadline, Callback fn);
+  uint64_t Insert(absl::Time deadline, Callback&& fn);
   // Removes a pending timer; returns false if `id` is not pending. Its callback moves to
   // `*fn` when given (so the caller can destroy it after releasing its lock: a capture's
   // destructor may call back into the timer's owner), else is destroyed here.
