@@ -1750,5 +1750,76 @@ TEST_F(FakeTimeWorkqueueTest, FlushDelayedRacingItsTimerKeepsTheWorksPlace) {
   EXPECT_EQ(order, (std::vector<std::string>{"delayed", "later"}));
 }
 
+// CancelSync and ModDelayed find a delayed work's timer firing: the service has let go of
+// it and TimerFired has yet to queue the work. They must wait for the work to reach its
+// pool and take it back there: CancelSync then reports it pending and it never runs;
+// ModDelayed reports it pending and it runs once, at the new time. An ordered workqueue
+// whose slot `holder` keeps parks the work where it lands, so no worker can run it first.
+class TimerFiringRaceTest : public FakeTimeWorkqueueTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(wq_->Queue(&holder_));  // takes the one slot
+    ASSERT_TRUE(wq_->QueueDelayed(&delayed_, absl::Seconds(1)));
+  }
+  void TearDown() override {
+    gate_.Open();
+    wq_->Flush();
+  }
+  // Fires the timer on its own thread and stops it before it queues the work; runs
+  // `call` on another thread until it has found the timer firing; lets the call go on
+  // until it returns or finds the timer firing once more (it must wait for the work to
+  // leave the timer: a call that took the work from the firing timer and re-armed it
+  // first would be queued by the old firing too); then lets the timer go and returns
+  // what `call` returned.
+  bool RaceTheFiring(const std::function<bool()>& call) {
+    PausePoints hooks;
+    Work* w = &delayed_.work();
+    PausePoints::Pause& firing = hooks.Arm(HookPoint::kTimerWillQueue, w);
+    PausePoints::Pause& found = hooks.Arm(HookPoint::kGrabFoundFiring, w);
+    std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+    EXPECT_TRUE(firing.WaitPaused());
+    std::atomic<int> result{-1};
+    std::thread caller([&] { result = call() ? 1 : 0; });
+    EXPECT_TRUE(found.WaitPaused()) << "the call did not find the timer firing";
+    found.Resume();
+    EXPECT_TRUE(Eventually(
+        [&] { return result.load() != -1 || hooks.Seen(HookPoint::kGrabFoundFiring, w) >= 2; }));
+    firing.Resume();
+    caller.join();
+    advancer.join();
+    return result.load() == 1;
+  }
+
+  std::unique_ptr<Workqueue> wq_ =
+      *Workqueue::Create({.name = "fire", .flags = kOrdered, .runtime = runtime_.get()});
+  Gate gate_;
+  Work holder_{[this] { gate_.Wait(); }};
+  std::atomic<int> runs_{0};
+  DelayedWork delayed_{[this] { runs_.fetch_add(1); }};
+};
+
+TEST_F(TimerFiringRaceTest, CancelSyncTakesTheWorkBack) {
+  EXPECT_TRUE(RaceTheFiring([&] { return wq_->CancelSync(&delayed_); }));
+  EXPECT_FALSE(delayed_.work().pending());
+  gate_.Open();
+  wq_->Flush();
+  EXPECT_EQ(runs_.load(), 0);
+}
+
+TEST_F(TimerFiringRaceTest, ModDelayedRunsTheWorkOnceAtTheNewTime) {
+  EXPECT_TRUE(RaceTheFiring([&] { return wq_->ModDelayed(&delayed_, absl::Seconds(5)); }));
+  EXPECT_TRUE(delayed_.work().pending());
+  gate_.Open();
+  wq_->Flush();
+  EXPECT_EQ(runs_.load(), 0);  // not at the old time
+  clock_.Advance(absl::Seconds(5) - absl::Nanoseconds(1));
+  wq_->Flush();
+  EXPECT_EQ(runs_.load(), 0);
+  clock_.Advance(absl::Nanoseconds(1));
+  ASSERT_TRUE(Eventually([&] { return runs_.load() == 1; }));
+  wq_->Flush();
+  EXPECT_EQ(runs_.load(), 1);
+}
+
 }  // namespace
 }  // namespace kwq

@@ -57,6 +57,14 @@ enum class HookPoint : uint8_t {
   // signal cv_ and unlock mu_. Holds mu_ (and, from a worker, its pool's lock). Subject:
   // the WorkqueueCore.
   kInstanceGoneCounted,
+  // A delayed work's timer fired: TimerFired is about to take timer_mu_ and queue the
+  // work. The timer service has let go of the timer (cancelling it fails from here on).
+  // Subject: the Work. Per delayed item.
+  kTimerWillQueue,
+  // GrabFromTimer (Cancel, ModDelayed or Flush of a delayed work) found the work's timer
+  // firing (the service could not cancel it) and is about to release timer_mu_ and let
+  // its caller retry. Holds the owner workqueue's timer_mu_. Subject: the Work.
+  kGrabFoundFiring,
 };
 
 // What a test installs. At() is called at every point reached while installed.

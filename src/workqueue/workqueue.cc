@@ -358,7 +358,10 @@ WorkqueueCore::TimerGrab WorkqueueCore::GrabFromTimer(Work* w, PoolWorkqueue* pw
   }
   auto* d = static_cast<DelayedWork*>(A::list(w));
   // The owner's timer service: the caller may be a workqueue of another runtime.
-  if (!owner_wq->rt->timers->Cancel(A::timer(d))) return TimerGrab::kFiring;
+  if (!owner_wq->rt->timers->Cancel(A::timer(d))) {
+    TestHook(HookPoint::kGrabFoundFiring, w);
+    return TimerGrab::kFiring;
+  }
   SetWhere(w, WorkWhere::kNone);
   A::list(w) = nullptr;
   owner_wq->timed_.erase(d);
@@ -571,6 +574,7 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
 
 void WorkqueueCore::TimerFired(DelayedWork* d) {
   Work* w = A::work(d);
+  TestHook(HookPoint::kTimerWillQueue, w);
   // Queued while timer_mu_ is held: the destructor, which looks at timed_ under it, sees
   // the work either still on its timer or already counted as queued (then it drains it).
   MutexLock lock(&timer_mu_);
