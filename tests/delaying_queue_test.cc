@@ -349,6 +349,30 @@ TEST_F(DelayingQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
       q_, [](auto& queue) { return internal::QueuePeer::Sleepers(queue); });
 }
 
+// A ready item wins over a done context, also one that is due but still waits for the
+// timer to move it: Get(ctx) moves due items before it looks at the context. A callback
+// of the same service, due just before, holds the timer up meanwhile.
+TEST_F(DelayingQueueTest, GetWithADoneContextTakesADueItemTheTimerHasNotMoved) {
+  std::atomic<bool> holding{false}, release{false};
+  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
+    holding = true;
+    while (!release) std::this_thread::yield();
+  });
+  q_.AddAfter("a", absl::Seconds(1));
+  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+  const bool held = testing::Eventually([&] { return holding.load(); });
+  EXPECT_TRUE(held);
+  EXPECT_EQ(q_.Waiting(), 1u);  // due, not moved
+  auto [ctx, cancel] = WithCancel(Background());
+  cancel();
+  std::optional<DelayingQueue<std::string>::Lease> lease = q_.Get(ctx);
+  release = true;
+  advancer.join();
+  ASSERT_TRUE(held);
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(lease->item(), "a");
+}
+
 TEST_F(DelayingQueueTest, BlockedGetIsWokenAtTheExactReadyTime) {
   // After a firing the timer coalesces (50 us), but a worker that blocks re-arms it
   // for the exact ready time of the next item.
