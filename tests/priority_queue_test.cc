@@ -832,16 +832,9 @@ TEST_F(PriorityQueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
   q_->Add("waiting", {.priority = 1});
   q_->Add("queued", {.priority = 5});  // and queued again for after its Done
   q_->AddAfter("delayed", absl::Seconds(1));
-  std::atomic<int> drained{0};
-  std::vector<std::thread> drainers;
-  for (int i = 0; i < 3; ++i) drainers.emplace_back([&] { drained += q_->ShutDownWithDrain(); });
-  while (!q_->ShuttingDown()) std::this_thread::yield();
+  const Strings seen = testing::DrainWhileTaking(
+      *q_, [](auto& queue) { return internal::QueuePeer::Draining(queue); }, 3, in_flight);
   EXPECT_EQ(q_->Waiting(), 0u);  // delayed items are dropped, not waited for
-  in_flight->Done();
-  Strings seen;
-  while (auto lease = q_->Get()) seen.push_back(lease->item());
-  for (auto& d : drainers) d.join();
-  EXPECT_EQ(drained.load(), 3);
   EXPECT_EQ(seen, (Strings{"queued", "waiting"}));
   EXPECT_EQ(q_->Depth(), 0u);
 }

@@ -172,14 +172,8 @@ TEST(QueueTest, ShutDownWithDrainWaitsForQueuedAndInFlight) {
   auto in_flight = q.TryGet();  // "queued" is now in flight
   q.Add("waiting");
   q.Add("queued");  // and marked to run again
-  std::atomic<bool> drained{false};
-  std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
-  // The drain cannot finish while the lease is active or items wait.
-  in_flight->Done();
-  std::vector<std::string> seen;
-  while (auto lease = q.Get()) seen.push_back(lease->item());
-  drainer.join();
-  EXPECT_TRUE(drained.load());
+  const std::vector<std::string> seen = testing::DrainWhileTaking(
+      q, [](auto& queue) { return internal::QueuePeer::Draining(queue); }, 1, in_flight);
   EXPECT_EQ(seen, (std::vector<std::string>{"waiting", "queued"}));
   EXPECT_EQ(q.Depth(), 0u);
 }

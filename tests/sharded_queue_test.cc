@@ -158,9 +158,19 @@ TEST(ShardedQueueTest, WorkersTakeTheirHomeShardsItemsInFifoOrder) {
   EXPECT_EQ(q->Depth(), q->Len());
 }
 
+// The drain waits for every shard: here for a lease of the last one, held while the
+// workers take everything else.
 TEST(ShardedQueueTest, ShutDownWithDrainDrainsEveryShard) {
   auto q = *ShardedQueue<int>::Create(2);
   for (int i = 0; i < 100; ++i) q->Add(i);
+  auto held = q->TryGet(1);  // from shard 1, the last one
+  ASSERT_TRUE(held.has_value());
+  ASSERT_EQ(q->ShardOf(**held), 1);
+  std::atomic<bool> returned{false}, drained{false};
+  std::thread drainer([&] {
+    drained = q->ShutDownWithDrain();
+    returned = true;
+  });
   std::vector<std::thread> workers;
   std::atomic<int> seen{0};
   for (int w = 0; w < 2; ++w) {
@@ -168,9 +178,15 @@ TEST(ShardedQueueTest, ShutDownWithDrainDrainsEveryShard) {
       while (auto lease = q->Get(w)) ++seen;
     });
   }
-  EXPECT_TRUE(q->ShutDownWithDrain());
+  EXPECT_TRUE(testing::Eventually([&] { return seen.load() == 99; }));
+  // A negative check: it can only miss a failure.
+  EXPECT_FALSE(testing::Eventually([&] { return returned.load(); }, absl::Milliseconds(20)))
+      << "the drain returned while a lease of the last shard was active";
+  held->Done();
+  drainer.join();
   for (auto& t : workers) t.join();
-  EXPECT_EQ(seen.load(), 100);
+  EXPECT_TRUE(drained.load());
+  EXPECT_EQ(seen.load(), 99);
   EXPECT_FALSE(q->Add(1));
 }
 
@@ -212,7 +228,10 @@ TEST(ShardedQueueTest, ShutDownEndsADrain) {
     drained = q->ShutDownWithDrain();
     returned = true;
   });
-  while (internal::QueuePeer::Draining(q->shard(2)) == 0) std::this_thread::yield();
+  // The drain waits on shard 2 (or wrongly returned).
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return internal::QueuePeer::Draining(q->shard(2)) > 0 || returned.load(); }));
+  EXPECT_FALSE(returned.load()) << "the drain returned while a lease was active";
   q->ShutDown();
   drainer.join();
   EXPECT_FALSE(drained);

@@ -4,12 +4,14 @@
 // number of drainers waiting, read under the queue's lock (a test peer): a drainer counts
 // itself in the hold of the lock in which it checks and goes to wait, so a non-zero count
 // means it waits. For Queue and PriorityQueue. ExpectShutDownAbortsEveryDrain, below, the
-// same for several drainers and a ShutDown.
+// same for several drainers and a ShutDown; DrainWhileTaking checks that drainers wait for
+// a lease and for every queued item.
 
 #ifndef KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 #define KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,13 +28,21 @@ void ExpectDrainWaitsForQueuedItem(Q& q, Draining draining) {
     drained = q.ShutDownWithDrain();
     returned = true;
   });
-  while (draining(q) == 0 && !returned.load()) std::this_thread::yield();
-  EXPECT_FALSE(returned.load()) << "the drain returned while an item was queued";
+  EXPECT_TRUE(Eventually([&] { return draining(q) > 0 || returned.load(); }));
+  // Negative checks: they can only miss a failure.
+  EXPECT_FALSE(Eventually([&] { return returned.load(); }, absl::Milliseconds(20)))
+      << "the drain returned while an item was queued";
   auto lease = q.Get();
-  ASSERT_TRUE(lease.has_value());
-  EXPECT_EQ(**lease, "a");
-  EXPECT_FALSE(returned.load());
-  lease->Done();
+  EXPECT_TRUE(lease.has_value());
+  if (lease.has_value()) {
+    EXPECT_EQ(**lease, "a");
+    EXPECT_FALSE(Eventually([&] { return returned.load(); }, absl::Milliseconds(20)))
+        << "the drain returned when the item was taken, before its Done";
+    lease->Done();
+  }
+  const bool finished = Eventually([&] { return returned.load(); });
+  EXPECT_TRUE(finished) << "the drain did not return after the last Done";
+  if (!finished) q.ShutDown();  // releases it, so the test fails instead of hanging
   drainer.join();
   EXPECT_TRUE(drained);
   EXPECT_FALSE(q.Get().has_value());
@@ -53,12 +63,47 @@ void ExpectShutDownAbortsEveryDrain(Q& q, Draining draining) {
       ++returned;
     });
   }
-  while (draining(q) < 3) std::this_thread::yield();
+  EXPECT_TRUE(Eventually([&] { return draining(q) >= 3; })) << "the drainers never waited";
   q.ShutDown();
   EXPECT_TRUE(Eventually([&] { return returned.load() == 3; })) << "a drain went on after ShutDown";
   lease->Done();  // releases a drainer should the check above have failed
   for (auto& t : drainers) t.join();
   EXPECT_EQ(drained.load(), 0);  // all aborted
+}
+
+// DrainWhileTaking(q, draining, drainers, in_flight): `q` has items queued and
+// `in_flight` is an active lease of it. Starts `drainers` ShutDownWithDrain calls and,
+// once they all wait, checks that none returns while the lease is active, ends it, and
+// then takes every item with Get, checking that none returns while an item is still
+// queued or in flight; then that all of them return, drained. Returns the items taken.
+template <typename Q, typename Draining, typename Lease>
+std::vector<std::string> DrainWhileTaking(Q& q, Draining draining, int drainers, Lease& in_flight) {
+  std::atomic<int> drained{0}, returned{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < drainers; ++i) {
+    threads.emplace_back([&] {
+      drained += q.ShutDownWithDrain();
+      ++returned;
+    });
+  }
+  auto any_returned = [&] { return returned.load() > 0; };
+  EXPECT_TRUE(Eventually([&] { return draining(q) >= drainers || any_returned(); }));
+  // Negative checks: they can only miss a failure.
+  EXPECT_FALSE(Eventually(any_returned, absl::Milliseconds(20)))
+      << "a drain returned while a lease was active";
+  in_flight->Done();
+  std::vector<std::string> seen;
+  while (auto lease = q.Get()) {
+    EXPECT_FALSE(Eventually(any_returned, absl::Milliseconds(5)))
+        << "a drain returned while " << lease->item() << " was in flight";
+    seen.push_back(lease->item());
+  }
+  const bool all_returned = Eventually([&] { return returned.load() == drainers; });
+  EXPECT_TRUE(all_returned) << "a drain did not return once everything was done";
+  if (!all_returned) q.ShutDown();  // releases them, so the test fails instead of hanging
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(drained.load(), all_returned ? drainers : 0);
+  return seen;
 }
 
 }  // namespace kwq::testing
