@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "internal/sleep_until.h"
 #include "internal/tsc_timeline.h"
+#include "testing/eventually.h"
 
 namespace kwq {
 namespace {
@@ -88,11 +89,15 @@ TEST(FakeClockTest, CoarseNowIsNow) {
   EXPECT_EQ(clock.CoarseNow(), clock.Now());
 }
 
-TEST(RealClockTest, SleepUntilPastReturnsAtOnce) {
+// That a reached deadline does not sleep at all is pinned through the seam
+// (SleepUntilReachedTest, below); here, that the real clock's calls come back (a past
+// deadline or a negative infinite duration must not turn into a sleep for ever).
+TEST(RealClockTest, SleepUntilPastReturns) {
   RealClock* clock = RealClock::Default();
-  clock->SleepUntil(clock->Now() - absl::Hours(1));
-  clock->SleepFor(-absl::InfiniteDuration());
-  EXPECT_FALSE(clock->is_manual());
+  EXPECT_TRUE(
+      testing::ReturnsInTime([clock] { clock->SleepUntil(clock->Now() - absl::Hours(1)); }));
+  EXPECT_TRUE(testing::ReturnsInTime([clock] { clock->SleepFor(-absl::InfiniteDuration()); }));
+  EXPECT_TRUE(testing::ReturnsInTime([clock] { clock->SleepUntil(absl::InfinitePast()); }));
 }
 
 TEST(RealClockTest, SleepUntilNeverReturnsEarly) {
@@ -161,14 +166,17 @@ TEST(FakeClockTest, AdvanceWakesSleeperThatBecameDue) {
     clock.SleepUntil(deadline);
     woke = true;
   });
-  while (clock.NumSleepers() == 0) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return clock.NumSleepers() == 1; }))
+      << "the sleeper never slept";
   clock.Advance(absl::Seconds(4));
-  // Not due yet: the sleeper is still counted as sleeping once the clock settles.
+  // Not due yet: give a sleeper woken by any move every chance to (wrongly) return; a
+  // negative check, which can only miss a failure.
+  EXPECT_FALSE(testing::Eventually([&] { return woke.load(); }, absl::Milliseconds(20)));
   EXPECT_EQ(clock.NumSleepers(), 1u);
-  EXPECT_FALSE(woke.load());
   clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(testing::Eventually([&] { return woke.load(); })) << "the due sleeper was not woken";
+  if (!woke.load()) clock.Advance(absl::Hours(1));  // releases it, so the test fails, not hangs
   sleeper.join();
-  EXPECT_TRUE(woke.load());
   EXPECT_EQ(clock.NumSleepers(), 0u);
 }
 

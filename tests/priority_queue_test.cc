@@ -301,14 +301,18 @@ TEST_F(PriorityQueueTest, AgingAcrossTheWholeTimeRange) {
 
 TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {
   q_->AddAfter("a", absl::Seconds(1));
-  std::string got;
+  std::atomic<bool> got{false};
   std::thread worker([&] {
     auto lease = q_->Get();
-    if (lease) got = lease->item();
+    got = lease.has_value() && lease->item() == "a";
   });
+  // Asleep (not polling, which reads the clock itself) when the time comes.
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
   clock_.Advance(absl::Seconds(1));  // the timer fires here and wakes the worker
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); }))
+      << "the Get slept through its item's ready time";
+  q_->ShutDown();  // releases it should the check above have failed
   worker.join();
-  EXPECT_EQ(got, "a");
 }
 
 // ---- rate limiting ----

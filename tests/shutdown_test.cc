@@ -18,6 +18,7 @@
 #include "kwq/workqueue.h"
 #include "testing/eventually.h"
 #include "testing/thread_count.h"
+#include "testing/thread_state.h"
 
 namespace kwq {
 namespace {
@@ -68,19 +69,30 @@ TEST(ShutdownTest, RuntimeDestroyedAfterItsWorkqueuesJoinsEveryWorker) {
 
 TEST(ShutdownTest, TimerServiceDestroyedWithTimersArmedAndOneRunning) {
   std::latch running(1);
-  std::atomic<bool> release{false};
+  std::atomic<bool> release{false}, finished{false};
   std::atomic<int> ran{0};
+  std::thread releaser;
   {
     auto timers = *TimerService::Create();
     for (int i = 0; i < 100; ++i) timers->ScheduleAfter(absl::Hours(1), [&] { ++ran; });
     timers->Schedule(absl::InfinitePast(), [&] {
       running.count_down();
       while (!release.load()) std::this_thread::yield();
+      finished = true;
     });
     running.wait();
-    std::thread releaser([&] { release = true; });
-    releaser.join();
+    // The callback is released only once this thread sleeps in the destructor (or after
+    // 2 s, also where /proc cannot be read): a destructor that did not wait would find it
+    // unfinished.
+    const pid_t destroyer = testing::CurrentTid();
+    releaser = std::thread([&release, destroyer] {
+      (void)testing::Eventually([&] { return testing::ThreadState(destroyer) == 'S'; },
+                                absl::Seconds(2));
+      release = true;
+    });
   }  // waits for the running callback, drops the rest
+  EXPECT_TRUE(finished.load()) << "the destructor returned before the running callback";
+  releaser.join();
   EXPECT_EQ(ran.load(), 0);
 }
 
