@@ -830,8 +830,8 @@ TEST(ContextRaceTest, ManyWaitersWokenByOneCancel) {
     });
   }
   for (auto& tid : tids) {
-    while (tid.load() == 0) std::this_thread::yield();
-    while (testing::ThreadState(tid.load()) != 'S') std::this_thread::yield();
+    EXPECT_TRUE(testing::Eventually([&] { return tid.load() != 0; }));
+    EXPECT_TRUE(testing::Eventually([&] { return testing::ThreadState(tid.load()) == 'S'; }));
   }
   cancel();
   const bool all = testing::Eventually([&] { return woke->load() == kWaiters; });
@@ -864,13 +864,13 @@ TEST(ContextTest, ValueDestructorMayCancelTheAncestorBeingCancelled) {
   auto child = std::make_unique<CancelableContext>(WithCancel(*value));
 
   std::thread wide_canceller([c = cancel_wide] { c(); });
-  while (!wide.IsCancelled()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&w = wide] { return w.IsCancelled(); }));
   auto returned = std::make_shared<std::atomic<bool>>(false);
   std::thread root_canceller([c = cancel_root, returned] {
     c();  // waits for wide's marking, then marks value's child
     *returned = true;
   });
-  while (!root.IsCancelled()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&r = root] { return r.IsCancelled(); }));
   child.reset();  // the root's canceller may now hold the last references
   value.reset();
   for (int i = 0; i < 5000 && !returned->load(); ++i) {

@@ -51,7 +51,7 @@ class DelayingQueueTest : public ::testing::Test {
       auto lease = with_context ? q_.Get(c) : q_.Get();
       got.set_value(lease ? lease->item() : "");
     });
-    while (internal::QueuePeer::Sleepers(q_) == 0) std::this_thread::yield();
+    EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q_) > 0; }));
     then();
     std::future<std::string> result = got.get_future();
     const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
@@ -89,7 +89,7 @@ TEST(DelayingQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
       std::optional<DelayingQueue<std::string>::Lease> lease = q->Get();
       got = lease.has_value() && lease->item() == "a";
     });
-    while (internal::QueuePeer::Sleepers(*q) == 0) std::this_thread::yield();
+    EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q) > 0; }));
     clock.Advance(absl::Seconds(10));
     EXPECT_TRUE(testing::Eventually([&] { return got.load(); }, absl::Seconds(5)))
         << "the Get slept through its item's ready time, rate_limiting " << rate_limiting;
@@ -678,7 +678,7 @@ TEST(DelayingQueueRealTest, DestroyWhileTheTimerMovesBatchesIsSafe) {
         std::make_unique<DelayingQueue<int>>(QueueOptions{.clock = &clock, .timers = timers.get()});
     for (int i = 0; i < 20000; ++i) q->AddAfter(i, absl::Seconds(1));
     std::thread mover([&clock] { clock.Advance(absl::Seconds(1)); });
-    while (q->Len() == 0) std::this_thread::yield();  // the Fire is moving batches
+    EXPECT_TRUE(testing::Eventually([&] { return q->Len() > 0; }));  // the Fire is moving batches
     q.reset();
     mover.join();
   }

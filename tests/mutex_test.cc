@@ -17,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 #include "testing/thread_state.h"
 
 namespace kwq::internal {
@@ -92,8 +93,8 @@ TEST(MutexTest, SpinnerWaitsPastItsSpinForTheHolder) {
     mu.Unlock();
     done.store(true);
   });
-  while (tid.load() == 0) std::this_thread::yield();
-  while (!done.load() && ThreadState(tid.load()) != 'S') std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return tid.load() != 0; }));
+  EXPECT_TRUE(testing::Eventually([&] { return done.load() || ThreadState(tid.load()) == 'S'; }));
   released = true;
   mu.Unlock();
   spinner.join();

@@ -824,7 +824,7 @@ TEST_F(PriorityQueueTest, ShutDownWakesEveryBlockedGet) {
   }
   started.wait();
   // All four asleep, so ShutDown has to wake them.
-  while (internal::QueuePeer::Waiters(*q_) < 4) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) >= 4; }));
   q_->ShutDown();
   for (auto& w : workers) w.join();
   EXPECT_EQ(returned.load(), 4);
@@ -854,7 +854,7 @@ TEST_F(PriorityQueueTest, ShutDownWithDrainWakesGetsAsleep) {
       ++returned;
     });
   }
-  while (internal::QueuePeer::Waiters(*q_) < 2) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) >= 2; }));
   EXPECT_TRUE(q_->ShutDownWithDrain());
   const bool woken = testing::Eventually([&] { return returned.load() == 2; });
   EXPECT_TRUE(woken);
@@ -881,7 +881,8 @@ TEST_F(PriorityQueueTest, DrainDoesNotReturnBeforeLeaseEndsAndDropsItsDelayedReA
   });
   // Once the drainer waits (or wrongly returned), give it every chance to (wrongly)
   // return: a negative check, which can only miss a failure.
-  while (internal::QueuePeer::Draining(*q_) == 0 && !returned.load()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return internal::QueuePeer::Draining(*q_) > 0 || returned.load(); }));
   EXPECT_FALSE(testing::Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
   lease->Done();
   drainer.join();
@@ -895,11 +896,13 @@ TEST_F(PriorityQueueTest, ShutDownAbortsDrainWait) {
   auto lease = q_->TryGet();
   std::atomic<int> result{-1};
   std::thread drainer([&] { result = q_->ShutDownWithDrain(); });
-  while (!q_->ShuttingDown()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
   q_->ShutDown();
+  EXPECT_TRUE(testing::Eventually([&] { return result.load() != -1; }))
+      << "ShutDown did not end the drain";
+  lease->Done();  // releases the drainer should the check above have failed
   drainer.join();
   EXPECT_EQ(result.load(), 0);  // aborted, not drained
-  lease->Done();
 }
 
 // ---- Get(ctx) ----
@@ -1006,7 +1009,7 @@ TEST(PriorityQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
   clock.Advance(absl::Seconds(9));
   EXPECT_FALSE(testing::Eventually([&] { return got.load(); }, absl::Milliseconds(50)));
   // Asleep (not polling, which would read the clock itself) when the time comes.
-  while (internal::QueuePeer::Waiters(q) == 0) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(q) > 0; }));
   clock.Advance(absl::Seconds(1));
   EXPECT_TRUE(testing::Eventually([&] { return got.load(); }))
       << "the Get slept through its item's ready time";

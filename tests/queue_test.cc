@@ -160,7 +160,7 @@ TEST(QueueTest, ShutDownWakesEveryBlockedGet) {
   }
   started.wait();
   // All four asleep (the one that polls at length too), so ShutDown has to wake them.
-  while (internal::QueuePeer::Sleepers(q) < 4) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) >= 4; }));
   q.ShutDown();
   for (auto& w : workers) w.join();
   EXPECT_EQ(returned.load(), 4);
@@ -189,7 +189,8 @@ TEST(QueueTest, ShutDownWithDrainDoesNotReturnBeforeLeaseEnds) {
   });
   // Once the drainer waits (or wrongly returned), give it every chance to (wrongly)
   // return: a negative check, which can only miss a failure.
-  while (internal::QueuePeer::Draining(q) == 0 && !returned.load()) std::this_thread::yield();
+  EXPECT_TRUE(
+      testing::Eventually([&] { return internal::QueuePeer::Draining(q) > 0 || returned.load(); }));
   EXPECT_FALSE(testing::Eventually([&] { return returned.load(); }, absl::Milliseconds(20)));
   lease->Done();
   drainer.join();
@@ -202,11 +203,13 @@ TEST(QueueTest, ShutDownAbortsDrainWait) {
   auto lease = q.TryGet();
   std::atomic<int> result{-1};
   std::thread drainer([&] { result = q.ShutDownWithDrain(); });
-  while (!q.ShuttingDown()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(q) > 0; }));
   q.ShutDown();
+  EXPECT_TRUE(testing::Eventually([&] { return result.load() != -1; }))
+      << "ShutDown did not end the drain";
+  lease->Done();  // releases the drainer should the check above have failed
   drainer.join();
   EXPECT_EQ(result.load(), 0);  // aborted, not drained
-  lease->Done();
 }
 
 // A ShutDown ends every drain in progress, not only one of them.
@@ -224,7 +227,8 @@ TEST(QueueTest, SeveralDrainersAllReturn) {
   std::vector<std::thread> drainers;
   std::atomic<int> drained{0};
   for (int i = 0; i < 3; ++i) drainers.emplace_back([&] { drained += q.ShutDownWithDrain(); });
-  while (internal::QueuePeer::Draining(q) < 3) std::this_thread::yield();  // all three wait
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return internal::QueuePeer::Draining(q) >= 3; }));  // all three wait
   lease->Done();
   for (auto& d : drainers) d.join();
   EXPECT_EQ(drained.load(), 3);
@@ -509,7 +513,7 @@ TEST(QueueTest, WorkerWakesASleeperWhenMoreItemsAreReady) {
     auto lease = q.Get(c);
     got.set_value(lease ? **lease : -1);
   });
-  while (internal::QueuePeer::Sleepers(q) == 0) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
   internal::QueuePeer::SetPolling(q, 1);
   q.Add(1);
   q.Add(2);

@@ -246,7 +246,7 @@ TEST(ShardedQueueTest, GetStealsWhatIsLeftAfterShutDown) {
   std::thread worker([&] {
     if (auto lease = q->Get(0)) got = **lease;
   });
-  while (internal::QueuePeer::Sleepers(q->shard(0)) == 0) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q->shard(0)) > 0; }));
   const int key = KeyIn(*q, 1);
   q->Add(key);  // shard 1: does not wake the worker asleep on shard 0
   q->ShutDown();
@@ -266,7 +266,8 @@ TEST(ShardedQueueTest, GetWithContextEndsOnCancelAndStealsAfterShutDown) {
       got = q->Get(0, c).has_value();
       returned = true;
     });
-    while (internal::QueuePeer::Sleepers(q->shard(0)) == 0) std::this_thread::yield();
+    EXPECT_TRUE(
+        testing::Eventually([&] { return internal::QueuePeer::Sleepers(q->shard(0)) > 0; }));
     q->Add(key);  // shard 1: does not wake it
     cancel();
     EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }));
@@ -280,7 +281,7 @@ TEST(ShardedQueueTest, GetWithContextEndsOnCancelAndStealsAfterShutDown) {
   std::thread worker([&, c = ctx] {
     if (auto lease = q->Get(0, c)) got = **lease;
   });
-  while (internal::QueuePeer::Sleepers(q->shard(0)) == 0) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q->shard(0)) > 0; }));
   q->Add(key);  // shard 1 again
   q->ShutDown();
   worker.join();

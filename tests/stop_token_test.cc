@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 
 namespace kwq {
 namespace {
@@ -164,9 +165,9 @@ TEST(StopTokenTest, ValueContextCancelledThenDroppedRequestsStop) {
   std::optional<Context> value = WithValue(root, kAttempt, 1);
   std::stop_token token = ToStopToken(*value);
   std::thread wide_canceller([c = cancel_wide] { c(); });
-  while (!wide.IsCancelled()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&w = wide] { return w.IsCancelled(); }));
   std::thread root_canceller([c = cancel_root] { c(); });
-  while (!root.IsCancelled()) std::this_thread::yield();
+  EXPECT_TRUE(testing::Eventually([&r = root] { return r.IsCancelled(); }));
   ASSERT_TRUE(value->IsCancelled());
   value.reset();
   root_canceller.join();

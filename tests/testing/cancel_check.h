@@ -23,7 +23,7 @@ void ExpectCancelWakesASleepingGet(Q& q, Asleep asleep) {
     got = q.Get(c).has_value();
     returned = true;
   });
-  while (asleep(q) == 0) std::this_thread::yield();
+  EXPECT_TRUE(Eventually([&] { return asleep(q) > 0; }));
   cancel();
   EXPECT_TRUE(Eventually([&] { return returned.load(); }))
       << "a Get(ctx) asleep slept through the cancel";
