@@ -110,6 +110,9 @@ class HelperCpus {
   int ForHelper(int i) const {
     return cpus_.empty() ? -1 : cpus_[static_cast<size_t>(i) % cpus_.size()];
   }
+  // The pools the helpers go to, each with its own max_active: one per CPU when bound,
+  // the workqueue as a whole when unbound.
+  int64_t pools() const { return cpus_.empty() ? 1 : static_cast<int64_t>(cpus_.size()); }
 
  private:
   std::vector<int> cpus_;
@@ -127,18 +130,20 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
   if (pieces == 0) return absl::OkStatus();
   Pieces shared(ctx, pieces, options.chunk_size, fn);
   Workqueue& wq = options.workqueue != nullptr ? *options.workqueue : SystemUnboundWq();
-  // Helpers beyond the workqueue's max_active could never start while the others hold its
-  // slots: they would only be allocated, queued and cancelled (a million of them took
-  // 150 MB and 1.7 s for nothing).
-  const int helpers = static_cast<int>(
-      std::min<int64_t>(std::min<int64_t>(workers, shared.chunks()) - 1, wq.max_active()));
+  const HelperCpus cpus(wq);
+  // Helpers beyond what the workqueue runs at once (max_active per CPU pool when bound,
+  // in all when unbound) could never start while the others hold its slots: they would
+  // only be allocated, queued and cancelled (a million of them took 150 MB and 1.7 s for
+  // nothing).
+  const int64_t can_run = static_cast<int64_t>(wq.max_active()) * cpus.pools();
+  const int helpers =
+      static_cast<int>(std::min<int64_t>(std::min<int64_t>(workers, shared.chunks()) - 1, can_run));
 
   // The caller is one of the runners. So a call from a work item whose workqueue has no
   // slot left (nested calls), a frozen or draining workqueue that holds or refuses the
   // helpers, and workers = 1 all still finish: the caller runs what no helper takes.
   std::vector<std::unique_ptr<Work>> items;
   items.reserve(helpers);
-  const HelperCpus cpus(wq);
   for (int i = 0; i < helpers; ++i) {
     items.push_back(std::make_unique<Work>([&shared] { shared.Run(); }));
     // Refused (draining): not needed.

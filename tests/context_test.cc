@@ -149,11 +149,14 @@ TEST(WithCancelTest, DeepChainIsFreedWithBoundedStack) {
 TEST(WithCancelTest, DroppedLiveChildIsUnlinkedAndFreed) {
   auto [parent, cancel] = WithCancel(Background());
   std::atomic<int> ran{0};
+  // Every AfterFunc holds a copy of `alive`: it is released with its child.
+  auto alive = std::make_shared<int>(0);
   for (int i = 0; i < 1000; ++i) {
     auto [child, cancel_child] = WithCancel(parent);
-    AfterFunc(child, [&] { ++ran; });
-  }  // all handles dropped without cancel: LeakSanitizer fails the test if any leaked
-  cancel();
+    AfterFunc(child, [&ran, alive] { ++ran; });
+  }  // all handles dropped without cancel
+  EXPECT_EQ(alive.use_count(), 1) << "a child outlived its handles";
+  cancel();  // walks the parent's children: a freed child still linked there fails ASan
   EXPECT_EQ(ran.load(), 0);  // the children are gone, so their AfterFuncs never ran
 }
 

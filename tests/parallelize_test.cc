@@ -197,31 +197,36 @@ TEST(ParallelizeUntilTest, DrainingWorkqueueStillRunsEveryPiece) {
 // A bound workqueue's per-CPU pool runs one work at a time while it does not block (and
 // the CPU-hog threshold is far away here), so helpers queued on the caller's CPU ran one
 // after another: with 4 workers only 2 runners ever met. They are spread over the CPUs.
+// Also with max_active = 1: that limit is per CPU pool on a bound workqueue, so it does
+// not cap the helpers at one (it used to).
 TEST(ParallelizeUntilTest, BoundWorkqueueRunsHelpersSideBySide) {
   auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:4 pu:1"),
                                        .cpu_intensive_threshold = absl::Hours(1),
                                        .stall_threshold = absl::Hours(1)});
-  {
-    auto wq = *Workqueue::Create({.name = "bound", .runtime = rt.get()});
+  for (int max_active : {0, 1}) {
+    SCOPED_TRACE(max_active);
+    auto wq = *Workqueue::Create({.name = "bound", .max_active = max_active, .runtime = rt.get()});
     constexpr int kRunners = 4;
     std::mutex mu;
     std::condition_variable cv;
     int arrived = 0;
     std::atomic<int> met_all{0};
     // Each piece waits (without telling the pool: no BlockingScope) until all 4 runners
-    // hold a piece at once, or gives up after a while.
-    ASSERT_TRUE(ParallelizeUntil(Background(), kRunners, kRunners,
-                                 [&](int) {
-                                   std::unique_lock<std::mutex> lock(mu);
-                                   ++arrived;
-                                   cv.notify_all();
-                                   if (cv.wait_for(lock, std::chrono::seconds(30),
-                                                   [&] { return arrived == kRunners; })) {
-                                     ++met_all;
-                                   }
-                                 },
-                                 {.workqueue = wq.get()})
-                    .ok());
+    // hold a piece at once, or gives up at one shared deadline (so pieces run one after
+    // another fail in 5 s, not 5 s each).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    ASSERT_TRUE(
+        ParallelizeUntil(Background(), kRunners, kRunners,
+                         [&](int) {
+                           std::unique_lock<std::mutex> lock(mu);
+                           ++arrived;
+                           cv.notify_all();
+                           if (cv.wait_until(lock, deadline, [&] { return arrived == kRunners; })) {
+                             ++met_all;
+                           }
+                         },
+                         {.workqueue = wq.get()})
+            .ok());
     EXPECT_EQ(met_all.load(), kRunners) << "the runners never all ran at once";
   }
 }

@@ -39,10 +39,17 @@ using ::testing::Not;
 
 using StringQueue = Queue<std::string>;
 
+// A series a test looked up, or none. `->` and `*` on a missing series throw
+// (std::bad_optional_access), which fails the test, instead of reading an empty optional.
+struct Series : std::optional<prometheus::ClientMetric> {
+  using std::optional<prometheus::ClientMetric>::optional;
+  const prometheus::ClientMetric* operator->() const { return &value(); }
+  const prometheus::ClientMetric& operator*() const { return value(); }
+};
+
 // The series of family `family` carrying every label of `labels`, in a fresh collection.
-std::optional<prometheus::ClientMetric> FindLabelled(
-    prometheus::Registry& registry, const std::string& family,
-    const std::vector<std::pair<std::string, std::string>>& labels) {
+Series FindLabelled(prometheus::Registry& registry, const std::string& family,
+                    const std::vector<std::pair<std::string, std::string>>& labels) {
   for (const prometheus::MetricFamily& f : registry.Collect()) {
     if (f.name != family) continue;
     for (const prometheus::ClientMetric& m : f.metric) {
@@ -57,9 +64,8 @@ std::optional<prometheus::ClientMetric> FindLabelled(
 }
 
 // The series of family `family` whose label `label` is `value`, in a fresh collection.
-std::optional<prometheus::ClientMetric> FindIn(prometheus::Registry& registry,
-                                               const std::string& family, const std::string& value,
-                                               const std::string& label = "name") {
+Series FindIn(prometheus::Registry& registry, const std::string& family, const std::string& value,
+              const std::string& label = "name") {
   return FindLabelled(registry, family, {{label, value}});
 }
 
@@ -115,9 +121,8 @@ class PrometheusTest : public ::testing::Test {
     std::lock_guard<std::mutex> lock(live_mu_);
     for (PrometheusMetricsProvider* p : live_) p->Flush();
   }
-  std::optional<prometheus::ClientMetric> Find(prometheus::Registry& r, const std::string& family,
-                                               const std::string& value,
-                                               const std::string& label = "name") {
+  Series Find(prometheus::Registry& r, const std::string& family, const std::string& value,
+              const std::string& label = "name") {
     FlushAll();
     return FindIn(r, family, value, label);
   }
@@ -366,9 +371,8 @@ TEST_F(PrometheusTest, InfiniteFlushPeriodPushesOnlyOnFlushAndDestruction) {
 }
 
 // The depth series of `queue` at `priority`.
-std::optional<prometheus::ClientMetric> FindPriority(prometheus::Registry& registry,
-                                                     const std::string& queue,
-                                                     const std::string& priority) {
+Series FindPriority(prometheus::Registry& registry, const std::string& queue,
+                    const std::string& priority) {
   return FindLabelled(registry, "workqueue_depth", {{"name", queue}, {"priority", priority}});
 }
 

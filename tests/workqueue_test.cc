@@ -934,8 +934,9 @@ TEST_F(WorkqueueTest, RunTimeCoversTheExecutions) {
   wq->Queue(&b);
   wq->Flush();
   // The TSC's rate is calibrated against the clock over a short window, which a
-  // preemption can skew by several percent on a loaded machine: allow it half.
-  EXPECT_GE(wq->stats().run_time, absl::Nanoseconds(measured_ns.load()) * 0.5);
+  // preemption can skew by several percent on a loaded machine: allow a quarter. A sum
+  // that left out one of the two executions would be at most about half.
+  EXPECT_GE(wq->stats().run_time, absl::Nanoseconds(measured_ns.load()) * 0.75);
 }
 
 TEST_F(WorkqueueTest, IdleWorkersAreReaped) {
@@ -1389,6 +1390,7 @@ TEST_F(FakeTimeWorkqueueTest, RescuerRunsAWorkQueuedAgainWhileItRanIt) {
   wq->Queue(&work);
   ASSERT_TRUE(Eventually([&] { return runs.load() == 2 && !work.pending(); }));
   wq->Flush();
+  EXPECT_EQ(wq->stats().rescued, 2u);  // no worker could be made: both ran on the rescuer
   fail_spawn_ = false;
 }
 

@@ -9,8 +9,9 @@
 //   absl::Status s = kwq::ParallelizeUntil(ctx, /*workers=*/8, /*pieces=*/items.size(),
 //                                          [&](int i) { Process(items[i]); });
 //
-// The calling thread is one of the runners and the other workers - 1 (at most the
-// workqueue's max_active: more could not run at once) are work items on the workqueue
+// The calling thread is one of the runners and the other workers - 1 (at most what the
+// workqueue runs at once: max_active per CPU when bound, max_active when unbound) are
+// work items on the workqueue
 // (client-go starts `workers` goroutines and only waits). So it always
 // finishes, also when the workqueue cannot start the helpers: called from a work item of
 // a workqueue with no free slot (nested calls), on a frozen workqueue, or while it
