@@ -1751,6 +1751,36 @@ TEST_F(FakeTimeWorkqueueTest, FlushDelayedRacingItsTimerKeepsTheWorksPlace) {
   EXPECT_EQ(order, (std::vector<std::string>{"delayed", "later"}));
 }
 
+// Flush(delayed work) called while its timer moves it into a pool (taken off the timer,
+// not yet queued) waits for that instance to run. It used to read the instance number
+// from before the queueing and return at once.
+TEST_F(FakeTimeWorkqueueTest, FlushDelayedWhileItsTimerQueuesItWaitsForTheRun) {
+  auto wq = *Workqueue::Create({.name = "fd", .flags = kUnbound, .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork delayed([&] { runs.fetch_add(1); });
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Seconds(1)));
+  PausePoints hooks;
+  PausePoints::Pause& took = hooks.Arm(HookPoint::kTimerTookWork, &delayed.work());
+  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+  EXPECT_TRUE(took.WaitPaused());
+  std::atomic<bool> started{false}, returned{false};
+  std::atomic<int> runs_at_return{-1};
+  std::thread flusher([&] {
+    started = true;
+    wq->Flush(&delayed);
+    runs_at_return = runs.load();
+    returned = true;
+  });
+  EXPECT_TRUE(Eventually([&] { return started.load(); }));
+  // A negative check: it can only miss a failure.
+  EXPECT_FALSE(Eventually([&] { return returned.load(); }, absl::Milliseconds(20)))
+      << "Flush returned while the work was between its timer and its pool";
+  took.Resume();
+  flusher.join();
+  advancer.join();
+  EXPECT_EQ(runs_at_return.load(), 1) << "Flush returned before the instance had run";
+}
+
 // CancelSync and ModDelayed find a delayed work's timer firing: the service has let go of
 // it and TimerFired has yet to queue the work. They must wait for the work to reach its
 // pool and take it back there: CancelSync then reports it pending and it never runs;

@@ -31,7 +31,10 @@
 //   - Queue returns false when the work is already pending; the pending bit is cleared
 //     just before the function runs, so queueing during a run runs it again after.
 //   - A work never runs on two workers at once (non-reentrancy), even when queued on
-//     another CPU while it runs: it is routed to the pool running it.
+//     another CPU while it runs: it is routed to the pool running it. This holds within
+//     one workqueue, as in the kernel: queueing a Work on a second workqueue while it is
+//     pending or running on the first is a programming error (it may run on both at once).
+//     Once it has finished there (Flush or CancelSync), it may move.
 //   - Everything written before a successful Queue is visible to the function.
 //   - A Work must not be destroyed while pending or running: CancelSync it first.
 //

@@ -61,6 +61,10 @@ enum class HookPoint : uint8_t {
   // work. The timer service has let go of the timer (cancelling it fails from here on).
   // Subject: the Work. Per delayed item.
   kTimerWillQueue,
+  // TimerFired took the work off its timer (where_ is kNone) and is about to queue it (a
+  // new instance: queued_seq moves then). Holds the workqueue's timer_mu_. Subject: the
+  // Work. Per delayed item.
+  kTimerTookWork,
   // GrabFromTimer (Cancel, ModDelayed or Flush of a delayed work) found the work's timer
   // firing (the service could not cancel it) and is about to release timer_mu_ and let
   // its caller retry. Holds the owner workqueue's timer_mu_. Subject: the Work.

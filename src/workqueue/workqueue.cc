@@ -583,6 +583,7 @@ void WorkqueueCore::TimerFired(DelayedWork* d) {
   A::list(w) = nullptr;
   timed_.erase(d);
   timer_entered_.fetch_add(1, std::memory_order_relaxed);
+  TestHook(HookPoint::kTimerTookWork, w);
   Enqueue(A::target_cpu(d), -1, w);
 }
 
@@ -593,7 +594,16 @@ bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
   // Only off the timer: a work its timer moved into a pool meanwhile keeps its place
   // there (GrabPending would take it from any list and queue it again at the back).
   bool queued_now = false;
-  while (WhereOf(w) == WorkWhere::kTimer) {
+  for (;;) {
+    const WorkWhere where = WhereOf(w);
+    if (where == WorkWhere::kNone && Pending(w)) {
+      // Between lists for a moment: say its timer took it off and has yet to queue it.
+      // Flush below would read the instance number from before that queueing and return
+      // at once: wait until it lands.
+      std::this_thread::yield();
+      continue;
+    }
+    if (where != WorkWhere::kTimer) break;
     TestHook(HookPoint::kFlushDelayedWillGrab, w);
     const TimerGrab grab = GrabFromTimer(w, A::pwq(w).load(std::memory_order_acquire));
     if (grab == TimerGrab::kGrabbed) {
