@@ -115,7 +115,16 @@ TEST(ShardedQueueTest, IdleWorkerStealsFromOtherShards) {
   int key = 0;
   while (q->ShardOf(key) != 2) ++key;
   q->Add(key);
-  auto lease = q->Get(0);  // shard 0 is empty: steals from shard 2 instead of sleeping
+  std::optional<ShardedQueue<int>::Lease> lease;
+  std::atomic<bool> returned{false};
+  std::thread worker([&] {
+    lease = q->Get(0);  // shard 0 is empty: steals from shard 2 instead of sleeping
+    returned = true;
+  });
+  const bool stole = testing::Eventually([&] { return returned.load(); });
+  EXPECT_TRUE(stole) << "Get(0) slept with an item in shard 2";
+  if (!stole) q->ShutDown();  // releases it (it then steals), so the test fails, not hangs
+  worker.join();
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(**lease, key);
   lease->Done();

@@ -583,9 +583,17 @@ TEST_F(WorkqueueTest, FlushIsNotLivelockedByNewArrivals) {
   });
   self = &work;
   wq->Queue(&work);
-  wq->Flush();  // returns although the work keeps requeueing itself
+  // Returns although the work keeps requeueing itself. Bounded: after 5 s the stream
+  // stops, so a livelocked Flush fails the test instead of hanging it.
+  std::atomic<bool> returned{false};
+  std::thread flusher([&] {
+    wq->Flush();
+    returned = true;
+  });
+  EXPECT_TRUE(Eventually([&] { return returned.load(); })) << "Flush livelocked";
+  wq->CancelSync(&work);  // ends the stream
+  flusher.join();
   EXPECT_GE(runs.load(), 1);
-  wq->CancelSync(&work);
 }
 
 // Two flushes at once: each waits for every work queued before it began. The second
@@ -694,9 +702,14 @@ TEST_F(WorkqueueTest, CancelDoesNotWaitForTheRunningInstance) {
   ASSERT_TRUE(wq->Queue(&held.work));
   ASSERT_TRUE(
       Eventually([&] { return internal::WorkAccess::running_pool(&held.work).load() != nullptr; }));
-  EXPECT_FALSE(wq->Cancel(&held.work));  // returns at once: the test would hang otherwise
+  std::atomic<int> cancelled{-1};
+  std::thread canceller([&] { cancelled = wq->Cancel(&held.work); });
+  EXPECT_TRUE(Eventually([&] { return cancelled.load() != -1; }))
+      << "Cancel waited for the running instance";
   EXPECT_FALSE(held.finished.load());
-  held.gate.Open();
+  held.gate.Open();  // releases a Cancel that waited, so the test fails instead of hanging
+  canceller.join();
+  EXPECT_EQ(cancelled.load(), 0);
   wq->Flush();
   EXPECT_TRUE(held.finished.load());
 }
