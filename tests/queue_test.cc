@@ -540,10 +540,14 @@ TEST(QueueStressTest, FifoAcrossRingAndOverflow) {
   constexpr int kItems = 60000;
   std::vector<int> seen;
   seen.reserve(kItems);
+  // Three times the ring's capacity before the worker starts: the rest is sure to go to
+  // the overflow list, and the worker to take it from there in order.
+  constexpr int kBeforeWorker = 3 * static_cast<int>(internal::SlotRing::kCapacity);
+  for (int i = 0; i < kBeforeWorker; ++i) q.Add(i);
   std::thread worker([&] {
     while (auto lease = q.Get()) seen.push_back(**lease);
   });
-  for (int i = 0; i < kItems; ++i) {
+  for (int i = kBeforeWorker; i < kItems; ++i) {
     q.Add(i);
     if (i % 5000 == 0) std::this_thread::yield();  // let the worker catch up now and then
   }
