@@ -426,7 +426,9 @@ TEST_F(DelayingQueueTest, FiringWithAGetAsleepArmsTheNextReadyTimeExactly) {
     clock_.Advance(absl::Seconds(1));  // fires: `a` ready, the Get signalled
     std::optional<DelayingQueue<std::string>::Lease> got = q_.TryGet();
     const bool this_thread_won = got.has_value();
-    if (this_thread_won) EXPECT_EQ(got->item(), a);
+    if (this_thread_won) {
+      EXPECT_EQ(got->item(), a);
+    }
     clock_.Advance(absl::Microseconds(10));
     if (this_thread_won) {
       ++won;

@@ -315,6 +315,45 @@ TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {
   worker.join();
 }
 
+// A Get or TryGet that finds nothing ready makes due delayed items ready itself, so a
+// late timer (its service busy with a callback due just before) does not keep a due
+// item from a worker, and a ready item wins over a done context in Get(ctx) also then.
+TEST_F(PriorityQueueTest, GetsTakeADueItemTheTimerHasNotMoved) {
+  for (int how = 0; how < 3; ++how) {
+    SCOPED_TRACE(how);
+    std::atomic<bool> holding{false}, release{false};
+    timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
+      holding = true;
+      while (!release) std::this_thread::yield();
+    });
+    q_->AddAfter("a", absl::Seconds(1));
+    std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+    EXPECT_TRUE(testing::Eventually([&] { return holding.load(); }));
+    EXPECT_EQ(q_->Waiting(), 1u);  // due, not moved
+    std::optional<PQ::Lease> lease;
+    std::atomic<bool> returned{false};
+    std::thread getter([&] {
+      if (how == 0) {
+        lease = q_->TryGet();
+      } else if (how == 1) {
+        auto [ctx, cancel] = WithCancel(Background());
+        cancel();
+        lease = q_->Get(ctx);
+      } else {
+        lease = q_->Get();  // would sleep until the timer's late firing
+      }
+      returned = true;
+    });
+    EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }))
+        << "the Get waited for the late timer";
+    release = true;  // the timer fires: releases a Get that waited for it
+    getter.join();
+    advancer.join();
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(lease->item(), "a");
+  }
+}
+
 // ---- rate limiting ----
 
 using testing::HintRecorder;

@@ -337,6 +337,7 @@ class PriorityQueue {
   // queue is shut down and nothing is ready.
   std::optional<Lease> Get() {
     internal::MutexLock lock(&mu_);
+    PromoteIfNoneReadyLocked();
     if (ready_.empty() && !shutting_down_) SpinLocked();
     while (ready_.empty()) {
       if (shutting_down_) return std::nullopt;
@@ -348,6 +349,7 @@ class PriorityQueue {
   // Returns a ready item's lease, or nullopt at once when none is ready.
   std::optional<Lease> TryGet() {
     internal::MutexLock lock(&mu_);
+    PromoteIfNoneReadyLocked();
     if (ready_.empty()) return std::nullopt;
     return PopLocked();
   }
@@ -358,6 +360,7 @@ class PriorityQueue {
   std::optional<Lease> Get(const Context& ctx) {
     {
       internal::MutexLock lock(&mu_);
+      PromoteIfNoneReadyLocked();
       if (!ready_.empty()) return PopLocked();
       if (shutting_down_ || ctx.IsCancelled()) return std::nullopt;
     }
@@ -377,7 +380,8 @@ class PriorityQueue {
   }
 
   // Items ready to be handed out. A delayed item counts from the timer firing for it (or
-  // an Add or Done noticing it is due).
+  // an Add, a Done of an item added again, or a Get or TryGet finding nothing else ready,
+  // noticing it is due).
   size_t Len() const {
     internal::MutexLock lock(&mu_);
     return ready_.size();
@@ -677,6 +681,14 @@ class PriorityQueue {
       metrics_->OnDelayed(-1);
       metrics_->OnAdd(slot, info_[slot].priority);
     }
+  }
+
+  // A Get or TryGet that finds nothing ready makes due delayed items ready itself (one
+  // clock read), as DelayingQueue's do: a worker does not miss work that is due while the
+  // timer is late (its service busy with another callback), and a ready item wins over a
+  // done context in Get(ctx) also then.
+  void PromoteIfNoneReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ready_.empty() && !delayed_.empty()) PromoteDueLocked(clock_->Now());
   }
 
   // Makes every delayed item due at `now` ready, in ready-time order, with its ready

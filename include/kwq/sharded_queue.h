@@ -18,7 +18,8 @@
 //     shard only: give every shard a worker (w in [0, K)), or poll with TryGet.
 //   - Order is FIFO within a shard, not across shards.
 //   - ShutDown / ShutDownWithDrain act on every shard; Get(w) returns nullopt once shard w
-//     is shut down and empty and nothing is left to steal.
+//     is shut down with nothing ready and nothing is left to steal (an item in flight
+//     that was added again is ready at its Done, and a Get takes it then, as in Queue).
 //
 // Thread safety: every member may be called from any thread; shards lock independently.
 
@@ -164,7 +165,10 @@ class ShardedQueue {
     }
     return true;
   }
-  bool ShuttingDown() const { return shards_[0]->ShuttingDown(); }
+  // True once every shard refuses adds. The last shard is asked: ShutDown and
+  // ShutDownWithDrain stop the shards in index order, so it is the last to stop (asking
+  // the first said true while later shards still took adds).
+  bool ShuttingDown() const { return shards_.back()->ShuttingDown(); }
 
  private:
   ShardedQueue(int shards, QueueOptions options) {
