@@ -550,6 +550,15 @@ CancelableContext WithCancelCause(const Context& parent) { return WithCancel(par
 
 namespace {
 
+// A deadline's timer callback (a plain function: no callable to store or move per
+// timer). `arg` is the node.
+void DeadlineFired(void* arg) {
+  auto* node = static_cast<ContextNode*>(arg);
+  if (!internal::TryRef(node)) return;
+  internal::CancelTree(node, &internal::DeadlineError(), node->deadline_cause);
+  internal::Unref(node);
+}
+
 // WithDeadline with the current time already read (one clock read per WithTimeout).
 CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, absl::Time now,
                                  absl::Status cause) {
@@ -566,14 +575,7 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
     // Armed before the node is published, so that a parent's cancel always finds the id
     // and stops the timer. The callback holds no reference (the node may die first);
     // Destroy cancels the timer with CancelSync, so `node` is valid whenever it runs.
-    node->timer.store(node->Timers().Schedule(deadline,
-                                              [node] {
-                                                if (!internal::TryRef(node)) return;
-                                                internal::CancelTree(node,
-                                                                     &internal::DeadlineError(),
-                                                                     node->deadline_cause);
-                                                internal::Unref(node);
-                                              }),
+    node->timer.store(node->Timers().Schedule(deadline, &DeadlineFired, node),
                       std::memory_order_relaxed);
   }
   // The node holds the handles' two references already, so it may be published (and

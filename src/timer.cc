@@ -74,12 +74,26 @@ class TimerCore final : public ClockObserver {
 
   // `fn` by reference: it is read (moved into the heap) only under the lock, after the
   // caller's stores that built it have drained (no store-forwarding stall).
-  TimerId Schedule(absl::Time deadline, TimerHeap::Callback&& fn) {
+  TimerId Schedule(absl::Time deadline, TimerHeap::Fn&& fn) {
+    return ScheduleWith(deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return heap_.Insert(deadline, std::move(fn));
+    });
+  }
+  TimerId ScheduleRaw(absl::Time deadline, void (*fn)(void*), void* arg) {
+    return ScheduleWith(deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return heap_.InsertRaw(deadline, fn, arg);
+    });
+  }
+
+  // Inserts with `insert` (called under mu_) and wakes the service thread when the new
+  // timer is the earliest.
+  template <typename Insert>
+  TimerId ScheduleWith(absl::Time deadline, Insert insert) {
     bool wake = false;
     TimerId id;
     {
       MutexLock lock(&mu_);
-      id = heap_.Insert(deadline, std::move(fn));
+      id = insert();
       if (deadline < armed_) {
         armed_ = deadline;
         wake = true;
@@ -158,7 +172,7 @@ class TimerCore final : public ClockObserver {
       } catch (...) {
         thrown = std::current_exception();
       }
-      fn = nullptr;  // destroy captured state outside the lock too
+      fn.Reset();  // destroy captured state outside the lock too
       mu_.Lock();
       running_id_ = 0;
       running_thread_ = std::thread::id();
@@ -270,6 +284,10 @@ TimerId TimerService::Schedule(absl::Time deadline, absl::AnyInvocable<void()> f
 
 TimerId TimerService::ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn) {
   return core_->Schedule(core_->clock().Now() + delay, std::move(fn));
+}
+
+TimerId TimerService::Schedule(absl::Time deadline, void (*fn)(void*), void* arg) {
+  return core_->ScheduleRaw(deadline, fn, arg);
 }
 
 bool TimerService::Cancel(TimerId id) { return core_->Cancel(id); }

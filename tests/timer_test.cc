@@ -252,6 +252,44 @@ TEST(FakeTimerTest, RunsDueTimersInsideAdvanceInOrder) {
   EXPECT_EQ(order, (std::vector<int>{1, 11, 2, 3}));
 }
 
+// The plain-function form: fn(arg) runs in deadline order with the callables (ties in
+// scheduling order), a cancelled one never runs, and a rescheduled one runs at its new
+// time; its slot is then reused by a callable, whose captures are destroyed as usual.
+TEST(FakeTimerTest, PlainFunctionTimersRunLikeCallables) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  struct Log {
+    std::vector<int> order;
+  } log;
+  struct Entry {
+    Log* log;
+    int value;
+  };
+  auto record = [](void* arg) {
+    auto* e = static_cast<Entry*>(arg);
+    e->log->order.push_back(e->value);
+  };
+  Entry one{&log, 1}, two{&log, 2}, cancelled{&log, -1}, moved{&log, 5};
+  const absl::Time start = clock.Now();
+  service->Schedule(start + absl::Seconds(2), record, &two);
+  service->Schedule(start + absl::Seconds(1), record, &one);
+  service->Schedule(start + absl::Seconds(1), [&] { log.order.push_back(11); });
+  const TimerId c = service->Schedule(start + absl::Seconds(1), record, &cancelled);
+  const TimerId m = service->Schedule(start + absl::Seconds(1), record, &moved);
+  EXPECT_TRUE(service->Cancel(c));
+  EXPECT_FALSE(service->Cancel(c));
+  EXPECT_TRUE(service->Reschedule(m, start + absl::Seconds(5)));
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(log.order, (std::vector<int>{1, 11, 2}));
+  auto alive = std::make_shared<int>(0);
+  service->Schedule(start + absl::Seconds(3), [&log, alive] { log.order.push_back(3); });
+  EXPECT_EQ(alive.use_count(), 2);
+  clock.Advance(absl::Seconds(3));
+  EXPECT_EQ(log.order, (std::vector<int>{1, 11, 2, 3, 5}));
+  EXPECT_EQ(alive.use_count(), 1);  // the callable was destroyed after it ran
+  EXPECT_EQ(service->Pending(), 0u);
+}
+
 TEST(FakeTimerTest, CallbackSchedulingADueTimerRunsInTheSameAdvance) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});

@@ -20,7 +20,7 @@ int64_t TimerHeap::KeyOf(absl::Time t, bool round_up) const {
   return ns;
 }
 
-uint64_t TimerHeap::Insert(absl::Time deadline, Callback&& fn) {
+uint32_t TimerHeap::NewSlot(absl::Time deadline) {
   uint32_t slot;
   if (free_head_ != kNoSlot) {
     slot = free_head_;
@@ -30,11 +30,37 @@ uint64_t TimerHeap::Insert(absl::Time deadline, Callback&& fn) {
     slots_.emplace_back();
   }
   Slot& s = slots_[slot];
-  s.fn = std::move(fn);
   s.deadline = deadline;
   s.next_free = kNoSlot;
   heap_.Push(slot, DeadlineKey(deadline));
-  return IdOf(slot, s.generation);
+  return slot;
+}
+
+uint64_t TimerHeap::Insert(absl::Time deadline, Fn&& fn) {
+  const uint32_t slot = NewSlot(deadline);
+  slots_[slot].cb.fn = std::move(fn);
+  return IdOf(slot, slots_[slot].generation);
+}
+
+uint64_t TimerHeap::InsertRaw(absl::Time deadline, void (*fn)(void*), void* arg) {
+  const uint32_t slot = NewSlot(deadline);
+  slots_[slot].cb.raw = fn;
+  slots_[slot].cb.arg = arg;
+  return IdOf(slot, slots_[slot].generation);
+}
+
+void TimerHeap::TakeCallback(uint32_t slot, Callback* out) {
+  Callback& cb = slots_[slot].cb;
+  if (cb.raw != nullptr) {
+    if (out != nullptr) {
+      out->raw = cb.raw;
+      out->arg = cb.arg;
+    }
+    cb.raw = nullptr;
+    return;
+  }
+  if (out != nullptr) out->fn = std::move(cb.fn);
+  cb.fn = nullptr;
 }
 
 uint32_t TimerHeap::Find(uint64_t id) const {
@@ -50,8 +76,7 @@ bool TimerHeap::Remove(uint64_t id, Callback* fn) {
   const uint32_t slot = Find(id);
   if (slot == kNoSlot) return false;
   heap_.Remove(slot);
-  if (fn != nullptr) *fn = std::move(slots_[slot].fn);
-  slots_[slot].fn = nullptr;
+  TakeCallback(slot, fn);
   FreeSlot(slot);
   return true;
 }
@@ -87,8 +112,7 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
   heap_.Pop();
   Slot& s = slots_[slot];
   *id = IdOf(slot, s.generation);
-  *fn = std::move(s.fn);
-  s.fn = nullptr;
+  TakeCallback(slot, fn);
   FreeSlot(slot);
   return true;
 }

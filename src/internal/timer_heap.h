@@ -31,14 +31,35 @@ struct TimerHeapPeer;  // tests: a slot's generation
 
 class TimerHeap {
  public:
-  using Callback = absl::AnyInvocable<void()>;
+  using Fn = absl::AnyInvocable<void()>;
+  // A timer's callback: a callable, or a plain function and its argument (InsertRaw:
+  // nothing is stored or moved but those two words, no callable's manager called).
+  struct Callback {
+    Fn fn;
+    void (*raw)(void*) = nullptr;
+    void* arg = nullptr;
+    void operator()() {
+      if (raw != nullptr) {
+        raw(arg);
+      } else {
+        fn();
+      }
+    }
+    // Destroys the callable (and its captures), if any.
+    void Reset() {
+      if (raw == nullptr) fn = nullptr;
+      raw = nullptr;
+    }
+  };
 
   // `origin`: the instant keys count from; timers within about 292 years of it are
   // ordered exactly (to the nanosecond).
   explicit TimerHeap(absl::Time origin = absl::UnixEpoch()) : origin_(origin) {}
 
   // Adds a timer; returns its id (never 0).
-  uint64_t Insert(absl::Time deadline, Callback&& fn);
+  uint64_t Insert(absl::Time deadline, Fn&& fn);
+  // Adds a timer that runs fn(arg).
+  uint64_t InsertRaw(absl::Time deadline, void (*fn)(void*), void* arg);
   // Removes a pending timer; returns false if `id` is not pending. Its callback moves to
   // `*fn` when given (so the caller can destroy it after releasing its lock: a capture's
   // destructor may call back into the timer's owner), else is destroyed here.
@@ -64,7 +85,7 @@ class TimerHeap {
   static constexpr int64_t kFar = kNever - 1;
   static constexpr int64_t kPast = std::numeric_limits<int64_t>::min();
   struct Slot {
-    Callback fn;
+    Callback cb;
     absl::Time deadline;  // exact, for keys that saturated (kFar, kPast)
     uint32_t generation = 1;
     uint32_t next_free = kNoSlot;
@@ -78,6 +99,10 @@ class TimerHeap {
   }
   // Slot of a pending id, or kNoSlot.
   uint32_t Find(uint64_t id) const;
+  // A free slot (reused or new) for a timer at `deadline`, pushed on the heap.
+  uint32_t NewSlot(absl::Time deadline);
+  // Moves slot `slot`'s callback to `*out` (or destroys it when `out` is null).
+  void TakeCallback(uint32_t slot, Callback* out);
   void FreeSlot(uint32_t slot);
 
   absl::Time origin_;
