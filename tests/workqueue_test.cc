@@ -1,6 +1,9 @@
 #include "kwq/workqueue.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -457,6 +460,97 @@ TEST_F(WorkqueueTest, UnboundMaxActiveIsSplitPerNodeWithMinActiveFloor) {
   EXPECT_EQ(PeakConcurrency(rt.get(), 2, 1, 2), 2);  // 1 per node
   EXPECT_EQ(PeakConcurrency(rt.get(), 2, 2, 4), 4);  // the floor lifts each node to 2
   EXPECT_GT(rt->bind_failures(), 0u);                // CPUs 2 and 3 do not exist here
+}
+
+// Each node's share rounds up, as in Linux 6.9+: 5 over three 1-CPU nodes is 2 each (it
+// rounded down to 1 each, 3 in all, well under max_active).
+TEST_F(WorkqueueTest, UnboundNodeSharesRoundUp) {
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("numa:3 core:1 pu:1")});
+  auto wq = *Workqueue::Create({.name = "thirds",
+                                .flags = kUnbound,
+                                .max_active = 5,
+                                .min_active = 1,
+                                .affinity_scope = AffinityScope::kNuma,
+                                .runtime = rt.get()});
+  EXPECT_EQ(HeldConcurrency(wq.get(), 9, 6, [&](Work* w, int i) { wq->QueueOnNode(i % 3, w); }), 6);
+}
+
+// A pod whose CPUs span two nodes (the cache scope with no L3: one pod per package) is
+// limited by max_active alone, as the kernel's NUMA_NO_NODE pods are; it was charged to
+// its first CPU's node and capped at that node's half.
+TEST_F(WorkqueueTest, APodSpanningNodesGetsAllOfMaxActive) {
+  auto rt = *WorkqueueRuntime::Create({.topology = TwoNodes()});
+  auto wq = *Workqueue::Create({.name = "span",
+                                .flags = kUnbound,
+                                .max_active = 4,
+                                .min_active = 1,
+                                .affinity_scope = AffinityScope::kCache,
+                                .runtime = rt.get()});
+  EXPECT_EQ(HeldConcurrency(wq.get(), 8, 4, [&](Work* w, int) { wq->QueueOn(0, w); }), 4);
+}
+
+// Per-CPU tables are indexed by CPU id: a huge id is refused, not an abort.
+TEST(WorkqueueRuntimeTest, HugeCpuIdsAreRefused) {
+  for (const char* synthetic :
+       {"pack:1 pu:2(indexes=0,1000000)", "pack:1 pu:2(indexes=0,65536)"}) {
+    auto topology = Topology::FromSynthetic(synthetic);
+    ASSERT_TRUE(topology.ok()) << topology.status();
+    EXPECT_EQ(WorkqueueRuntime::Create({.topology = *topology}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << synthetic;
+  }
+  EXPECT_TRUE(WorkqueueRuntime::Create(
+                  {.topology = *Topology::FromSynthetic("pack:1 pu:2(indexes=0,65535)")})
+                  .ok());
+}
+
+// A worker is created by whichever thread first needs it, and a new thread inherits its
+// creator's nice value and CPU mask: a high-priority worker that queues to a normal pool
+// with no worker yet made that pool's worker nice -20 for good, and a pinned thread that
+// queued first pinned an unpinned pool's worker to its own CPU.
+TEST_F(WorkqueueTest, WorkersDoNotInheritTheirCreatorsNiceValue) {
+  auto hi = Make({.name = "hi", .flags = kHighPri | kUnbound});
+  auto normal = Make({.name = "normal", .flags = kUnbound});
+  std::atomic<int> hi_nice{100}, normal_nice{100};
+  auto nice_here = [] {
+    errno = 0;
+    return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  };
+  Work n([&] { normal_nice = nice_here(); });
+  Work h([&] {
+    hi_nice = nice_here();
+    EXPECT_TRUE(normal->Queue(&n));  // the normal pool's first worker is made from here
+  });
+  ASSERT_TRUE(hi->Queue(&h));
+  hi->Flush();
+  normal->Flush();
+  if (hi_nice.load() != -20) GTEST_SKIP() << "cannot raise a thread's priority here";
+  EXPECT_EQ(normal_nice.load(), 0);
+}
+
+TEST(WorkqueueRuntimeTest, UnpinnedWorkersDoNotInheritTheirCreatorsCpus) {
+  auto topology = Topology::DetectForProcess();
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  if ((*topology)->num_cpus() < 2) GTEST_SKIP() << "needs two CPUs";
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  std::atomic<int> worker_cpus{-1};
+  {
+    auto rt = *WorkqueueRuntime::Create({.topology = *topology, .bind_workers = false});
+    auto wq = *Workqueue::Create({.name = "unpinned", .flags = kUnbound, .runtime = rt.get()});
+    Work w([&] {
+      cpu_set_t set;
+      if (sched_getaffinity(0, sizeof(set), &set) == 0) worker_cpus = CPU_COUNT(&set);
+    });
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET((*topology)->cpus()[0].cpu, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // this thread makes the worker
+    EXPECT_TRUE(wq->Queue(&w));
+    EXPECT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+    wq->Flush();
+  }
+  EXPECT_EQ(worker_cpus.load(), (*topology)->num_cpus());
 }
 
 // max_active is split over NUMA nodes by their CPU counts: 7 over a 4-CPU and a 3-CPU node

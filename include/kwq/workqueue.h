@@ -23,8 +23,9 @@
 //     worker per CPU they may run on (the pod's when strict, every allowed CPU when not),
 //     and max_active bounds the workqueue.
 //   - max_active limits a workqueue's concurrently active works per CPU (bound) or per
-//     NUMA node (unbound: max_active split over nodes by their CPU counts, never below
-//     min_active). Works beyond the limit wait, in order, on the workqueue.
+//     NUMA node (unbound: max_active split over nodes by their CPU counts, rounded up,
+//     never below min_active; a pod whose CPUs span nodes is limited by max_active alone).
+//     Works beyond the limit wait, in order, on the workqueue.
 //   - kOrdered: unbound, max_active 1, one pool: works run one at a time in queueing order.
 //
 // Work promises (pinned by tests/workqueue_test.cc):
@@ -152,8 +153,10 @@ class WorkqueueRuntime;
 struct WorkqueueOptions {
   std::string name;  // required, for dumps and stall reports
   uint32_t flags = 0;
-  // Concurrently active works: per CPU (bound) or in total, split over NUMA nodes
-  // (unbound). 0 means the default (256); must be in [0, 2048]. kOrdered forces 1.
+  // Concurrently active works: per CPU (bound), or split over NUMA nodes by their CPU
+  // counts (unbound; each node's share rounded up and at least min_active, so the nodes
+  // together may run a little more). 0 means the default (256); must be in [0, 2048].
+  // kOrdered forces 1.
   int max_active = 0;
   // Unbound: each node's share of max_active is at least this (default 8, capped at
   // max_active).
@@ -281,6 +284,10 @@ class Workqueue {
 // use Default(); tests make their own with a synthetic topology and short timeouts.
 class WorkqueueRuntime {
  public:
+  // CPU ids must be below this (per-CPU tables are indexed by id); Create returns
+  // InvalidArgument for a topology with a larger one. Linux's NR_CPUS is at most 8192.
+  static constexpr int kMaxCpuId = 1 << 16;
+
   struct Options {
     // nullptr: Topology::Detect().
     std::shared_ptr<const Topology> topology;
@@ -298,7 +305,8 @@ class WorkqueueRuntime {
     // Receives stall reports (default: stderr).
     std::function<void(const std::string&)> stall_reporter;
     // Pin workers to their pool's CPUs. When pinning fails (a synthetic topology, a
-    // cpuset that forbids it) workers run unpinned and the failure is counted.
+    // cpuset that forbids it) workers run unpinned (on any CPU of the topology, whatever
+    // the mask of the thread that created them) and the failure is counted.
     bool bind_workers = true;
     // Fault injection for tests: when set and it returns true, creating a worker thread
     // fails as if the system were out of threads (kMemReclaim rescuers then step in).

@@ -227,6 +227,9 @@ class RuntimeCore {
   explicit RuntimeCore(WorkqueueRuntime::Options options);
   ~RuntimeCore();
 
+  // The topology's CPU ids: where an unpinned worker may run.
+  std::vector<int> all_cpus;
+
   // The per-CPU pool of `cpu` (a CPU of the topology).
   WorkerPool* CpuPool(int cpu, bool highpri);
   // The shared unbound pool for these attributes.

@@ -1,5 +1,7 @@
 // Worker pools, workers, the watchdog and the runtime that owns them.
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -341,10 +343,26 @@ void WorkerPool::Repatriate(WorkqueueCore* wq) {
 void WorkerPool::WorkerMain(Worker* self) {
   tls_worker = self;
   pthread_setname_np(pthread_self(), highpri ? "kwq-worker-H" : "kwq-worker");
+  // A new thread inherits its creator's CPU mask, scheduling policy and nice value, and
+  // any thread may create a pool's worker (the first to queue there, the watchdog): a
+  // pinned or high-priority creator must not pass that on. So every worker sets all three
+  // itself.
+  bool bound = false;
   if (rt->options.bind_workers && !cpus.empty()) {
-    if (!BindCurrentThread(cpus).ok()) rt->CountBindFailure();
+    bound = BindCurrentThread(cpus).ok();
+    if (!bound) rt->CountBindFailure();
   }
-  if (highpri && setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), -20) != 0) {
+  // Unpinned (by choice, or pinning failed): anywhere the runtime's topology allows. (A
+  // synthetic topology's CPUs may not exist here; then the mask stays as it was.)
+  if (!bound) (void)BindCurrentThread(rt->all_cpus);
+  int policy = SCHED_OTHER;
+  sched_param param{};
+  if (pthread_getschedparam(pthread_self(), &policy, &param) == 0 && policy != SCHED_OTHER) {
+    param.sched_priority = 0;
+    (void)pthread_setschedparam(pthread_self(), SCHED_OTHER, &param);
+  }
+  const id_t tid = static_cast<id_t>(syscall(SYS_gettid));
+  if (setpriority(PRIO_PROCESS, tid, highpri ? -20 : 0) != 0 && highpri) {
     rt->highpri_raised_.store(false, std::memory_order_relaxed);
   }
   // Idle workers that exited before this one, joined by it on its way out (outside the
@@ -541,7 +559,10 @@ RuntimeCore::RuntimeCore(WorkqueueRuntime::Options opts)
       timers(options.timers != nullptr ? options.timers : &TimerService::Default()) {
   MutexLock lock(&mu_);
   int max_cpu = 0;
-  for (const CpuInfo& c : topology->cpus()) max_cpu = std::max(max_cpu, c.cpu);
+  for (const CpuInfo& c : topology->cpus()) {
+    max_cpu = std::max(max_cpu, c.cpu);
+    all_cpus.push_back(c.cpu);
+  }
   cpu_pools_[0].resize(max_cpu + 1);
   cpu_pools_[1].resize(max_cpu + 1);
 }
@@ -705,6 +726,14 @@ absl::StatusOr<std::unique_ptr<WorkqueueRuntime>> WorkqueueRuntime::Create(Optio
   }
   if (options.topology->num_cpus() == 0) {
     return absl::InvalidArgumentError("WorkqueueRuntime: the topology has no CPUs");
+  }
+  // Per-CPU tables are indexed by CPU id (in the runtime and in every workqueue): an id
+  // near INT_MAX overflowed their size and aborted the process.
+  for (const CpuInfo& c : options.topology->cpus()) {
+    if (c.cpu >= kMaxCpuId) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("WorkqueueRuntime: CPU id ", c.cpu, " is not below ", kMaxCpuId));
+    }
   }
   if (options.idle_timeout <= absl::ZeroDuration() ||
       options.cpu_intensive_threshold <= absl::ZeroDuration() ||

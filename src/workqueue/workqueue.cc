@@ -93,8 +93,13 @@ absl::Status WorkqueueCore::Init() {
       node_limit_.push_back(max_active_);
     }
   } else {
-    // Unbound: one pwq per pod; max_active split over NUMA nodes by CPU count, with the
-    // min_active floor (one accounting node for the system scope or a one-node machine).
+    // Unbound: one pwq per pod; max_active split over NUMA nodes by CPU count, rounded up
+    // as Linux 6.9+ does (rounded down, three 1-CPU nodes shared max_active = 5 as 1+1+1),
+    // with the min_active floor (one accounting node for the system scope or a one-node
+    // machine). A pod whose CPUs span several nodes (the cache scope on a machine with
+    // more nodes than L3s) is charged to one more accounting node, limited by max_active
+    // alone, as the kernel charges such pods to NUMA_NO_NODE; it was charged to the node
+    // of its first CPU, which capped it at that node's share.
     const bool one_node =
         options.affinity_scope == AffinityScope::kSystem || topo.num_numa_nodes() <= 1;
     const std::vector<int>& nodes = topo.numa_nodes();
@@ -102,21 +107,34 @@ absl::Status WorkqueueCore::Init() {
       node_limit_ = {max_active_};
     } else {
       for (int n : nodes) {
-        const int share = static_cast<int>(static_cast<int64_t>(max_active_) *
-                                           topo.CpusOfNode(n).size() / topo.num_cpus());
+        const int64_t cpus = static_cast<int64_t>(topo.CpusOfNode(n).size());
+        const int share =
+            static_cast<int>((max_active_ * cpus + topo.num_cpus() - 1) / topo.num_cpus());
         node_limit_.push_back(std::clamp(std::max(share, options.min_active), 1, max_active_));
       }
     }
+    int spanning_node = -1;  // the accounting node of pods that span nodes, once needed
     for (const std::vector<int>& pod : topo.Pods(options.affinity_scope)) {
       int node = 0;
       if (!one_node) {
-        const int os_node = topo.cpus()[0].numa_node;
-        int first_node = os_node;
+        std::vector<int> pod_nodes;
         for (const CpuInfo& c : topo.cpus()) {
-          if (c.cpu == pod.front()) first_node = c.numa_node;
+          if (std::find(pod.begin(), pod.end(), c.cpu) != pod.end() &&
+              std::find(pod_nodes.begin(), pod_nodes.end(), c.numa_node) == pod_nodes.end()) {
+            pod_nodes.push_back(c.numa_node);
+          }
         }
-        node = static_cast<int>(std::find(nodes.begin(), nodes.end(), first_node) - nodes.begin());
-        if (node >= static_cast<int>(nodes.size())) node = 0;
+        if (pod_nodes.size() > 1) {
+          if (spanning_node < 0) {
+            spanning_node = static_cast<int>(node_limit_.size());
+            node_limit_.push_back(max_active_);
+          }
+          node = spanning_node;
+        } else {
+          const int pod_node = pod_nodes.empty() ? topo.cpus()[0].numa_node : pod_nodes[0];
+          node = static_cast<int>(std::find(nodes.begin(), nodes.end(), pod_node) - nodes.begin());
+          if (node >= static_cast<int>(nodes.size())) node = 0;
+        }
       }
       WorkerPool* pool = rt->UnboundPool(pod, highpri, options.affinity_strict);
       pwqs_.push_back(std::make_unique<PoolWorkqueue>(this, pool, node));
