@@ -290,6 +290,19 @@ TEST(FakeTimerTest, PlainFunctionTimersRunLikeCallables) {
   EXPECT_EQ(service->Pending(), 0u);
 }
 
+// A service made while the clock reads between two nanoseconds: a timer at a whole
+// nanosecond runs once the clock reads exactly that (it fell on the key after the
+// clock's and waited for the next move).
+TEST(FakeTimerTest, AServiceStartedBetweenTwoNanosecondsRunsATimerAtItsTime) {
+  FakeClock clock(absl::UnixEpoch() + absl::Seconds(100) + absl::Nanoseconds(1) / 4);
+  auto service = *TimerService::Create({.clock = &clock});
+  const absl::Time deadline = absl::UnixEpoch() + absl::Seconds(101);
+  int runs = 0;
+  service->Schedule(deadline, [&] { ++runs; });
+  clock.SetTime(deadline);
+  EXPECT_EQ(runs, 1);
+}
+
 TEST(FakeTimerTest, CallbackSchedulingADueTimerRunsInTheSameAdvance) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});

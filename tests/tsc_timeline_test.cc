@@ -68,11 +68,14 @@ struct FakeSource {
 using FakeTimeline = TscTimeline<FakeSource>;
 constexpr double kRate = 0.4;  // ns per tick: a 2.5 GHz counter
 
-// Runs a timeline through its calibration; returns its reading right after.
+// Runs a timeline through its calibration (two windows that agree); returns its reading
+// right after.
 int64_t Calibrate(FakeTime& time, FakeTimeline& timeline) {
   timeline.Now();
-  time.Advance(11 * kMs, kRate);
-  timeline.Now();
+  for (int window = 0; window < 2; ++window) {
+    time.Advance(11 * kMs, kRate);
+    timeline.Now();
+  }
   return timeline.Now();
 }
 
@@ -115,7 +118,10 @@ TEST(TscTimelineTest, ReturnsTheReferenceWhileCalibratingThenCountsTicks) {
   EXPECT_EQ(timeline.Now(), time.ns.load());
   EXPECT_EQ(timeline.NanosPerTick(), 0);
   time.Advance(6 * kMs, kRate);
-  EXPECT_EQ(timeline.Now(), time.ns.load());  // this read switches to the counter
+  EXPECT_EQ(timeline.Now(), time.ns.load());  // the first window: a rate to confirm
+  EXPECT_EQ(timeline.NanosPerTick(), 0);
+  time.Advance(11 * kMs, kRate);
+  EXPECT_EQ(timeline.Now(), time.ns.load());  // a second that agrees: the counter takes over
   EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9);
   const int64_t start = timeline.Now();
   EXPECT_EQ(start, time.ns.load());  // continuous with the reference
@@ -221,6 +227,8 @@ TEST(TscTimelineTest, AReadThatRacedACalibrationRetries) {
   FakeTime time;
   FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
   timeline.Now();  // the first pair
+  time.Advance(11 * kMs, kRate);
+  timeline.Now();  // the first window
   const Race race = ReadRacing(time, timeline, [&] {
     time.Advance(11 * kMs, kRate);
     timeline.Now();  // reads the reference and calibrates: the counter takes over
@@ -267,6 +275,42 @@ TEST(TscTimelineTest, AWriteSectionCounterBehindThePairIsNotAWrap) {
   EXPECT_LE(walk.worst, 10);
 }
 
+// A suspend inside the first calibration window (the counter ran on for an hour, the
+// reference stood still) gives a rate thousands of times too small. Taken, it slowed the
+// clock by that ratio until its readers reached the next resync on the slow timeline
+// (about 100 hours). It is not taken: the next windows do not agree with it.
+TEST(TscTimelineTest, ASuspendInTheCalibrationWindowIsNotTaken) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  timeline.Now();
+  time.Advance(5 * kMs, kRate);
+  time.ticks += static_cast<uint64_t>(3600 * kSec / kRate);  // an hour's suspend
+  time.Advance(6 * kMs, kRate);
+  timeline.Now();
+  EXPECT_EQ(timeline.NanosPerTick(), 0);
+  for (int window = 0; window < 2; ++window) {
+    time.Advance(11 * kMs, kRate);
+    timeline.Now();
+  }
+  EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9);
+  const Walk walk = WalkMs(time, timeline, timeline.Now(), 3'000, kRate);
+  EXPECT_NEAR(walk.last, time.ns.load(), 1'000);  // on the reference
+}
+
+// Three odd windows in a row (each with a suspend of a different length in it) disagree
+// with each other: none is taken. The third used to be, however far from the other two.
+TEST(TscTimelineTest, ThreeOddWindowsThatDisagreeAreNotTaken) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  Calibrate(time, timeline);
+  for (int64_t suspend_s : {600, 60, 3600}) {
+    time.ticks += static_cast<uint64_t>(suspend_s * kSec / kRate);
+    time.Advance(kSec + kMs, kRate);
+    timeline.Now();  // resyncs over a window with the suspend in it
+  }
+  EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9);
+}
+
 // Calibrating readers return the reference's own readings. One taken after the pair that
 // ends the calibration (here by a reader that ran while the calibrating thread was
 // between the pair and its write section) must not be later than the TSC readings
@@ -276,6 +320,8 @@ TEST(TscTimelineTest, TheSwitchToTheCounterDoesNotGoBack) {
   time.kernel_per_read = 100;  // a pair spreads over 100 ns
   FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
   timeline.Now();
+  time.Advance(11 * kMs, kRate);
+  timeline.Now();  // the first window
   time.Advance(11 * kMs, kRate);
   // This read (which calibrates), then the pair's three (reference, counter, reference):
   // then another reader.
@@ -297,9 +343,10 @@ TEST(TscTimelineTest, AWidePairExtendsTheCalibration) {
   EXPECT_EQ(timeline.NanosPerTick(), 0);  // 400 us of uncertainty in 11 ms: not yet
   time.kernel_per_read = 0;
   time.Advance(100 * kSec, kRate);
-  timeline.Now();
-  // Within 100 ppm (the fake's reference moved 4 ms during the wide pairs' reads); the
-  // 11 ms window would have been off by a third.
+  timeline.Now();  // a good window (within 100 ppm: the fake's reference moved 4 ms
+                   // during the wide pairs' reads; the 11 ms window was off by a third)
+  time.Advance(11 * kMs, kRate);
+  timeline.Now();  // and one that agrees with it
   EXPECT_NEAR(timeline.NanosPerTick(), kRate, kRate * 100e-6);
 }
 

@@ -90,9 +90,12 @@ class Clock {
 // Linux). Where the kernel itself computes CLOCK_MONOTONIC from an invariant TSC (its
 // clocksource is "tsc"), Now() reads the TSC and scales it in user space, about 9 ns
 // against clock_gettime's 24 on the development VM. The scale is calibrated against
-// clock_gettime over the first 10 ms after the program starts (Now() returns
-// clock_gettime until then) and re-synchronised every second, steered like an NTP slew
-// so that the timeline stays continuous and within about a microsecond of the kernel's.
+// clock_gettime over two windows of at least 10 ms that must agree (each ends at the
+// first Now() past it, so about 20 ms after the program starts in a program that reads
+// the clock; Now() returns clock_gettime until then) and re-synchronised every second,
+// steered like an NTP slew so that the timeline stays continuous and within about a
+// microsecond of the kernel's (after a suspend, which the TSC runs through and
+// CLOCK_MONOTONIC does not, it may lead by up to 2 s for under a minute).
 // Each thread's readings are monotonic; a reading ordered after another thread's (by a
 // lock) may be earlier than it by a few tens of nanoseconds, because the rdtsc is not
 // fenced (fencing cost more than clock_gettime). The environment variable

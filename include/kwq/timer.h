@@ -33,7 +33,9 @@
 // and cancel timers and create or destroy other services on the same clock, but must not
 // move the clock (FakeClock fails a check) or wait for a thread that moves it or adds or
 // removes its observers (that would deadlock). A timer a callback schedules at or before
-// Now() runs in the same move (unlike the kernel, which defers it to the next tick), so
+// Now() on its own service (or on one created after it on the same clock: the clock tells
+// its services of a move in creation order, once each) runs in the same move (unlike
+// the kernel, which defers it to the next tick), so
 // a callback that keeps rescheduling itself at Now() keeps the move from returning:
 // reschedule periodic work at Now() + period. Having no backend, such a service ignores
 // Options::backend and does not read KWQ_TIMER_BACKEND (a bad value is not reported), so

@@ -229,7 +229,11 @@ class TscTimeline {
   // The kernel's rate over the window since the last pair. A window over which the
   // counter went back keeps the last rate; so does one off the last rate by more than
   // 0.1% (an invariant TSC keeps its frequency and NTP moves the kernel's by ppm: the
-  // counter jumped), unless three windows in a row say so. Returns false when the window
+  // counter jumped, or a suspend stopped the kernel's clock while the counter ran on),
+  // unless three windows in a row agree with each other on a new one. The first rate is
+  // taken only when two windows in a row agree: one window that held a suspend would
+  // otherwise slow the clock by the suspend's ratio, for as long as its readers took to
+  // reach the next resync on that slow timeline (hours). Returns false when the window
   // is too short to measure: it goes on from the same pair.
   bool MeasureRate(const Pair& pair) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t ticks = static_cast<int64_t>(pair.ticks - last_.ticks);  // < 0: went back
@@ -238,11 +242,26 @@ class TscTimeline {
     const uint64_t rate = static_cast<uint64_t>(
         (static_cast<unsigned __int128>(pair.ns - last_.ns) << 32) / static_cast<uint64_t>(ticks));
     if (rate == 0) return true;  // over 2^32 ticks per nanosecond: not a TSC
-    const uint64_t off = rate > rate_ ? rate - rate_ : rate_ - rate;
-    if (rate_ != 0 && off > rate_ / 1000 && ++odd_windows_ < 3) return true;
+    if (rate_ == 0 ? Agree(rate, candidate_rate_) : Agree(rate, rate_)) {
+      rate_ = rate;
+      odd_windows_ = 0;
+      return true;
+    }
+    // The first window, or an odd one: kept until enough windows agree with it.
+    if (odd_windows_ == 0 || !Agree(rate, candidate_rate_)) {
+      candidate_rate_ = rate;
+      odd_windows_ = 1;
+      return true;
+    }
+    if (++odd_windows_ < 3) return true;
     rate_ = rate;
     odd_windows_ = 0;
     return true;
+  }
+  // Whether `rate` is within 0.1% of `reference` (never when `reference` is 0).
+  static bool Agree(uint64_t rate, uint64_t reference) {
+    const uint64_t off = rate > reference ? rate - reference : reference - rate;
+    return reference != 0 && off <= reference / 1000;
   }
 
   void Sync() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -276,7 +295,10 @@ class TscTimeline {
       }
     }
     if (MeasureRate(pair)) last_ = pair;
-    if (rate_ == 0) return;  // no usable window yet: stay on the reference
+    if (rate_ == 0) {  // no agreed rate yet: stay on the reference, measure another window
+      next_calibration_ns_.store(last_.ns + options_.calibrate_ns, std::memory_order_relaxed);
+      return;
+    }
 
     // Steering constants, outside the write section (they do not depend on its tick).
     const __int128 rate = rate_;
@@ -343,6 +365,9 @@ class TscTimeline {
   bool have_pair_ ABSL_GUARDED_BY(mu_) = false;
   Pair last_ ABSL_GUARDED_BY(mu_){0, 0, 0};
   uint64_t rate_ ABSL_GUARDED_BY(mu_) = 0;  // the kernel's ns per tick, 32.32
+  // A rate seen but not taken yet (the first window's, or odd windows' while rate_ is
+  // set), and how many windows in a row agreed with it.
+  uint64_t candidate_rate_ ABSL_GUARDED_BY(mu_) = 0;
   int odd_windows_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
