@@ -491,8 +491,7 @@ TEST_F(WorkqueueTest, APodSpanningNodesGetsAllOfMaxActive) {
 
 // Per-CPU tables are indexed by CPU id: a huge id is refused, not an abort.
 TEST(WorkqueueRuntimeTest, HugeCpuIdsAreRefused) {
-  for (const char* synthetic :
-       {"pack:1 pu:2(indexes=0,1000000)", "pack:1 pu:2(indexes=0,65536)"}) {
+  for (const char* synthetic : {"pack:1 pu:2(indexes=0,1000000)", "pack:1 pu:2(indexes=0,65536)"}) {
     auto topology = Topology::FromSynthetic(synthetic);
     ASSERT_TRUE(topology.ok()) << topology.status();
     EXPECT_EQ(WorkqueueRuntime::Create({.topology = *topology}).status().code(),
@@ -502,6 +501,22 @@ TEST(WorkqueueRuntimeTest, HugeCpuIdsAreRefused) {
   EXPECT_TRUE(WorkqueueRuntime::Create(
                   {.topology = *Topology::FromSynthetic("pack:1 pu:2(indexes=0,65535)")})
                   .ok());
+}
+
+// A worker that could not be pinned is not repatriated before each work: that failed and
+// counted a bind failure per work (101 after 100 works with one worker). 16 CPUs in two
+// cache pods (synthetic: on a machine with fewer, the pod {8..15} cannot be pinned).
+TEST(WorkqueueRuntimeTest, BindFailuresCountWorkersNotWorks) {
+  auto rt =
+      *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 l3:2 core:8 pu:1"),
+                                 .cpu_intensive_threshold = absl::Seconds(30)});
+  auto wq = *Workqueue::Create({.name = "far", .flags = kUnbound, .runtime = rt.get()});
+  Work w([] {});
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(wq->QueueOn(15, &w));
+    wq->Flush();
+  }
+  EXPECT_LE(rt->bind_failures(), 16u);  // at most one per worker
 }
 
 // A worker is created by whichever thread first needs it, and a new thread inherits its

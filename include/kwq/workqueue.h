@@ -330,7 +330,8 @@ class WorkqueueRuntime {
   // A state dump like the kernel's wq_dump.py: pods per scope, pools (CPU, priority,
   // workers, idle, running, pending), and which workqueue uses which pool.
   std::string Dump() const;
-  // Workers whose pinning failed and that run unpinned.
+  // Workers whose pinning failed and that run unpinned (one each), plus pinned workers of
+  // non-strict pools that could not be moved back into their pod before a work.
   uint64_t bind_failures() const;
   // Stall reports made so far.
   uint64_t stalls() const;

@@ -118,6 +118,9 @@ class Worker {
   absl::Time watch_since;
   uint64_t watch_epoch = 0;
   bool counted = false;  // counts in pool->nr_running
+  // Owner thread only: pinned to its pool's CPUs at start. One that is not (by choice, or
+  // pinning failed) is not repatriated either: that would fail (and count) once per work.
+  bool bound = false;
   bool hog = false;      // marked CPU-intensive by the watchdog
   int blocking = 0;      // nesting of BlockingScope
   bool rescuer = false;  // I: a kMemReclaim rescuer borrowed by the pool

@@ -278,7 +278,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   mu_.Unlock();
 
   rt->KickWatchdog();
-  if (repatriates && !self->rescuer) Repatriate(wq);
+  if (repatriates && !self->rescuer && self->bound) Repatriate(wq);
   const int64_t start = CycleClock::Now();
   bool threw = false;
   try {
@@ -347,14 +347,13 @@ void WorkerPool::WorkerMain(Worker* self) {
   // any thread may create a pool's worker (the first to queue there, the watchdog): a
   // pinned or high-priority creator must not pass that on. So every worker sets all three
   // itself.
-  bool bound = false;
   if (rt->options.bind_workers && !cpus.empty()) {
-    bound = BindCurrentThread(cpus).ok();
-    if (!bound) rt->CountBindFailure();
+    self->bound = BindCurrentThread(cpus).ok();
+    if (!self->bound) rt->CountBindFailure();
   }
   // Unpinned (by choice, or pinning failed): anywhere the runtime's topology allows. (A
   // synthetic topology's CPUs may not exist here; then the mask stays as it was.)
-  if (!bound) (void)BindCurrentThread(rt->all_cpus);
+  if (!self->bound) (void)BindCurrentThread(rt->all_cpus);
   int policy = SCHED_OTHER;
   sched_param param{};
   if (pthread_getschedparam(pthread_self(), &policy, &param) == 0 && policy != SCHED_OTHER) {
