@@ -87,7 +87,10 @@ namespace internal {
 double SystemTscNanosPerTick() {
   SystemTimeline* timeline = Timeline();
   if (timeline == nullptr) return 0;
-  while (timeline->NanosPerTick() == 0) {  // calibrating: about 10 ms after the first read
+  // Calibrating: about 20 ms after the first read (two agreeing windows). Bounded: on a
+  // machine whose windows never agree the timeline stays on clock_gettime, and the
+  // caller measures the counter's rate itself.
+  for (int i = 0; i < 1000 && timeline->NanosPerTick() == 0; ++i) {
     timeline->Now();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -20,26 +20,12 @@
 namespace kwq {
 namespace internal {
 
-namespace {
-
-// `t` rounded down to a whole nanosecond since the Unix epoch (infinite times as they
-// are). The heap's keys count whole nanoseconds from its origin, rounding deadlines up
-// and current times down: from an origin between two nanoseconds, a whole-nanosecond
-// deadline and a clock reading equal to it fell on different keys, and the timer did
-// not run at that reading (a FakeClock started at a fractional time).
-absl::Time WholeNanoseconds(absl::Time t) {
-  if (t == absl::InfiniteFuture() || t == absl::InfinitePast()) return t;
-  return absl::UnixEpoch() + absl::Floor(t - absl::UnixEpoch(), absl::Nanoseconds(1));
-}
-
-}  // namespace
-
 // The state behind a TimerService. With a waiter it runs a service thread; without one
 // (manual clock) it is driven by OnClockMoved.
 class TimerCore final : public ClockObserver {
  public:
   TimerCore(Clock* clock, std::unique_ptr<TimerWaiter> waiter)
-      : clock_(clock), waiter_(std::move(waiter)), heap_(WholeNanoseconds(clock->Now())) {}
+      : clock_(clock), waiter_(std::move(waiter)), heap_(clock->Now()) {}
 
   absl::Status Start() {
     if (waiter_ == nullptr) {

@@ -354,6 +354,31 @@ TEST_F(PriorityQueueTest, GetsTakeADueItemTheTimerHasNotMoved) {
   }
 }
 
+// A TryGet that moves several due items takes one and wakes a sleeping Get for the rest:
+// the late timer, finding nothing left to move, wakes nobody (a first version of the
+// Gets' own promotion left the sleeper asleep with an item ready).
+TEST_F(PriorityQueueTest, AGetThatMovesDueItemsWakesASleeperForTheRest) {
+  std::atomic<bool> holding{false}, release{false};
+  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
+    holding = true;
+    while (!release) std::this_thread::yield();
+  });
+  q_->AddAfter("a", absl::Seconds(1));
+  q_->AddAfter("b", absl::Seconds(1));
+  std::atomic<bool> got{false};
+  std::thread sleeper([&] { got = q_->Get().has_value(); });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
+  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+  EXPECT_TRUE(testing::Eventually([&] { return holding.load(); }));
+  std::optional<PQ::Lease> lease = q_->TryGet();
+  EXPECT_TRUE(lease.has_value());
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); })) << "a Get slept with an item ready";
+  release = true;
+  advancer.join();
+  if (!got) q_->ShutDown();  // releases the sleeper, so the test fails instead of hanging
+  sleeper.join();
+}
+
 // ---- rate limiting ----
 
 using testing::HintRecorder;

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "internal/timer_waiter.h"
+#include "kwq/context.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/periodic_timer.h"
 #include "testing/eventually.h"
@@ -290,17 +291,28 @@ TEST(FakeTimerTest, PlainFunctionTimersRunLikeCallables) {
   EXPECT_EQ(service->Pending(), 0u);
 }
 
-// A service made while the clock reads between two nanoseconds: a timer at a whole
-// nanosecond runs once the clock reads exactly that (it fell on the key after the
-// clock's and waited for the next move).
-TEST(FakeTimerTest, AServiceStartedBetweenTwoNanosecondsRunsATimerAtItsTime) {
+// A service made while the clock reads between two nanoseconds: a timer runs once the
+// clock reads exactly its deadline, whether that is a whole nanosecond (it fell on the
+// key after the clock's and waited for the next move) or as fractional as the clock
+// (ScheduleAfter, WithTimeout: a fix that made the service's origin whole broke those).
+TEST(FakeTimerTest, AServiceStartedBetweenTwoNanosecondsRunsTimersAtTheirTime) {
   FakeClock clock(absl::UnixEpoch() + absl::Seconds(100) + absl::Nanoseconds(1) / 4);
   auto service = *TimerService::Create({.clock = &clock});
+  int whole = 0, relative = 0;
   const absl::Time deadline = absl::UnixEpoch() + absl::Seconds(101);
-  int runs = 0;
-  service->Schedule(deadline, [&] { ++runs; });
+  service->Schedule(deadline, [&] { ++whole; });
+  service->ScheduleAfter(absl::Seconds(2), [&] { ++relative; });
+  auto [ctx, cancel] = WithTimeout(BackgroundWithTimers(service.get()), absl::Seconds(3));
+  clock.SetTime(deadline - absl::Nanoseconds(1) / 4);
+  EXPECT_EQ(whole, 0);  // never early
   clock.SetTime(deadline);
-  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(whole, 1);
+  clock.Advance(absl::Seconds(1));  // a quarter nanosecond before 2 s after the start
+  EXPECT_EQ(relative, 0);
+  clock.Advance(absl::Nanoseconds(1) / 4);  // 2 s after the start, fractional
+  EXPECT_EQ(relative, 1);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(ctx.IsCancelled());
 }
 
 TEST(FakeTimerTest, CallbackSchedulingADueTimerRunsInTheSameAdvance) {

@@ -687,8 +687,14 @@ class PriorityQueue {
   // clock read), as DelayingQueue's do: a worker does not miss work that is due while the
   // timer is late (its service busy with another callback), and a ready item wins over a
   // done context in Get(ctx) also then.
+  // The caller takes one of the items made ready; sleeping Gets are woken for the rest
+  // (the late timer, finding nothing left to move, would wake nobody).
   void PromoteIfNoneReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ready_.empty() && !delayed_.empty()) PromoteDueLocked(clock_->Now());
+    if (!ready_.empty() || delayed_.empty()) return;
+    const uint64_t ready_before = next_seq_;
+    PromoteDueLocked(clock_->Now());
+    const uint64_t made_ready = next_seq_ - ready_before;
+    if (made_ready > 1) Notify(WakeLocked(made_ready - 1));
   }
 
   // Makes every delayed item due at `now` ready, in ready-time order, with its ready

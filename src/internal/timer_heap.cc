@@ -101,7 +101,14 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
   if (heap_.empty()) return false;
   const int64_t key = heap_.TopKey();
   const int64_t now_key = NowKey(now);
-  if (key == kNever || key > now_key) return false;
+  if (key == kNever) return false;
+  // One key ahead of `now`, the deadline may still be at or before it: both can lie in
+  // the same nanosecond of the origin's grid (a deadline rounds up, a reading down, and
+  // either may fall between two whole nanoseconds of it). The exact times decide.
+  if (key > now_key &&
+      (key != now_key + 1 || slots_[heap_.TopId()].deadline > now)) {  // now_key < kNever here
+    return false;
+  }
   // Within the range a tie means the deadline, rounded up, is at most `now` rounded down,
   // so it is due; only where both keys saturated can the exact deadline tell otherwise
   // (and only then is the slot read).

@@ -15,6 +15,8 @@
 #ifndef KWQ_SRC_WORKQUEUE_INTERNAL_H_
 #define KWQ_SRC_WORKQUEUE_INTERNAL_H_
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -232,6 +234,12 @@ class RuntimeCore {
 
   // The topology's CPU ids: where an unpinned worker may run.
   std::vector<int> all_cpus;
+  // The process's scheduling policy and nice value (its main thread's) when the runtime
+  // was made: what every worker takes, whichever thread created it (high-priority ones
+  // nice -20, or lower).
+  int base_policy = SCHED_OTHER;
+  sched_param base_param{};
+  int base_nice = 0;
 
   // The per-CPU pool of `cpu` (a CPU of the topology).
   WorkerPool* CpuPool(int cpu, bool highpri);

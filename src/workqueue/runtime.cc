@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <system_error>
@@ -354,14 +355,17 @@ void WorkerPool::WorkerMain(Worker* self) {
   // Unpinned (by choice, or pinning failed): anywhere the runtime's topology allows. (A
   // synthetic topology's CPUs may not exist here; then the mask stays as it was.)
   if (!self->bound) (void)BindCurrentThread(rt->all_cpus);
+  // The process's policy and nice value (its main thread's when the runtime was made),
+  // whatever the creating thread's: a process started under `nice` or `chrt` keeps them.
   int policy = SCHED_OTHER;
   sched_param param{};
-  if (pthread_getschedparam(pthread_self(), &policy, &param) == 0 && policy != SCHED_OTHER) {
-    param.sched_priority = 0;
-    (void)pthread_setschedparam(pthread_self(), SCHED_OTHER, &param);
+  if (pthread_getschedparam(pthread_self(), &policy, &param) == 0 &&
+      (policy != rt->base_policy || param.sched_priority != rt->base_param.sched_priority)) {
+    (void)pthread_setschedparam(pthread_self(), rt->base_policy, &rt->base_param);
   }
   const id_t tid = static_cast<id_t>(syscall(SYS_gettid));
-  if (setpriority(PRIO_PROCESS, tid, highpri ? -20 : 0) != 0 && highpri) {
+  const int nice = highpri ? std::min(rt->base_nice, -20) : rt->base_nice;
+  if (setpriority(PRIO_PROCESS, tid, nice) != 0 && highpri) {
     rt->highpri_raised_.store(false, std::memory_order_relaxed);
   }
   // Idle workers that exited before this one, joined by it on its way out (outside the
@@ -556,6 +560,14 @@ RuntimeCore::RuntimeCore(WorkqueueRuntime::Options opts)
       topology(options.topology),
       clock(options.clock != nullptr ? options.clock : RealClock::Default()),
       timers(options.timers != nullptr ? options.timers : &TimerService::Default()) {
+  errno = 0;
+  base_nice = getpriority(PRIO_PROCESS, static_cast<id_t>(getpid()));
+  if (errno != 0) base_nice = 0;
+  base_policy = sched_getscheduler(getpid());
+  if (base_policy < 0 || sched_getparam(getpid(), &base_param) != 0) {
+    base_policy = SCHED_OTHER;
+    base_param = sched_param{};
+  }
   MutexLock lock(&mu_);
   int max_cpu = 0;
   for (const CpuInfo& c : topology->cpus()) {
