@@ -547,11 +547,21 @@ TEST(AfterFuncTest, RegisteredWhileCancellingRunsOnce) {
   }
 }
 
+// The cancel comes once the waiter sleeps in Wait (or after 2 s, also where /proc cannot
+// be read), not before it looked.
 TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {
   auto [ctx, cancel] = WithCancel(Background());
-  std::thread canceller([cancel = cancel] { cancel(); });
-  EXPECT_TRUE(testing::ReturnsInTime([c = ctx] { c.Done().Wait(); }))
-      << "the cancel did not wake the waiter";
+  auto waiter = std::make_shared<std::atomic<pid_t>>(0);
+  std::thread canceller([cancel = cancel, waiter] {
+    (void)testing::Eventually([&] { return waiter->load() != 0; });
+    (void)testing::Eventually([&] { return testing::ThreadState(waiter->load()) == 'S'; },
+                              absl::Seconds(2));
+    cancel();
+  });
+  EXPECT_TRUE(testing::ReturnsInTime([c = ctx, waiter] {
+    *waiter = testing::CurrentTid();
+    c.Done().Wait();
+  })) << "the cancel did not wake the waiter";
   EXPECT_TRUE(ctx.IsCancelled());
   canceller.join();
 }

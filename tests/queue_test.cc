@@ -125,13 +125,19 @@ TEST(QueueTest, AddAllQueuesDistinctItems) {
   EXPECT_EQ(Drain(q), (std::vector<std::string>{"a", "b", "c"}));
 }
 
+// The add comes once the Get sleeps (not before it looked), and wakes it.
 TEST(QueueTest, GetBlocksUntilAdd) {
   StringQueue q;
-  std::thread producer([&] { q.Add("x"); });
-  auto lease = q.Get();
-  ASSERT_TRUE(lease.has_value());
-  EXPECT_EQ(**lease, "x");
-  producer.join();
+  std::atomic<bool> got{false};
+  std::thread worker([&] {
+    auto lease = q.Get();
+    got = lease.has_value() && **lease == "x";
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
+  q.Add("x");
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); })) << "the add did not wake the Get";
+  q.ShutDown();  // releases the worker should the check above have failed
+  worker.join();
 }
 
 TEST(QueueTest, ShutDownIgnoresAddsButHandsOutQueuedItems) {
