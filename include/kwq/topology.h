@@ -110,7 +110,10 @@ class Topology {
   // A machine from an hwloc XML document held in memory (as written by
   // `lstopo file.xml` or hwloc_topology_export_xmlbuffer; hwloc 1.x and 2.x formats).
   // The CPUs used are those the document marks allowed; no affinity mask is applied.
-  // Errors: InvalidArgument for an empty, malformed or unusable document.
+  // Errors: InvalidArgument for an empty, malformed or unusable document, as far as
+  // hwloc reports it: its parser itself can crash on some malformed documents (hwloc 2.9:
+  // a segfault inside hwloc_topology_load, found by an audit), so do not pass it
+  // untrusted XML.
   static absl::StatusOr<std::shared_ptr<const Topology>> FromXml(std::string_view xml_buffer);
 
   // FromXml with the document read from the file at `path`.
