@@ -1,6 +1,8 @@
 #include "kwq/internal/queue_metrics.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 
 namespace kwq::internal {
 
@@ -59,66 +61,97 @@ QueueMetricsRecorder::~QueueMetricsRecorder() {
   for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
 }
 
-void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) {
-  SpinLockHolder lock(&mu_);
-  ++depth_count_;
-  if (depth_) depth_->Inc();
-  if (depth_by_priority_) {
-    ++depth_by_priority_count_[priority];
-    depth_by_priority_->Inc(priority);
-  }
-  if (adds_) adds_->Inc();
-  if (latency_) {
-    Grow(added_at_, slot);
-    added_at_[slot] = clock_->Now();
+namespace {
+
+// A metric object (or an allocation of the recorder) threw: the update is dropped. Said
+// once per process on stderr; the queue's own state does not depend on its metrics.
+void MetricThrew() {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true, std::memory_order_relaxed)) {
+    std::fprintf(stderr,
+                 "kwq: a queue metric threw; its update was dropped (metric calls "
+                 "must not throw)\n");
   }
 }
 
-void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) {
-  SpinLockHolder lock(&mu_);
-  --depth_count_;
-  if (depth_) depth_->Dec();
-  if (depth_by_priority_) {
-    LeavePriorityLocked(priority);
-    depth_by_priority_->Dec(priority);
-  }
-  const absl::Time now = clock_->Now();
-  if (latency_ && slot < added_at_.size()) {
-    latency_->Observe(absl::ToDoubleSeconds(now - added_at_[slot]));
-  }
-  Grow(started_at_, slot);
-  started_at_[slot] = now;
-  if (slot >= in_flight_at_.size()) {
-    in_flight_at_.resize(std::max<size_t>(slot + 1, in_flight_at_.size() * 2), kOut);
-  }
-  if (in_flight_at_[slot] == kOut) {
-    in_flight_at_[slot] = static_cast<uint32_t>(in_flight_.size());
-    in_flight_.push_back(slot);
+}  // namespace
+
+void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
+  try {
+    SpinLockHolder lock(&mu_);
+    ++depth_count_;
+    if (depth_) depth_->Inc();
+    if (depth_by_priority_) {
+      ++depth_by_priority_count_[priority];
+      depth_by_priority_->Inc(priority);
+    }
+    if (adds_) adds_->Inc();
+    if (latency_) {
+      Grow(added_at_, slot);
+      added_at_[slot] = clock_->Now();
+    }
+  } catch (...) {
+    MetricThrew();
   }
 }
 
-void QueueMetricsRecorder::OnDone(uint32_t slot) {
-  SpinLockHolder lock(&mu_);
-  if (work_duration_ && slot < started_at_.size()) {
-    work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started_at_[slot]));
-  }
-  if (slot < in_flight_at_.size() && in_flight_at_[slot] != kOut) {
-    const uint32_t at = in_flight_at_[slot];
-    const uint32_t last = in_flight_.back();
-    in_flight_[at] = last;
-    in_flight_at_[last] = at;
-    in_flight_.pop_back();
-    in_flight_at_[slot] = kOut;
+void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
+  try {
+    SpinLockHolder lock(&mu_);
+    --depth_count_;
+    if (depth_) depth_->Dec();
+    if (depth_by_priority_) {
+      LeavePriorityLocked(priority);
+      depth_by_priority_->Dec(priority);
+    }
+    const absl::Time now = clock_->Now();
+    if (latency_ && slot < added_at_.size()) {
+      latency_->Observe(absl::ToDoubleSeconds(now - added_at_[slot]));
+    }
+    Grow(started_at_, slot);
+    started_at_[slot] = now;
+    if (slot >= in_flight_at_.size()) {
+      in_flight_at_.resize(std::max<size_t>(slot + 1, in_flight_at_.size() * 2), kOut);
+    }
+    if (in_flight_at_[slot] == kOut) {
+      in_flight_at_[slot] = static_cast<uint32_t>(in_flight_.size());
+      in_flight_.push_back(slot);
+    }
+  } catch (...) {
+    MetricThrew();
   }
 }
 
-void QueueMetricsRecorder::OnReprioritize(int from, int to) {
-  if (!depth_by_priority_ || from == to) return;
-  SpinLockHolder lock(&mu_);
-  LeavePriorityLocked(from);
-  depth_by_priority_->Dec(from);
-  ++depth_by_priority_count_[to];
-  depth_by_priority_->Inc(to);
+void QueueMetricsRecorder::OnDone(uint32_t slot) noexcept {
+  try {
+    SpinLockHolder lock(&mu_);
+    if (work_duration_ && slot < started_at_.size()) {
+      work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started_at_[slot]));
+    }
+    if (slot < in_flight_at_.size() && in_flight_at_[slot] != kOut) {
+      const uint32_t at = in_flight_at_[slot];
+      const uint32_t last = in_flight_.back();
+      in_flight_[at] = last;
+      in_flight_at_[last] = at;
+      in_flight_.pop_back();
+      in_flight_at_[slot] = kOut;
+    }
+  } catch (...) {
+    MetricThrew();
+  }
+}
+
+void QueueMetricsRecorder::OnReprioritize(int from, int to) noexcept {
+  try {
+    if (!depth_by_priority_ || from == to) return;
+    SpinLockHolder lock(&mu_);
+    LeavePriorityLocked(from);
+    depth_by_priority_->Dec(from);
+    ++depth_by_priority_count_[to];
+    depth_by_priority_->Inc(to);
+  } catch (...) {
+    MetricThrew();
+  }
 }
 
 void QueueMetricsRecorder::LeavePriorityLocked(int priority) {
@@ -128,33 +161,45 @@ void QueueMetricsRecorder::LeavePriorityLocked(int priority) {
   }
 }
 
-void QueueMetricsRecorder::OnRetry() {
-  SpinLockHolder lock(&mu_);
-  if (retries_) retries_->Inc();
-}
-
-void QueueMetricsRecorder::OnDelayed(int delta) {
-  if (!delayed_) return;
-  SpinLockHolder lock(&mu_);
-  delayed_count_ += delta > 0 ? 1 : -1;
-  if (delta > 0) {
-    delayed_->Inc();
-  } else {
-    delayed_->Dec();
+void QueueMetricsRecorder::OnRetry() noexcept {
+  try {
+    SpinLockHolder lock(&mu_);
+    if (retries_) retries_->Inc();
+  } catch (...) {
+    MetricThrew();
   }
 }
 
-void QueueMetricsRecorder::Refresh() {
-  SpinLockHolder lock(&mu_);
-  const absl::Time now = clock_->Now();
-  double total = 0, longest = 0;
-  for (uint32_t slot : in_flight_) {
-    const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
-    total += s;
-    longest = std::max(longest, s);
+void QueueMetricsRecorder::OnDelayed(int delta) noexcept {
+  try {
+    if (!delayed_) return;
+    SpinLockHolder lock(&mu_);
+    delayed_count_ += delta > 0 ? 1 : -1;
+    if (delta > 0) {
+      delayed_->Inc();
+    } else {
+      delayed_->Dec();
+    }
+  } catch (...) {
+    MetricThrew();
   }
-  if (unfinished_) unfinished_->Set(total);
-  if (longest_) longest_->Set(longest);
+}
+
+void QueueMetricsRecorder::Refresh() noexcept {
+  try {
+    SpinLockHolder lock(&mu_);
+    const absl::Time now = clock_->Now();
+    double total = 0, longest = 0;
+    for (uint32_t slot : in_flight_) {
+      const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
+      total += s;
+      longest = std::max(longest, s);
+    }
+    if (unfinished_) unfinished_->Set(total);
+    if (longest_) longest_->Set(longest);
+  } catch (...) {
+    MetricThrew();
+  }
 }
 
 }  // namespace kwq::internal

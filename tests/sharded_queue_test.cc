@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,6 +109,15 @@ TEST(ShardedQueueTest, DedupAndRequeueHoldPerKey) {
   for (int w = 0; w < 3; ++w) EXPECT_FALSE(q->TryGet(w).has_value());  // in flight
   lease->Done();
   EXPECT_TRUE(q->TryGet(1).has_value());
+}
+
+// AddAll of a view copies the caller's items instead of moving them out.
+TEST(ShardedQueueTest, AddAllOfAViewLeavesTheCallersItems) {
+  auto q = *ShardedQueue<std::string>::Create(2);
+  std::vector<std::string> mine = {"a-rather-long-key-0", "a-rather-long-key-1"};
+  EXPECT_EQ(q->AddAll(std::span<std::string>(mine)), 2u);
+  EXPECT_EQ(mine, (std::vector<std::string>{"a-rather-long-key-0", "a-rather-long-key-1"}));
+  EXPECT_EQ(q->Len(), 2u);
 }
 
 TEST(ShardedQueueTest, IdleWorkerStealsFromOtherShards) {

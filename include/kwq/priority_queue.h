@@ -84,11 +84,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -253,10 +255,14 @@ class PriorityQueue {
 
   // Adds every item of `items` (a container or other multi-pass range of T, or of values
   // convertible to T) with the same `opts`, under one lock acquisition. Returns how many
-  // were not waiting before (as Add). Items of an rvalue range are moved in.
+  // were not waiting before (as Add). Items of an rvalue range that owns them (not a view) are
+  // moved in.
   template <typename Range>
   size_t AddAll(Range&& items, AddOpts opts = {}) {
-    constexpr bool kMove = !std::is_lvalue_reference_v<Range>;
+    // An rvalue range that owns its items; a view (a span, a take of a vector) is borrowed:
+    // its items stay the caller's and are copied.
+    constexpr bool kMove =
+        !std::is_lvalue_reference_v<Range> && !std::ranges::borrowed_range<Range>;
     std::vector<Prep> preps;
     if constexpr (requires { std::size(items); }) preps.reserve(std::size(items));
     absl::Duration longest = absl::ZeroDuration();
@@ -266,21 +272,29 @@ class PriorityQueue {
     }
     size_t added = 0;
     WakeKind wake;
+    std::exception_ptr thrown;
     {
       internal::MutexLock lock(&mu_);
       const uint64_t ready_before = next_seq_;
       const absl::Time now = NowForAddLocked(longest);
       size_t i = 0;
-      for (auto& item : items) {
-        if constexpr (kMove) {
-          added += AddLocked(std::move(item), preps[i++], opts.priority, now);
-        } else {
-          added += AddLocked(item, preps[i++], opts.priority, now);
+      // An item whose copy throws ends the batch; the items before it stay added, so
+      // sleeping Gets are woken for them before the exception goes on.
+      try {
+        for (auto& item : items) {
+          if constexpr (kMove) {
+            added += AddLocked(std::move(item), preps[i++], opts.priority, now);
+          } else {
+            added += AddLocked(item, preps[i++], opts.priority, now);
+          }
         }
+      } catch (...) {
+        thrown = std::current_exception();
       }
       wake = WakeLocked(next_seq_ - ready_before);
     }
     Notify(wake);
+    if (thrown) std::rethrow_exception(thrown);
     return added;
   }
 
@@ -292,15 +306,21 @@ class PriorityQueue {
     for (const Prep& prep : preps) longest = std::max(longest, ClockNeed(prep));
     size_t added = 0;
     WakeKind wake;
+    std::exception_ptr thrown;
     {
       internal::MutexLock lock(&mu_);
       const uint64_t ready_before = next_seq_;
       const absl::Time now = NowForAddLocked(longest);
       [[maybe_unused]] size_t i = 0;
-      ((added += AddLocked(std::forward<Items>(items), preps[i++], opts.priority, now)), ...);
+      try {  // as AddAll: wake for the items added before one that throws
+        ((added += AddLocked(std::forward<Items>(items), preps[i++], opts.priority, now)), ...);
+      } catch (...) {
+        thrown = std::current_exception();
+      }
       wake = WakeLocked(next_seq_ - ready_before);
     }
     Notify(wake);
+    if (thrown) std::rethrow_exception(thrown);
     return added;
   }
 
@@ -340,7 +360,11 @@ class PriorityQueue {
     PromoteIfNoneReadyLocked();
     if (ready_.empty() && !shutting_down_) SpinLocked();
     while (ready_.empty()) {
-      if (shutting_down_) return std::nullopt;
+      if (shutting_down_) {
+        // Runs owed by leases in flight (items added again meanwhile) are queued at their
+        // Done, which signals: wait for them, as Queue's Get does.
+        if (queued_ == 0) return std::nullopt;
+      }
       WaitLocked();
     }
     return PopLocked();
@@ -362,14 +386,16 @@ class PriorityQueue {
       internal::MutexLock lock(&mu_);
       PromoteIfNoneReadyLocked();
       if (!ready_.empty()) return PopLocked();
-      if (shutting_down_ || ctx.IsCancelled()) return std::nullopt;
+      if ((shutting_down_ && queued_ == 0) || ctx.IsCancelled()) return std::nullopt;
     }
     Waker waker{this};
     AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
     std::optional<Lease> lease;
     {
       internal::MutexLock lock(&mu_);
-      while (ready_.empty() && !shutting_down_ && !ctx.IsCancelled()) WaitLocked();
+      while (ready_.empty() && !(shutting_down_ && queued_ == 0) && !ctx.IsCancelled()) {
+        WaitLocked();
+      }
       if (!ready_.empty()) lease.emplace(PopLocked());
     }
     // The waker touches this queue: make sure it is not running when we return.

@@ -15,7 +15,9 @@
 //     is never lost).
 //   - Items are handed out in the order they became ready (FIFO).
 //   - Get blocks until an item is ready or the queue is shut down and empty. After
-//     ShutDown, Add is ignored and Get keeps returning queued items until none are left.
+//     ShutDown, Add is ignored and Get keeps returning queued items until none are left,
+//     waiting also for runs owed by leases still in flight (items added again while they
+//     ran, queued at their Done, which may come from another thread).
 //   - ShutDownWithDrain waits until every queued and in-flight item is Done (client-go
 //     waits only for in-flight ones), waking every blocked Get; a ShutDown() from another
 //     thread ends the wait early.
@@ -47,10 +49,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -163,25 +167,35 @@ class Queue {
   }
 
   // Adds every item of `items` under one acquisition of the table lock. Returns how many were
-  // queued. Items of an rvalue range are moved in.
+  // queued. Items of an rvalue range that owns them (not a view) are moved in.
   template <typename Range>
   size_t AddAll(Range&& items) {
-    constexpr bool kMove = !std::is_lvalue_reference_v<Range>;
+    // An rvalue range that owns its items; a view (a span, a take of a vector) is borrowed:
+    // its items stay the caller's and are copied.
+    constexpr bool kMove =
+        !std::is_lvalue_reference_v<Range> && !std::ranges::borrowed_range<Range>;
     size_t added = 0;
     bool wake;
+    // An item whose hash, comparison or copy throws ends the batch; the items before it
+    // stay added, so sleeping Gets are woken for them before the exception goes on.
+    std::exception_ptr thrown;
     {
       internal::MutexLock lock(&mu_);
-      for (auto& item : items) {
-        const uint32_t hash = Table::HashOf(item);
-        uint32_t slot;
-        bool fresh = false;
-        if constexpr (kMove) {
-          slot = FindOrInsertLocked(std::move(item), hash, &fresh);
-        } else {
-          slot = FindOrInsertLocked(item, hash, &fresh);
+      try {
+        for (auto& item : items) {
+          const uint32_t hash = Table::HashOf(item);
+          uint32_t slot;
+          bool fresh = false;
+          if constexpr (kMove) {
+            slot = FindOrInsertLocked(std::move(item), hash, &fresh);
+          } else {
+            slot = FindOrInsertLocked(item, hash, &fresh);
+          }
+          bool pushed = false;
+          if (slot != Table::kNone && MarkDirtyLocked(slot, fresh, &pushed)) ++added;
         }
-        bool pushed = false;
-        if (slot != Table::kNone && MarkDirtyLocked(slot, fresh, &pushed)) ++added;
+      } catch (...) {
+        thrown = std::current_exception();
       }
       wake = added > 0 && waiters_ > signaled_;
       if (wake) {
@@ -190,11 +204,12 @@ class Queue {
       }
     }
     if (wake) ready_cv_.SignalAll();
+    if (thrown) std::rethrow_exception(thrown);
     return added;
   }
 
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
-  // queue is shut down and empty.
+  // queue is shut down and empty (no item ready, none owed a run by a lease in flight).
   std::optional<Lease> Get() {
     for (bool spun = false;; spun = true) {
       if (std::optional<Lease> lease = TryGet()) return lease;
@@ -682,7 +697,18 @@ class Queue {
   bool WaitForReady(const Context* ctx) {
     internal::MutexLock lock(&mu_);
     while (NothingReadyLocked()) {
-      if (shutting_down_ || (ctx != nullptr && ctx->IsCancelled())) return false;
+      if (ctx != nullptr && ctx->IsCancelled()) return false;
+      if (shutting_down_) {
+        // An item added again while in flight is owed a run, queued at its Done, which may
+        // come from another thread (a dispatcher handing leases to a pool): wait for it,
+        // or it would be left with no Get to take it (and a drain would wait for ever).
+        // A Done that owes nothing does not signal, so this waits in short steps.
+        if (added_.load(std::memory_order_relaxed) <= taken_.load(std::memory_order_relaxed)) {
+          return false;
+        }
+        WaitLocked(absl::Milliseconds(1));
+        continue;
+      }
       WaitLocked();
     }
     return true;
@@ -690,10 +716,17 @@ class Queue {
 
   // Blocks one Get on ready_cv_. Each Signal wakes exactly one blocked waiter, which
   // then consumes one unit of signaled_.
-  void WaitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // With a timeout (shutting down only), a wait may end unsignalled and still consume a
+  // unit of signaled_; the Gets it could take that from poll the same way.
+  void WaitLocked(absl::Duration timeout = absl::InfiniteDuration())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++waiters_;
     PublishSleepersLocked();
-    ready_cv_.Wait(&mu_);
+    if (timeout == absl::InfiniteDuration()) {
+      ready_cv_.Wait(&mu_);
+    } else {
+      ready_cv_.WaitFor(&mu_, timeout);
+    }
     --waiters_;
     if (signaled_ > 0) --signaled_;
     PublishSleepersLocked();

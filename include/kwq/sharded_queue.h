@@ -28,8 +28,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -79,7 +81,10 @@ class ShardedQueue {
   // in; an lvalue range's items are copied once.
   template <typename Range>
   size_t AddAll(Range&& items) {
-    constexpr bool kMove = !std::is_lvalue_reference_v<Range>;
+    // An rvalue range that owns its items; a view (a span, a take of a vector) is borrowed:
+    // its items stay the caller's and are copied.
+    constexpr bool kMove =
+        !std::is_lvalue_reference_v<Range> && !std::ranges::borrowed_range<Range>;
     std::vector<std::vector<T>> by_shard(shards_.size());
     for (auto& item : items) {
       std::vector<T>& to = by_shard[ShardOf(item)];

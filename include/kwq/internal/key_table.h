@@ -30,6 +30,7 @@
 #include "absl/base/attributes.h"
 #include "absl/container/flat_hash_set.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/spread_hash.h"
 
 namespace kwq::internal {
 
@@ -146,14 +147,14 @@ class KeyTable {
     const T* key;
     uint32_t hash;
   };
-  // absl takes the probe start from bits 7 and up and the 7-bit tag from the low bits, so
-  // 32 bits serve tables of up to about 2^25 slots (a custom Hash must put its entropy
-  // in its low 32 bits; absl::Hash does).
+  // The stored 32 bits spread over 64 (kwq/internal/spread_hash.h), so that the index
+  // serves any number of keys (a custom Hash must put its entropy in its low 32 bits;
+  // absl::Hash does).
   struct SlotHash {
     using is_transparent = void;
     const KeyTable* table;
-    size_t operator()(SlotRef s) const { return table->hash_of(s.slot); }
-    size_t operator()(const Probe& p) const { return p.hash; }
+    size_t operator()(SlotRef s) const { return SpreadHash(table->hash_of(s.slot)); }
+    size_t operator()(const Probe& p) const { return SpreadHash(p.hash); }
   };
   struct SlotEq {
     using is_transparent = void;

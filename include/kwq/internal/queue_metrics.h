@@ -47,16 +47,19 @@ class QueueMetricsRecorder {
   ~QueueMetricsRecorder();
 
   // `priority`: the priority the item waits at (priority queues; 0 elsewhere).
-  void OnAdd(uint32_t slot, int priority = 0);  // an add queued the item in `slot`
-  void OnGet(uint32_t slot, int priority = 0);  // the item was handed out
-  void OnDone(uint32_t slot);                   // its lease ended
-  void OnRetry();                               // a retry (kwq/metrics.h says which)
-  void OnDelayed(int delta);                    // waiting items of a delaying queue: +1 / -1
+  // None of these throws: the queue calls them between changes of its own state, so an
+  // exception from a metric object (or an allocation here) is caught and the update
+  // dropped (reported once on stderr) instead of leaving an item half-queued.
+  void OnAdd(uint32_t slot, int priority = 0) noexcept;  // an add queued the item in `slot`
+  void OnGet(uint32_t slot, int priority = 0) noexcept;  // the item was handed out
+  void OnDone(uint32_t slot) noexcept;                   // its lease ended
+  void OnRetry() noexcept;                               // a retry (kwq/metrics.h says which)
+  void OnDelayed(int delta) noexcept;  // waiting items of a delaying queue: +1 / -1
   // A queued (counted in the depth) item's priority was raised from `from` to `to`.
-  void OnReprioritize(int from, int to);
+  void OnReprioritize(int from, int to) noexcept;
 
   // Recomputes unfinished-work and longest-running gauges now (the timer calls it).
-  void Refresh();
+  void Refresh() noexcept;
 
  private:
   // One item of `priority` left this queue's depth.

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/spread_hash.h"
 
 namespace kwq::internal {
 
@@ -102,9 +103,8 @@ class TokenBucket {
 // A key's hash as kwq's tables keep it: the low 32 bits of Hash{}(key). Queue's key table
 // stores it per key, and the failure table hashes with it too, so a queue can tell a
 // limiter where to prefetch an item's entry without reading or hashing the item
-// (RateLimiter::Prefetch). absl's tables take the probe start from bits 7 and up and
-// the 7-bit tag from the low bits, so 32 bits serve tables of up to about 2^25 slots; a
-// custom Hash must spread its entropy over its low 32 bits (absl::Hash does).
+// (RateLimiter::Prefetch). The tables spread the 32 bits over 64 (SpreadHash); a custom
+// Hash must put its entropy in its low 32 bits (absl::Hash does).
 template <typename T, typename Hash>
 uint32_t TableHash(const T& key) {
   return static_cast<uint32_t>(Hash{}(key));
@@ -185,8 +185,8 @@ class FailureTable {
   };
   struct KeyHash {
     using is_transparent = void;
-    size_t operator()(const T& key) const { return TableHash<T, Hash>(key); }
-    size_t operator()(Prehashed p) const { return p.hash; }
+    size_t operator()(const T& key) const { return SpreadHash(TableHash<T, Hash>(key)); }
+    size_t operator()(Prehashed p) const { return SpreadHash(p.hash); }
   };
   struct KeyEq {
     using is_transparent = void;
