@@ -47,20 +47,6 @@ std::unique_ptr<QueueMetricsRecorder> QueueMetricsRecorder::Make(MetricsProvider
   return recorder;
 }
 
-QueueMetricsRecorder::~QueueMetricsRecorder() {
-  refresh_.reset();  // waits for a refresh in progress
-  SpinLockHolder lock(&mu_);
-  // Nothing of this queue is in flight any more (another queue of the name, if any, sets
-  // its own values at its next refresh).
-  if (unfinished_) unfinished_->Set(0);
-  if (longest_) longest_->Set(0);
-  for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
-  for (auto& [priority, count] : depth_by_priority_count_) {
-    for (; count > 0; --count) depth_by_priority_->Dec(priority);
-  }
-  for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
-}
-
 namespace {
 
 // A metric object (or an allocation of the recorder) threw: the update is dropped. Said
@@ -75,6 +61,24 @@ void MetricThrew() {
 }
 
 }  // namespace
+
+QueueMetricsRecorder::~QueueMetricsRecorder() {
+  refresh_.reset();  // waits for a refresh in progress
+  SpinLockHolder lock(&mu_);
+  // Nothing of this queue is in flight any more (another queue of the name, if any, sets
+  // its own values at its next refresh).
+  try {
+    if (unfinished_) unfinished_->Set(0);
+    if (longest_) longest_->Set(0);
+    for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
+    for (auto& [priority, count] : depth_by_priority_count_) {
+      for (; count > 0; --count) depth_by_priority_->Dec(priority);
+    }
+    for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
+  } catch (...) {
+    MetricThrew();
+  }
+}
 
 void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
   try {

@@ -23,6 +23,7 @@
 #include "testing/eventually.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
+#include "testing/uniform_metrics.h"
 
 namespace kwq {
 
@@ -680,37 +681,8 @@ class ThrowingMetric final : public CounterMetric,
   void Set(double) override { throw std::runtime_error("metric"); }
   void Observe(double) override { throw std::runtime_error("metric"); }
 };
-class ThrowingProvider final : public MetricsProvider {
- public:
-  std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override {
-    return std::make_unique<ThrowingMetric>();
-  }
-  std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override {
-    return std::make_unique<ThrowingMetric>();
-  }
-  std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override {
-    return std::make_unique<ThrowingMetric>();
-  }
-  std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-    return std::make_unique<ThrowingMetric>();
-  }
-  std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-    return nullptr;
-  }
-  std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-      std::string_view) override {
-    return nullptr;
-  }
-  std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override {
-    return std::make_unique<ThrowingMetric>();
-  }
-  std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override {
-    return std::make_unique<ThrowingMetric>();
-  }
-};
-
 TEST(QueueTest, ThrowingMetricsLeaveTheQueueWhole) {
-  ThrowingProvider provider;
+  testing::UniformProvider<ThrowingMetric> provider;  // the refresh gauges throw too
   StringQueue q({.name = "throwing", .metrics = &provider});
   EXPECT_TRUE(q.Add("a"));
   EXPECT_FALSE(q.Add("a"));
