@@ -361,9 +361,9 @@ class PriorityQueue {
     if (ready_.empty() && !shutting_down_) SpinLocked();
     while (ready_.empty()) {
       if (shutting_down_) {
-        // Runs owed by leases in flight (items added again meanwhile) are queued at their
-        // Done, which signals: wait for them, as Queue's Get does.
-        if (queued_ == 0) return std::nullopt;
+        // During a drain, runs owed by leases in flight (items added again meanwhile) are
+        // queued at their Done, which signals: wait for them, as Queue's Get does.
+        if (draining_ == 0 || queued_ == 0) return std::nullopt;
       }
       WaitLocked();
     }
@@ -386,14 +386,17 @@ class PriorityQueue {
       internal::MutexLock lock(&mu_);
       PromoteIfNoneReadyLocked();
       if (!ready_.empty()) return PopLocked();
-      if ((shutting_down_ && queued_ == 0) || ctx.IsCancelled()) return std::nullopt;
+      if ((shutting_down_ && (draining_ == 0 || queued_ == 0)) || ctx.IsCancelled()) {
+        return std::nullopt;
+      }
     }
     Waker waker{this};
     AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
     std::optional<Lease> lease;
     {
       internal::MutexLock lock(&mu_);
-      while (ready_.empty() && !(shutting_down_ && queued_ == 0) && !ctx.IsCancelled()) {
+      while (ready_.empty() && !(shutting_down_ && (draining_ == 0 || queued_ == 0)) &&
+             !ctx.IsCancelled()) {
         WaitLocked();
       }
       if (!ready_.empty()) lease.emplace(PopLocked());

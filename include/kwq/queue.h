@@ -15,9 +15,10 @@
 //     is never lost).
 //   - Items are handed out in the order they became ready (FIFO).
 //   - Get blocks until an item is ready or the queue is shut down and empty. After
-//     ShutDown, Add is ignored and Get keeps returning queued items until none are left,
-//     waiting also for runs owed by leases still in flight (items added again while they
-//     ran, queued at their Done, which may come from another thread).
+//     ShutDown, Add is ignored and Get keeps returning queued items until none are left;
+//     during a ShutDownWithDrain it waits also for runs owed by leases still in flight
+//     (items added again while they ran, queued at their Done, which may come from
+//     another thread).
 //   - ShutDownWithDrain waits until every queued and in-flight item is Done (client-go
 //     waits only for in-flight ones), waking every blocked Get; a ShutDown() from another
 //     thread ends the wait early.
@@ -209,7 +210,8 @@ class Queue {
   }
 
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
-  // queue is shut down and empty (no item ready, none owed a run by a lease in flight).
+  // queue is shut down and empty (during a drain: also none owed a run by a lease in
+  // flight).
   std::optional<Lease> Get() {
     for (bool spun = false;; spun = true) {
       if (std::optional<Lease> lease = TryGet()) return lease;
@@ -699,11 +701,13 @@ class Queue {
     while (NothingReadyLocked()) {
       if (ctx != nullptr && ctx->IsCancelled()) return false;
       if (shutting_down_) {
-        // An item added again while in flight is owed a run, queued at its Done, which may
-        // come from another thread (a dispatcher handing leases to a pool): wait for it,
-        // or it would be left with no Get to take it (and a drain would wait for ever).
-        // A Done that owes nothing does not signal, so this waits in short steps.
-        if (added_.load(std::memory_order_relaxed) <= taken_.load(std::memory_order_relaxed)) {
+        // During a drain, an item added again while in flight is owed a run, queued at its
+        // Done, which may come from another thread (a dispatcher handing leases to a
+        // pool): wait for it, or it would be left with no Get to take it and the drain
+        // would wait for ever. (After a plain ShutDown Get ends, as client-go's does.) A
+        // Done that owes nothing does not signal, so this waits in short steps.
+        if (draining_ == 0 ||
+            added_.load(std::memory_order_relaxed) <= taken_.load(std::memory_order_relaxed)) {
           return false;
         }
         WaitLocked(absl::Milliseconds(1));
