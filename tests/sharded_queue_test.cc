@@ -226,6 +226,44 @@ TEST(ShardedQueueStressTest, ShuttingDownMeansEveryShardRefusesAdds) {
   }
 }
 
+// During a drain a worker's Get waits for the run owed on its shard by a lease in flight,
+// also while the drain still waits on an earlier shard: shards counted as draining only
+// once the drain reached them, so the Get returned nullopt, the owed run found no worker
+// and the drain waited for ever.
+TEST(ShardedQueueTest, GetDuringADrainWaitsForARunOwedOnItsShard) {
+  auto q = *ShardedQueue<int>::Create(2);
+  q->Add(KeyIn(*q, 0));
+  const int key = KeyIn(*q, 1);
+  q->Add(key);
+  auto held0 = q->TryGet(0);  // keeps the drain on shard 0
+  auto held1 = q->TryGet(1);
+  ASSERT_TRUE(held0.has_value() && held1.has_value());
+  ASSERT_EQ(**held1, key);
+  q->Add(key);  // owed a run after held1
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] { drained = q->ShutDownWithDrain(); });
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return internal::QueuePeer::Draining(q->shard(0)) > 0 || drained.load() != -1; }));
+  std::atomic<int> got{-1};
+  std::thread worker1([&] {
+    auto lease = q->Get(1);
+    got = lease.has_value() ? **lease : -2;
+  });
+  // A negative check: it can only miss a failure.
+  EXPECT_FALSE(testing::Eventually([&] { return got.load() != -1; }, absl::Milliseconds(20)))
+      << "the Get gave up while a run was owed on its shard";
+  held1->Done();
+  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }));
+  worker1.join();
+  EXPECT_EQ(got.load(), key);
+  held0->Done();
+  const bool finished = testing::Eventually([&] { return drained.load() != -1; });
+  EXPECT_TRUE(finished) << "the drain did not return";
+  if (!finished) q->ShutDown();
+  drainer.join();
+  EXPECT_EQ(drained.load(), 1);
+}
+
 // A second drainer must not end the first one's wait (each used to shut every shard
 // down, which ends the drains in progress as a ShutDown() would).
 TEST(ShardedQueueTest, ConcurrentDrainsDoNotEndEachOther) {
@@ -241,8 +279,9 @@ TEST(ShardedQueueTest, ConcurrentDrainsDoNotEndEachOther) {
       drained += q->ShutDownWithDrain();
       ++returned;
     });
-    // This drainer waits on shard 0 (the lease's) before the next one starts.
-    while (internal::QueuePeer::Draining(q->shard(0)) < i + 1 && returned.load() == 0) {
+    // This drainer waits on shard 0 (the lease's) before the next one starts: each
+    // counts twice there once it waits (it marks every shard draining first).
+    while (internal::QueuePeer::Draining(q->shard(0)) < 2 * (i + 1) && returned.load() == 0) {
       std::this_thread::yield();
     }
   }

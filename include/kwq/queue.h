@@ -358,6 +358,19 @@ class Queue {
     internal::MutexLock lock(&mu_);
     StopAddsLocked();
   }
+  // StopAdds, and counts as drained until EndDrain: for ShardedQueue, which drains its
+  // shards one after another, so that a worker's Get on a shard not yet reached still
+  // waits for the runs owed there (see WaitForReady).
+  void BeginDrain() {
+    internal::MutexLock lock(&mu_);
+    ++draining_;
+    finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
+    StopAddsLocked();
+  }
+  void EndDrain() {
+    internal::MutexLock lock(&mu_);
+    if (--draining_ == 0) finished_.fetch_and(~kDrainFlag, std::memory_order_relaxed);
+  }
   void StopAddsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     shutting_down_ = true;
     ready_cv_.SignalAll();

@@ -164,11 +164,18 @@ class ShardedQueue {
   // another thread ended the wait. Concurrent drains do not end each other.
   bool ShutDownWithDrain() {
     const uint64_t aborts = aborts_.load(std::memory_order_acquire);
-    for (auto& s : shards_) s->StopAdds();
+    // Every shard counts as draining from the start (not only once the wait reaches it),
+    // so each worker's Get waits for the runs owed on its shard by leases in flight.
+    for (auto& s : shards_) s->BeginDrain();
+    bool drained = true;
     for (auto& s : shards_) {
-      if (!s->DrainUntil(&aborts_, aborts)) return false;
+      if (!s->DrainUntil(&aborts_, aborts)) {
+        drained = false;
+        break;
+      }
     }
-    return true;
+    for (auto& s : shards_) s->EndDrain();
+    return drained;
   }
   // True once every shard refuses adds. The last shard is asked: ShutDown and
   // ShutDownWithDrain stop the shards in index order, so it is the last to stop (asking
