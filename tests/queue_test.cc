@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kwq/internal/key_table.h"
 #include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
 #include "testing/cancel_check.h"
@@ -641,6 +642,34 @@ TEST(QueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(mine, (std::vector<std::string>{"a-rather-long-key-0", "a-rather-long-key-1"}));
   EXPECT_EQ(q.AddAll(std::vector<std::string>{"a-rather-long-key-2"}), 1u);  // owned: moved
   EXPECT_EQ(q.Len(), 3u);
+}
+
+// A key whose copy throws for one value.
+struct FragileKey {
+  int v;
+  explicit FragileKey(int value) : v(value) {}
+  FragileKey(const FragileKey& o) : v(o.v) {
+    if (v == 7) throw std::runtime_error("copy");
+  }
+  bool operator==(const FragileKey& o) const { return v == o.v; }
+  template <typename H>
+  friend H AbslHashValue(H h, const FragileKey& k) {
+    return H::combine(std::move(h), k.v);
+  }
+};
+
+// A key whose constructor throws in the table gives its slot back: each such add used to
+// take a slot for good (the table grew by one per failed add).
+TEST(KeyTableTest, AKeyThatThrowsGivesItsSlotBack) {
+  internal::KeyTable<FragileKey, absl::Hash<FragileKey>, std::equal_to<FragileKey>> table;
+  const FragileKey bad(7), good(8);
+  for (int i = 0; i < 5; ++i) EXPECT_THROW(table.Insert(bad, 0), std::runtime_error);
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(table.Insert(good, 0), 0u);  // the first slot, not the sixth
+  Queue<FragileKey> q;
+  EXPECT_THROW(q.Add(bad), std::runtime_error);
+  EXPECT_TRUE(q.Add(good));
+  EXPECT_EQ(q.Len(), 1u);
 }
 
 // A hash that throws for one key.

@@ -87,10 +87,24 @@ class KeyTable {
       }
       ++limit_;
     }
-    new (Ptr(slot)) T(std::forward<K>(key));
+    // A key constructor or the index's growth that throws gives the slot back (it was
+    // taken for good, and each such add grew the table by one slot).
+    try {
+      new (Ptr(slot)) T(std::forward<K>(key));
+    } catch (...) {
+      free_.push_back(slot);
+      throw;
+    }
     state(slot) = static_cast<uint8_t>(bits | kLive);
     hash_of(slot) = hash;
-    index_.insert(SlotRef{slot});
+    try {
+      index_.insert(SlotRef{slot});
+    } catch (...) {
+      Ptr(slot)->~T();
+      state(slot) = 0;
+      free_.push_back(slot);
+      throw;
+    }
     return slot;
   }
 
