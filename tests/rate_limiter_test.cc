@@ -1,5 +1,6 @@
 #include "kwq/rate_limiter.h"
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1087,6 +1089,32 @@ TEST(ConcurrencyTest, ConcurrentWhenForgetNumRequeues) {
   }
   // Two per-item children, each holding at most kItems entries.
   EXPECT_LE(exact->TrackedItems(), static_cast<size_t>(2 * kItems));
+}
+
+// A hash that throws while `armed`.
+std::atomic<bool> hash_armed{false};
+struct ArmedHash {
+  size_t operator()(int v) const {
+    if (hash_armed.load()) throw std::runtime_error("hash");
+    return absl::Hash<int>{}(v);
+  }
+};
+
+// A hash that throws while the table evicts idle entries leaves the table whole: the
+// entry was unlinked from the idle list before its erase hashed it, and stayed mapped but
+// off the list, never to be evicted (and a later Unlink of it lost the list's ends).
+TEST(FailureTableTest, AHashThatThrowsDuringEvictionLeavesTheTableWhole) {
+  FakeClock clock;
+  auto limiter = *ExponentialFailureRateLimiter<int, ArmedHash>::Create(
+      {.clock = &clock, .idle_horizon = absl::Seconds(1)});
+  for (int i = 0; i < 4; ++i) limiter->When(i);
+  clock.Advance(absl::Seconds(2));  // all idle: the next call evicts
+  hash_armed = true;
+  EXPECT_THROW(limiter->When(100), std::runtime_error);
+  hash_armed = false;
+  limiter->When(100);  // evicts all four now
+  EXPECT_EQ(limiter->TrackedItems(), 1u);
+  EXPECT_EQ(limiter->NumRequeues(100), 1);
 }
 
 }  // namespace

@@ -135,10 +135,12 @@ class IndexedHeap {
     const Entry e = heap_[p];
     const uint32_t n = static_cast<uint32_t>(heap_.size());
     for (;;) {
-      const uint32_t first = p * 4 + 1;
-      if (first >= n) break;
+      // In 64 bits: p * 4 + 1 wraps in 32 past 2^30 entries.
+      const uint64_t first64 = uint64_t{p} * 4 + 1;
+      if (first64 >= n) break;
+      const uint32_t first = static_cast<uint32_t>(first64);
       uint32_t best = first;
-      const uint32_t end = first + 4 < n ? first + 4 : n;
+      const uint32_t end = static_cast<uint32_t>(std::min<uint64_t>(first64 + 4, n));
       for (uint32_t c = first + 1; c < end; ++c) {
         if (Less(heap_[c], heap_[best])) best = c;
       }

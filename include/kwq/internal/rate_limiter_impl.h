@@ -211,8 +211,11 @@ class FailureTable {
   void EvictIdle(absl::Time now) {
     while (cold_ != nullptr && IsIdle(*cold_, now)) {
       Entry* entry = cold_;
+      // Found before it is unlinked: a user hash that throws then leaves the entry where
+      // it was (unlinked but still mapped, a later Unlink of it broke the list).
+      const auto it = entries_.find(*entry->key);
       Unlink(entry);
-      entries_.erase(*entry->key);
+      entries_.erase(it);
     }
   }
 
