@@ -644,6 +644,20 @@ TEST(QueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(q.Len(), 3u);
 }
 
+// A queue destroyed while a lease is active fails loudly, in every build: the lease's
+// Done would touch the freed queue (release builds went on to a use-after-free).
+TEST(QueueDeathTest, DestroyedWithALeaseActiveFailsLoudly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto q = std::make_unique<StringQueue>();
+        q->Add("a");
+        auto lease = q->TryGet();
+        q.reset();
+      },
+      "destroyed while a Lease is active");
+}
+
 // A key whose copy throws for one value.
 struct FragileKey {
   int v;
