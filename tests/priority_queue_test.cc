@@ -382,31 +382,12 @@ TEST_F(PriorityQueueTest, AGetThatMovesDueItemsWakesASleeperForTheRest) {
 
 // During a drain a Get waits for a run owed by a lease in flight, also when that lease
 // ends on another thread; it used to return nullopt, and the drain then waited for ever.
-// AddAll of a view copies the caller's items instead of moving them out.
 TEST_F(PriorityQueueTest, GetDuringADrainWaitsForARunOwedByALeaseInFlight) {
-  q_->Add("x");
-  auto in_flight = q_->TryGet();
-  ASSERT_TRUE(in_flight.has_value());
-  q_->Add("x");  // owed a run after this lease
-  std::atomic<int> drained{-1};
-  std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
-  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
-  std::atomic<int> got{-1};
-  std::thread dispatcher([&] { got = q_->Get().has_value() ? 1 : 0; });
-  // A negative check: it can only miss a failure.
-  EXPECT_FALSE(testing::Eventually([&] { return got.load() != -1; }, absl::Milliseconds(20)))
-      << "the Get gave up while a run was owed";
-  in_flight->Done();
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }));
-  dispatcher.join();
-  EXPECT_EQ(got.load(), 1);
-  const bool finished = testing::Eventually([&] { return drained.load() != -1; });
-  EXPECT_TRUE(finished) << "the drain did not return";
-  if (!finished) q_->ShutDown();
-  drainer.join();
-  EXPECT_EQ(drained.load(), 1);
+  testing::ExpectGetWaitsForAnOwedRun(
+      *q_, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
+// AddAll of a view copies the caller's items instead of moving them out.
 TEST_F(PriorityQueueTest, AddAllOfAViewLeavesTheCallersItems) {
   std::vector<std::string> mine = {"a-rather-long-key-0", "a-rather-long-key-1"};
   EXPECT_EQ(q_->AddAll(std::span<std::string>(mine)), 2u);

@@ -746,30 +746,8 @@ TEST(QueueTest, ThrowingMetricsLeaveTheQueueWhole) {
 // the drain waited for ever.
 TEST(QueueTest, GetDuringADrainWaitsForARunOwedByALeaseInFlight) {
   StringQueue q;
-  q.Add("x");
-  auto in_flight = q.TryGet();
-  ASSERT_TRUE(in_flight.has_value());
-  q.Add("x");  // owed a run after this lease
-  std::atomic<int> drained{-1};
-  std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
-  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(q) > 0; }));
-  std::atomic<int> got{-1};
-  std::thread dispatcher([&] {
-    auto lease = q.Get();  // nothing ready yet: "x" is owed
-    got = lease.has_value() ? 1 : 0;
-  });
-  // A negative check: it can only miss a failure.
-  EXPECT_FALSE(testing::Eventually([&] { return got.load() != -1; }, absl::Milliseconds(20)))
-      << "the Get gave up while a run was owed";
-  in_flight->Done();  // on this thread, not the dispatcher's
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }));
-  dispatcher.join();
-  EXPECT_EQ(got.load(), 1);
-  const bool finished = testing::Eventually([&] { return drained.load() != -1; });
-  EXPECT_TRUE(finished) << "the drain did not return";
-  if (!finished) q.ShutDown();
-  drainer.join();
-  EXPECT_EQ(drained.load(), 1);
+  testing::ExpectGetWaitsForAnOwedRun(
+      q, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
 }  // namespace

@@ -48,6 +48,35 @@ void ExpectDrainWaitsForQueuedItem(Q& q, Draining draining) {
   EXPECT_FALSE(q.Get().has_value());
 }
 
+// ExpectGetWaitsForAnOwedRun(q, draining): `q` is empty. With "x" in flight and added
+// again (owed a run at its Done), a drain starts; a Get on another thread (a dispatcher)
+// must wait for the owed run instead of returning nullopt, get it once the lease ends on
+// this thread, and the drain must then return drained. For Queue and PriorityQueue.
+template <typename Q, typename Draining>
+void ExpectGetWaitsForAnOwedRun(Q& q, Draining draining) {
+  q.Add("x");
+  auto in_flight = q.TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  q.Add("x");  // owed a run after this lease
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
+  EXPECT_TRUE(Eventually([&] { return draining(q) > 0; }));
+  std::atomic<int> got{-1};
+  std::thread dispatcher([&] { got = q.Get().has_value() ? 1 : 0; });
+  // A negative check: it can only miss a failure.
+  EXPECT_FALSE(Eventually([&] { return got.load() != -1; }, absl::Milliseconds(20)))
+      << "the Get gave up while a run was owed";
+  in_flight->Done();  // on this thread, not the dispatcher's
+  EXPECT_TRUE(Eventually([&] { return got.load() != -1; }));
+  dispatcher.join();
+  EXPECT_EQ(got.load(), 1);
+  const bool finished = Eventually([&] { return drained.load() != -1; });
+  EXPECT_TRUE(finished) << "the drain did not return";
+  if (!finished) q.ShutDown();  // releases it, so the test fails instead of hanging
+  drainer.join();
+  EXPECT_EQ(drained.load(), 1);
+}
+
 // ExpectShutDownAbortsEveryDrain(q, draining): `q` holds one item, "a", and no lease.
 // With that item in flight, three drainers wait; a ShutDown must end all three (false:
 // aborted, not drained), not only one.
