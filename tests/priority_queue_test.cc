@@ -1520,35 +1520,13 @@ TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
   auto q = *IntQueue::Create(std::move(options));
   constexpr int kKeys = 64, kProducers = 3, kAddsPerProducer = 15000, kWorkers = 4;
   constexpr int kRounds = 6;
-  std::vector<std::atomic<int>> busy(kKeys);
-  std::vector<std::atomic<int>> last_add_gen(kKeys);  // generation of the newest add
-  std::vector<std::atomic<int>> done_gen(kKeys);      // newest generation a run started after
-  std::vector<std::atomic<int>> runs(kKeys), queued(kKeys);  // hand-outs; adds returning true
-  std::atomic<bool> overlap{false};
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&] {
-      while (auto lease = q->Get()) {
-        const int k = **lease;
-        if (busy[k].fetch_add(1) != 0) overlap = true;
-        done_gen[k].store(last_add_gen[k].load());  // everything added so far is seen
-        runs[k].fetch_add(1);
-        testing::HoldBriefly();
-        busy[k].fetch_sub(1);
-      }
-    });
-  }
-  const auto settled = [&] {
-    for (int k = 0; k < kKeys; ++k) {
-      if (done_gen[k].load() != last_add_gen[k].load()) return false;
-    }
-    return q->Waiting() == 0 && q->Len() == 0 && q->InFlight() == 0;
-  };
-  bool lost = false;
-  for (int round = 0; round < kRounds && !lost; ++round) {
-    std::vector<std::thread> producers;
-    for (int p = 0; p < kProducers; ++p) {
-      producers.emplace_back([&, p, round] {
+  testing::KeyRunLedger ledger(kKeys);
+  testing::RunStressRounds(
+      ledger, kWorkers, kProducers, kRounds,
+      [&](int) {
+        while (auto lease = q->Get()) ledger.Run(**lease);
+      },
+      [&](int p, int round) {
         std::mt19937 rng(p + 1 + 100 * round);
         for (int i = 0; i < kAddsPerProducer / kRounds; ++i) {
           const int k = static_cast<int>(rng() % kKeys);
@@ -1556,27 +1534,11 @@ TEST(PriorityQueueStressTest, NoItemHandedToTwoWorkersAndNoneLost) {
           // One add in eight waits a few microseconds (the timer thread runs too).
           const absl::Duration after =
               rng() % 8 == 0 ? absl::Microseconds(rng() % 50) : absl::ZeroDuration();
-          last_add_gen[k].fetch_add(1);
-          if (q->Add(k, {.priority = priority, .after = after})) queued[k].fetch_add(1);
+          ledger.Add(k, [&] { return q->Add(k, {.priority = priority, .after = after}); });
         }
-      });
-    }
-    for (auto& t : producers) t.join();
-    lost = !testing::SettlesWithin(settled, absl::Seconds(10));
-    // Every worker asleep, so the next round's adds must wake them (else it is untested).
-    EXPECT_TRUE(testing::SettlesWithin([&] { return internal::QueuePeer::Waiters(*q) == kWorkers; },
-                                       absl::Seconds(5)))
-        << "round " << round << ": the workers did not all fall asleep";
-  }
-  EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
-  EXPECT_TRUE(q->ShutDownWithDrain());
-  for (auto& t : threads) t.join();
-  EXPECT_FALSE(overlap.load());
-  for (int k = 0; k < kKeys; ++k) {
-    // Level-triggered: the last add of every key was followed by a run that saw it.
-    EXPECT_EQ(done_gen[k].load(), last_add_gen[k].load()) << "key " << k;
-    EXPECT_EQ(runs[k].load(), queued[k].load()) << "key " << k;
-  }
+      },
+      [&] { return q->Waiting() == 0 && q->Len() == 0 && q->InFlight() == 0; },
+      [&] { return internal::QueuePeer::Waiters(*q); }, [&] { return q->ShutDownWithDrain(); });
 }
 
 TEST(PriorityQueueRealTest, DestroyWhileTimerArmedIsSafe) {

@@ -443,61 +443,30 @@ TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
 TEST(ShardedQueueStressTest, NoKeyHeldByTwoWorkersWhileStealing) {
   constexpr int kShards = 4, kKeys = 64, kAdds = 40000, kRounds = 8;
   auto q = *ShardedQueue<int>::Create(kShards);
-  std::vector<std::atomic<int>> busy(kKeys);
-  std::vector<std::atomic<int>> added(kKeys), seen(kKeys);
-  std::vector<std::atomic<int>> runs(kKeys), queued(kKeys);
-  std::atomic<bool> overlap{false};
-  std::vector<std::thread> workers;
-  for (int w = 0; w < kShards; ++w) {
-    workers.emplace_back([&, w] {
-      while (auto lease = q->Get(w)) {
-        const int k = **lease;
-        if (busy[k].fetch_add(1) != 0) overlap = true;
-        seen[k].store(added[k].load());
-        runs[k].fetch_add(1);
-        testing::HoldBriefly();
-        busy[k].fetch_sub(1);
-      }
-    });
-  }
-  const auto settled = [&] {
-    for (int k = 0; k < kKeys; ++k) {
-      if (seen[k].load() != added[k].load()) return false;
-    }
-    for (int s = 0; s < kShards; ++s) {
-      if (q->shard(s).Depth() != 0 || q->shard(s).InFlight() != 0) return false;
-    }
-    return true;
-  };
-  bool lost = false;
-  for (int round = 0; round < kRounds && !lost; ++round) {
-    std::thread producer([&, round] {
-      for (int i = round * kAdds / kRounds; i < (round + 1) * kAdds / kRounds; ++i) {
-        const int k = (i * 13) % kKeys;
-        added[k].fetch_add(1);
-        if (q->Add(k)) queued[k].fetch_add(1);
-      }
-    });
-    producer.join();
-    lost = !testing::SettlesWithin(settled, absl::Seconds(10));
-    // Every worker asleep, so the next round's adds must wake them (else it is untested).
-    EXPECT_TRUE(testing::SettlesWithin(
-        [&] {
-          int asleep = 0;
-          for (int s = 0; s < kShards; ++s) asleep += internal::QueuePeer::Sleepers(q->shard(s));
-          return asleep == kShards;
-        },
-        absl::Seconds(5)))
-        << "round " << round << ": the workers did not all fall asleep";
-  }
-  EXPECT_FALSE(lost) << "work left with the workers idle: a lost item or wake-up";
-  EXPECT_TRUE(q->ShutDownWithDrain());
-  for (auto& t : workers) t.join();
-  EXPECT_FALSE(overlap.load());
-  for (int k = 0; k < kKeys; ++k) {
-    EXPECT_EQ(seen[k].load(), added[k].load()) << k;
-    EXPECT_EQ(runs[k].load(), queued[k].load()) << k;
-  }
+  testing::KeyRunLedger ledger(kKeys);
+  testing::RunStressRounds(
+      ledger, kShards, /*producers=*/1, kRounds,
+      [&](int w) {
+        while (auto lease = q->Get(w)) ledger.Run(**lease);
+      },
+      [&](int, int round) {
+        for (int i = round * kAdds / kRounds; i < (round + 1) * kAdds / kRounds; ++i) {
+          const int k = (i * 13) % kKeys;
+          ledger.Add(k, [&] { return q->Add(k); });
+        }
+      },
+      [&] {
+        for (int s = 0; s < kShards; ++s) {
+          if (q->shard(s).Depth() != 0 || q->shard(s).InFlight() != 0) return false;
+        }
+        return true;
+      },
+      [&] {
+        int asleep = 0;
+        for (int s = 0; s < kShards; ++s) asleep += internal::QueuePeer::Sleepers(q->shard(s));
+        return asleep;
+      },
+      [&] { return q->ShutDownWithDrain(); });
 }
 
 }  // namespace
