@@ -60,6 +60,19 @@ void MetricThrew() {
   }
 }
 
+// One call of one metric object: if it throws, only that update is lost. Each call is
+// guarded on its own, after the recorder's bookkeeping, so one throwing metric neither
+// skips the others nor leaves the times and in-flight list (which later updates read)
+// behind.
+template <typename F>
+void Report(F&& update) noexcept {
+  try {
+    update();
+  } catch (...) {
+    MetricThrew();
+  }
+}
+
 }  // namespace
 
 QueueMetricsRecorder::~QueueMetricsRecorder() {
@@ -67,34 +80,28 @@ QueueMetricsRecorder::~QueueMetricsRecorder() {
   SpinLockHolder lock(&mu_);
   // Nothing of this queue is in flight any more (another queue of the name, if any, sets
   // its own values at its next refresh).
-  try {
-    if (unfinished_) unfinished_->Set(0);
-    if (longest_) longest_->Set(0);
-    for (; depth_ && depth_count_ > 0; --depth_count_) depth_->Dec();
-    for (auto& [priority, count] : depth_by_priority_count_) {
-      for (; count > 0; --count) depth_by_priority_->Dec(priority);
-    }
-    for (; delayed_ && delayed_count_ > 0; --delayed_count_) delayed_->Dec();
-  } catch (...) {
-    MetricThrew();
+  if (unfinished_) Report([&] { unfinished_->Set(0); });
+  if (longest_) Report([&] { longest_->Set(0); });
+  for (; depth_ && depth_count_ > 0; --depth_count_) Report([&] { depth_->Dec(); });
+  for (auto& [priority, count] : depth_by_priority_count_) {
+    for (; count > 0; --count) Report([&, p = priority] { depth_by_priority_->Dec(p); });
   }
+  for (; delayed_ && delayed_count_ > 0; --delayed_count_) Report([&] { delayed_->Dec(); });
 }
 
 void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
   try {
     SpinLockHolder lock(&mu_);
     ++depth_count_;
-    if (depth_) depth_->Inc();
-    if (depth_by_priority_) {
-      ++depth_by_priority_count_[priority];
-      depth_by_priority_->Inc(priority);
-    }
-    if (adds_) adds_->Inc();
+    if (depth_by_priority_) ++depth_by_priority_count_[priority];
     if (latency_) {
       Grow(added_at_, slot);
       added_at_[slot] = clock_->Now();
     }
-  } catch (...) {
+    if (depth_) Report([&] { depth_->Inc(); });
+    if (depth_by_priority_) Report([&] { depth_by_priority_->Inc(priority); });
+    if (adds_) Report([&] { adds_->Inc(); });
+  } catch (...) {  // an allocation of the bookkeeping
     MetricThrew();
   }
 }
@@ -103,15 +110,10 @@ void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
   try {
     SpinLockHolder lock(&mu_);
     --depth_count_;
-    if (depth_) depth_->Dec();
-    if (depth_by_priority_) {
-      LeavePriorityLocked(priority);
-      depth_by_priority_->Dec(priority);
-    }
+    if (depth_by_priority_) LeavePriorityLocked(priority);
     const absl::Time now = clock_->Now();
-    if (latency_ && slot < added_at_.size()) {
-      latency_->Observe(absl::ToDoubleSeconds(now - added_at_[slot]));
-    }
+    const bool timed = latency_ && slot < added_at_.size();
+    const absl::Time added_at = timed ? added_at_[slot] : now;
     Grow(started_at_, slot);
     started_at_[slot] = now;
     if (slot >= in_flight_at_.size()) {
@@ -121,27 +123,27 @@ void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
       in_flight_at_[slot] = static_cast<uint32_t>(in_flight_.size());
       in_flight_.push_back(slot);
     }
-  } catch (...) {
+    if (depth_) Report([&] { depth_->Dec(); });
+    if (depth_by_priority_) Report([&] { depth_by_priority_->Dec(priority); });
+    if (timed) Report([&] { latency_->Observe(absl::ToDoubleSeconds(now - added_at)); });
+  } catch (...) {  // an allocation of the bookkeeping
     MetricThrew();
   }
 }
 
 void QueueMetricsRecorder::OnDone(uint32_t slot) noexcept {
-  try {
-    SpinLockHolder lock(&mu_);
-    if (work_duration_ && slot < started_at_.size()) {
-      work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started_at_[slot]));
-    }
-    if (slot < in_flight_at_.size() && in_flight_at_[slot] != kOut) {
-      const uint32_t at = in_flight_at_[slot];
-      const uint32_t last = in_flight_.back();
-      in_flight_[at] = last;
-      in_flight_at_[last] = at;
-      in_flight_.pop_back();
-      in_flight_at_[slot] = kOut;
-    }
-  } catch (...) {
-    MetricThrew();
+  SpinLockHolder lock(&mu_);
+  if (slot < in_flight_at_.size() && in_flight_at_[slot] != kOut) {
+    const uint32_t at = in_flight_at_[slot];
+    const uint32_t last = in_flight_.back();
+    in_flight_[at] = last;
+    in_flight_at_[last] = at;
+    in_flight_.pop_back();
+    in_flight_at_[slot] = kOut;
+  }
+  if (work_duration_ && slot < started_at_.size()) {
+    const absl::Time started = started_at_[slot];
+    Report([&] { work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started)); });
   }
 }
 
@@ -150,10 +152,10 @@ void QueueMetricsRecorder::OnReprioritize(int from, int to) noexcept {
     if (!depth_by_priority_ || from == to) return;
     SpinLockHolder lock(&mu_);
     LeavePriorityLocked(from);
-    depth_by_priority_->Dec(from);
     ++depth_by_priority_count_[to];
-    depth_by_priority_->Inc(to);
-  } catch (...) {
+    Report([&] { depth_by_priority_->Dec(from); });
+    Report([&] { depth_by_priority_->Inc(to); });
+  } catch (...) {  // an allocation of the bookkeeping
     MetricThrew();
   }
 }
@@ -166,44 +168,41 @@ void QueueMetricsRecorder::LeavePriorityLocked(int priority) {
 }
 
 void QueueMetricsRecorder::OnRetry() noexcept {
-  try {
-    SpinLockHolder lock(&mu_);
-    if (retries_) retries_->Inc();
-  } catch (...) {
-    MetricThrew();
-  }
+  if (!retries_) return;
+  SpinLockHolder lock(&mu_);
+  Report([&] { retries_->Inc(); });
 }
 
 void QueueMetricsRecorder::OnDelayed(int delta) noexcept {
-  try {
-    if (!delayed_) return;
-    SpinLockHolder lock(&mu_);
-    delayed_count_ += delta > 0 ? 1 : -1;
+  if (!delayed_) return;
+  SpinLockHolder lock(&mu_);
+  delayed_count_ += delta > 0 ? 1 : -1;
+  Report([&] {
     if (delta > 0) {
       delayed_->Inc();
     } else {
       delayed_->Dec();
     }
-  } catch (...) {
-    MetricThrew();
-  }
+  });
 }
 
 void QueueMetricsRecorder::Refresh() noexcept {
+  SpinLockHolder lock(&mu_);
+  absl::Time now;
   try {
-    SpinLockHolder lock(&mu_);
-    const absl::Time now = clock_->Now();
-    double total = 0, longest = 0;
-    for (uint32_t slot : in_flight_) {
-      const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
-      total += s;
-      longest = std::max(longest, s);
-    }
-    if (unfinished_) unfinished_->Set(total);
-    if (longest_) longest_->Set(longest);
-  } catch (...) {
+    now = clock_->Now();
+  } catch (...) {  // a user's clock
     MetricThrew();
+    return;
   }
+  double total = 0, longest = 0;
+  for (uint32_t slot : in_flight_) {
+    const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
+    total += s;
+    longest = std::max(longest, s);
+  }
+  if (unfinished_) Report([&] { unfinished_->Set(total); });
+  if (longest_) Report([&] { longest_->Set(longest); });
 }
 
 }  // namespace kwq::internal

@@ -413,6 +413,49 @@ TEST_F(QueueMetricsTest, DestroyedQueueZeroesItsInFlightGauges) {
   EXPECT_EQ(rec.Get("longest"), 0);
 }
 
+// A metric that throws loses that one update: the recorder's own bookkeeping and the
+// other metrics go on. One try around each whole call used to skip the rest: a throwing
+// work histogram left the lease counted in flight for good, a throwing latency histogram
+// or depth gauge left a stale time behind (the next work duration or latency measured
+// from it), and a throwing unfinished gauge at destruction left the queue's depth behind.
+TEST_F(QueueMetricsTest, AMetricThatThrowsDropsOnlyItsOwnUpdate) {
+  StringQueue& q = MakeQueue();
+  q.Add("a");
+  rec.ThrowNext("work", 1);
+  {
+    auto lease = q.TryGet();
+    clock.Advance(absl::Seconds(1));
+  }                                  // Done: the work histogram throws
+  clock.Advance(absl::Seconds(10));  // refreshes
+  EXPECT_EQ(rec.Get("unfinished"), 0) << "the lease still counted in flight";
+  EXPECT_EQ(rec.Get("longest"), 0);
+
+  q.Add("b");
+  rec.ThrowNext("latency", 1);
+  {
+    auto lease = q.TryGet();  // the latency histogram throws
+    clock.Advance(absl::Seconds(2));
+  }
+  EXPECT_EQ(rec.Observations("work"), 1);
+  EXPECT_DOUBLE_EQ(rec.Get("work"), 2.0) << "work measured from a stale start";
+
+  rec.ThrowNext("depth", 1);
+  q.Add("c");  // the depth gauge throws
+  EXPECT_EQ(rec.Get("adds"), 3);
+  clock.Advance(absl::Seconds(3));
+  { auto lease = q.TryGet(); }
+  EXPECT_EQ(rec.Observations("latency"), 2);  // a's and c's
+  EXPECT_DOUBLE_EQ(rec.Get("latency"), 3.0) << "latency measured from a stale add";
+
+  q.Add("d");
+  q.Add("e");
+  EXPECT_EQ(rec.Get("depth"), 1);  // -1 after c's lost Inc, +2
+  rec.ThrowNext("unfinished", 1);
+  DestroyQueue();  // its unfinished gauge throws
+  EXPECT_EQ(rec.Get("depth"), -1) << "the destroyed queue's depth left on the gauge";
+  EXPECT_EQ(rec.Get("longest"), 0);
+}
+
 // depth counts what client-go's does: queued items plus in-flight ones added again.
 TEST_F(QueueMetricsTest, DepthCountsAnInFlightItemAddedAgain) {
   StringQueue& q = MakeQueue(/*refresh_gauges=*/false);

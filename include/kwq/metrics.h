@@ -13,8 +13,9 @@
 // one queue needs no locking of its own; implementations must be thread-safe when one
 // provider serves several queues. Metric calls must be short and must not call back into
 // the queue: other threads of the queue spin while one runs. They must not throw either:
-// an exception from one is caught and that update dropped (said once on stderr), so the
-// queue's own state stays whole (the metric's may then be off).
+// an exception from one is caught and that one update dropped (said once on stderr): the
+// queue's own state, its other metrics and the later updates of this one (times, the
+// in-flight list) stay whole; only the throwing metric's value may then be off.
 //
 // When a queue is destroyed, it takes what it still counts (items waiting or delayed) off
 // its depth and delayed gauges, so a gauge shared by queues of one name stays right.

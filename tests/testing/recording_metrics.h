@@ -2,6 +2,7 @@
 // the short names "depth", "adds", "latency", "work", "unfinished", "longest",
 // "retries", "delayed" (and "depth/<priority>" when asked to). Counters and gauges accumulate;
 // histograms sum their observations (and count them); settable gauges keep their last value.
+// ThrowNext makes a metric's next calls throw instead (the update is not recorded).
 // Thread-safe.
 
 #ifndef KWQ_TESTS_TESTING_RECORDING_METRICS_H_
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -21,16 +23,24 @@ class RecordedMetrics {
  public:
   void Add(const std::string& name, double delta) {
     std::lock_guard<std::mutex> lock(mu_);
+    MaybeThrowLocked(name);
     values_[name] += delta;
   }
   void Observe(const std::string& name, double value) {
     std::lock_guard<std::mutex> lock(mu_);
+    MaybeThrowLocked(name);
     ++observations_[name];
     values_[name] += value;
   }
   void Set(const std::string& name, double value) {
     std::lock_guard<std::mutex> lock(mu_);
+    MaybeThrowLocked(name);
     values_[name] = value;
+  }
+  // The next `calls` calls of metric `name` throw std::runtime_error.
+  void ThrowNext(const std::string& name, int calls) {
+    std::lock_guard<std::mutex> lock(mu_);
+    throws_[name] = calls;
   }
   double Get(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -42,9 +52,18 @@ class RecordedMetrics {
   }
 
  private:
+  void MaybeThrowLocked(const std::string& name) {
+    auto it = throws_.find(name);
+    if (it != throws_.end() && it->second > 0) {
+      --it->second;
+      throw std::runtime_error("metric " + name + " throws (ThrowNext)");
+    }
+  }
+
   std::mutex mu_;
   std::map<std::string, double> values_;
   std::map<std::string, int> observations_;
+  std::map<std::string, int> throws_;  // calls left to throw, by metric
 };
 
 class RecordingProvider : public MetricsProvider {
