@@ -256,6 +256,11 @@ TEST_F(PrometheusTest, ASeriesKeptByOneProviderStaysWhateverGoesLast) {
     }
     EXPECT_EQ(SeriesOf(*registry, name), 8) << name;
   }
+  // Also when the keeper's queue is gone before the other provider's queue of the name
+  // comes: the last of them used to remove the series.
+  { StringQueue kept(On(keeping.get(), "one-after-another")); }
+  { StringQueue not_kept(On(plain.get(), "one-after-another")); }
+  EXPECT_EQ(SeriesOf(*registry, "one-after-another"), 8);
 }
 
 TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {

@@ -82,7 +82,9 @@ struct PrometheusOptions {
   bool controller_label = false;
   // Keep each series for the life of the registry, as client-go and controller-runtime
   // do, instead of removing it with the last queue of its name: a queue made again under
-  // that name then continues its counters rather than restarting them.
+  // that name then continues its counters rather than restarting them. Providers sharing
+  // a registry: a series any keep_series provider used stays, also through later queues
+  // of its name made by providers that do not keep series.
   bool keep_series = false;
   // How often the queues' metric changes reach the registry. A queue records them in
   // plain counters of its own; the provider pushes them into the prometheus-cpp series
