@@ -142,13 +142,16 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
   // The caller is one of the runners. So a call from a work item whose workqueue has no
   // slot left (nested calls), a frozen or draining workqueue that holds or refuses the
   // helpers, and workers = 1 all still finish: the caller runs what no helper takes.
+  // Every helper is made before any is queued: an allocation that throws then unwinds
+  // through no queued helper (destroying one that is pending or running, with `shared`
+  // about to go, fails Work's check and aborts the process).
   std::vector<std::unique_ptr<Work>> items;
   items.reserve(helpers);
   for (int i = 0; i < helpers; ++i) {
     items.push_back(std::make_unique<Work>([&shared] { shared.Run(); }));
-    // Refused (draining): not needed.
-    if (!wq.QueueOn(cpus.ForHelper(i), items.back().get())) items.pop_back();
   }
+  // One refused (a draining workqueue) never runs; the Cancel and Flush below pass it by.
+  for (int i = 0; i < helpers; ++i) wq.QueueOn(cpus.ForHelper(i), items[i].get());
   shared.Run();
   // Nothing is left to hand out. Helpers still pending never started: take them back;
   // wait for those that run (they stop after their current piece once ctx is done).

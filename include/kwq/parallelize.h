@@ -41,7 +41,8 @@ struct ParallelizeOptions {
 
 // Returns OK when every piece ran; ctx.Err() when ctx ended it early; Internal (with the
 // message) when fn threw — the first exception stops the hand-out like a cancel.
-// InvalidArgument for workers < 1, pieces < 0 or chunk_size < 1.
+// InvalidArgument for workers < 1, pieces < 0 or chunk_size < 1. Throws std::bad_alloc
+// when the helpers cannot be made (before any piece runs; nothing is left queued).
 absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
                               absl::FunctionRef<void(int)> fn, ParallelizeOptions options = {});
 

@@ -1,0 +1,49 @@
+// ParallelizeUntil when making a helper runs out of memory. A binary of its own: it
+// replaces the global operator new, so that the allocation of the second helper's Work
+// (and only that, once armed) throws std::bad_alloc.
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "gtest/gtest.h"
+#include "kwq/parallelize.h"
+#include "kwq/workqueue.h"
+
+namespace {
+// Allocations of sizeof(kwq::Work) bytes seen since arming; -1: disarmed.
+std::atomic<int> work_allocations{-1};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
+      work_allocations.fetch_add(1) == 1) {
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace kwq {
+namespace {
+
+// The first helper was queued before the second's allocation threw, and the unwinding
+// destroyed it while pending or running, which fails Work's check: the process aborted.
+// Now bad_alloc reaches the caller with no helper queued, and nothing runs afterwards.
+TEST(ParallelizeUntilAllocTest, AHelperThatCannotBeMadeThrowsBadAllocAndQueuesNothing) {
+  auto wq = *Workqueue::Create({.name = "alloc", .flags = kUnbound});
+  std::atomic<int> ran{0};
+  work_allocations = 0;
+  EXPECT_THROW((void)ParallelizeUntil(Background(), 4, 1000, [&](int) { ran.fetch_add(1); },
+                                      {.workqueue = wq.get()}),
+               std::bad_alloc);
+  work_allocations = -1;
+  EXPECT_EQ(ran.load(), 0);
+  wq->Drain();  // nothing was queued, so nothing runs and nothing touches the gone call
+  EXPECT_EQ(ran.load(), 0);
+}
+
+}  // namespace
+}  // namespace kwq
