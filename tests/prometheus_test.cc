@@ -263,6 +263,18 @@ TEST_F(PrometheusTest, ASeriesKeptByOneProviderStaysWhateverGoesLast) {
   EXPECT_EQ(SeriesOf(*registry, "one-after-another"), 8);
 }
 
+// A NaN observation counts in the +Inf bucket only, as prometheus-cpp's own Observe puts
+// it (it went to the first bucket, le=1e-8).
+TEST_F(PrometheusTest, ANanObservationCountsOnlyInTheInfBucket) {
+  auto provider = NewProvider();
+  std::unique_ptr<HistogramMetric> latency = provider->NewLatencyMetric("nan");
+  latency->Observe(std::nan(""));
+  const prometheus::ClientMetric m = *Find(*registry, "workqueue_queue_duration_seconds", "nan");
+  ASSERT_EQ(m.histogram.bucket.size(), 13u);
+  EXPECT_EQ(m.histogram.bucket[11].cumulative_count, 0u);  // le=1e3
+  EXPECT_EQ(m.histogram.bucket[12].cumulative_count, 1u);  // le=+Inf
+}
+
 TEST_F(PrometheusTest, UnnamedQueuesHaveNoSeries) {
   auto provider = NewProvider();
   StringQueue q(On(provider.get(), ""));

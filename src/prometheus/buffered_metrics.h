@@ -171,7 +171,9 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
 
   void Observe(double seconds) override {
     int i = 0;
-    while (i < kBounds && seconds > bounds_[i]) ++i;  // the first bucket with le >= seconds
+    // The first bucket with le >= seconds; NaN goes to +Inf, as prometheus-cpp's Observe
+    // puts it.
+    while (i < kBounds && !(seconds <= bounds_[i])) ++i;
     Bump(counts_[i], 1);
     Bump(sum_, seconds);
   }
