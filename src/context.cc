@@ -60,6 +60,36 @@ void RunAfterFunc(AfterFuncRecord& record) {
   record.fn = nullptr;
 }
 
+// Runs the AfterFuncs one cancellation took (RunAfterFunc each, in order). An AfterFunc
+// may cancel another context (Go's AfterFunc(a, cancel_b) idiom, and the std::stop_token
+// bridge), whose AfterFuncs may cancel a third, and so on: run inline, each link of such a
+// chain nested a CancelTree on the stack (about 500 bytes each; 20,000 links overflowed
+// an 8 MiB stack). So while one thread runs AfterFuncs, the ones a nested cancellation
+// takes are queued and run by the outermost call, after the AfterFunc that cancelled
+// returns (Go runs each in a goroutine of its own: no one waits for them either).
+class AfterFuncRunner {
+ public:
+  static void Run(std::list<std::shared_ptr<AfterFuncRecord>>& funcs) {
+    thread_local AfterFuncRunner runner;
+    if (runner.running_) {
+      runner.queued_.splice(runner.queued_.end(), funcs);
+      return;
+    }
+    runner.running_ = true;
+    for (auto& record : funcs) RunAfterFunc(*record);
+    while (!runner.queued_.empty()) {
+      const std::shared_ptr<AfterFuncRecord> record = std::move(runner.queued_.front());
+      runner.queued_.pop_front();
+      RunAfterFunc(*record);
+    }
+    runner.running_ = false;
+  }
+
+ private:
+  bool running_ = false;
+  std::list<std::shared_ptr<AfterFuncRecord>> queued_;
+};
+
 // Removes `node` from its registrar's child list if it is still there.
 void Unlink(ContextNode* node) {
   ContextNode* reg = node->registrar();
@@ -95,9 +125,36 @@ void StopTiedFuncs(ContextNode* node) {
   for (auto& record : tied) StopAfterFunc(*record, node->canceller, /*only_if_linked=*/true);
 }
 
+void DestroyChain(ContextNode* node);
+
 // Frees `node` and then every ancestor whose last reference was the child's, in a loop:
-// a chain of any depth is freed with constant stack.
+// a chain of any depth is freed with constant stack. Freeing a node destroys its values
+// and AfterFunc functions (user objects), which may hold the last handle of another
+// context: that context's Destroy, nested, is queued instead and freed by the outermost
+// call's loop, so contexts chained through values or AfterFuncs are freed with constant
+// stack too (a node waiting there has no references: the others pass it by, as they do
+// one being destroyed on another thread).
 void Destroy(ContextNode* node) {
+  struct Queue {
+    bool active = false;
+    std::vector<ContextNode*> nodes;
+  };
+  thread_local Queue queue;
+  if (queue.active) {
+    queue.nodes.push_back(node);
+    return;
+  }
+  queue.active = true;
+  for (;;) {
+    DestroyChain(node);
+    if (queue.nodes.empty()) break;
+    node = queue.nodes.back();
+    queue.nodes.pop_back();
+  }
+  queue.active = false;
+}
+
+void DestroyChain(ContextNode* node) {
   while (node != nullptr) {
     // First the attachment: a std::stop_callback's destructor waits for a callback that
     // is running on another thread, whose TryRef fails from now on.
@@ -273,7 +330,7 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
   }
   Unlink(start);
   for (ContextNode* node : last) Unref(node);
-  for (auto& record : funcs) RunAfterFunc(*record);
+  AfterFuncRunner::Run(funcs);
 }
 
 ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs) {
@@ -566,7 +623,9 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
   // A deadline not in the future cancels at once, even when the parent's is earlier (it
   // may have passed with its timer still to run). Otherwise a parent's deadline that is
   // not later serves the child too, with no timer of its own.
-  const bool past = deadline <= now;
+  // InfiniteFuture is no deadline, also on a clock that reads InfiniteFuture (a FakeClock
+  // advanced by InfiniteDuration()).
+  const bool past = deadline != absl::InfiniteFuture() && deadline <= now;
   if (!past && deadline >= p->deadline) return WithCancel(parent);
   // Two references: one for the context, one for the cancel function.
   ContextNode* node = internal::NewCancellableNode(p, std::min(deadline, p->deadline), /*refs=*/2);

@@ -13,6 +13,7 @@
 #include "kwq/clock.h"
 #include "kwq/timer.h"
 #include "testing/eventually.h"
+#include "testing/small_stack.h"
 #include "testing/thread_state.h"
 
 namespace kwq {
@@ -95,7 +96,10 @@ TEST(WithCancelTest, ChildOfCancelledParentIsBornCancelled) {
 
 TEST(WithCancelTest, CancelFromAfterFuncReturnsWithSubtreeCancelled) {
   // The AfterFunc of `parent` runs while its cancel is still in progress; a second cancel
-  // made from it must not return before the child is cancelled too.
+  // made from it returns (it does not wait for the cancel running it) with the child
+  // cancelled. (The marking is complete before any AfterFunc runs, so this cannot catch
+  // a cancel that returns before waiting; EveryCancelReturnsAfterItsSubtreeIsCancelled
+  // does.)
   CancelableContext parent = WithCancel(Background());
   CancelableContext child = WithCancel(parent.context);
   bool child_cancelled = false;
@@ -125,6 +129,26 @@ TEST(WithCancelTest, AfterFuncMayWaitForADescendant) {
   EXPECT_TRUE(grandchild_done);
 }
 
+// An AfterFunc registered while another thread's cancel is still marking the subtree
+// runs only once every descendant is cancelled (AfterFunc's promise), though the context
+// itself already reports cancelled.
+TEST(WithCancelTest, AfterFuncAddedDuringAMarkingRunsAfterTheSubtreeIsCancelled) {
+  constexpr int kLeaves = 200'000;  // marking them takes long enough to add the AfterFunc
+  CancelableContext root = WithCancel(Background());
+  std::vector<CancelableContext> leaves;
+  leaves.reserve(kLeaves);
+  for (int i = 0; i < kLeaves; ++i) leaves.push_back(WithCancel(root.context));
+  std::thread canceller([cancel = root.cancel] { cancel(); });
+  ASSERT_TRUE(testing::Eventually([&] { return root.context.IsCancelled(); }));
+  int uncancelled = -1;
+  AfterFunc(root.context, [&] {
+    uncancelled = 0;
+    for (const CancelableContext& leaf : leaves) uncancelled += !leaf.context.IsCancelled();
+  });
+  EXPECT_EQ(uncancelled, 0) << "the AfterFunc ran while the subtree was being marked";
+  canceller.join();
+}
+
 TEST(WithCancelTest, DeepChainCancelsWithBoundedStack) {
   // 200,000 levels: recursion would overflow the (ASan-enlarged) stack.
   auto [root, cancel] = WithCancel(Background());
@@ -144,6 +168,71 @@ TEST(WithCancelTest, DeepChainIsFreedWithBoundedStack) {
     leaf = cur;
   }
   leaf = Background();  // drops the whole chain from the bottom up; LSan checks the rest
+}
+
+// Contexts chained Go-style, AfterFunc(c[i], cancel of c[i+1]): each link nested a
+// cancellation on the stack (about 500 bytes; 20,000 links overflowed an 8 MiB stack).
+// Now the AfterFuncs of a cancellation made inside an AfterFunc are queued.
+TEST(WithCancelTest, AfterFuncChainCancelsWithBoundedStack) {
+  constexpr int kLinks = 20'000;
+  testing::RunOnSmallStack([] {
+    CancelableContext root = WithCancel(Background());
+    std::vector<CancelableContext> chain;
+    chain.reserve(kLinks);
+    for (int i = 0; i < kLinks; ++i) chain.push_back(WithCancel(root.context));
+    for (int i = 0; i + 1 < kLinks; ++i) {
+      AfterFunc(chain[i].context, [cancel = chain[i + 1].cancel] { cancel(); });
+    }
+    chain[0].cancel();
+    EXPECT_TRUE(chain.back().context.IsCancelled());
+    EXPECT_FALSE(root.context.IsCancelled());
+  });
+}
+
+// The same chain dropped uncancelled: freeing each context frees its AfterFunc, which
+// held the last handle of the next one (a nested Destroy per link).
+TEST(WithCancelTest, AfterFuncChainIsFreedWithBoundedStack) {
+  constexpr int kLinks = 20'000;
+  testing::RunOnSmallStack([] {
+    CancelableContext root = WithCancel(Background());
+    CancelableContext first = WithCancel(root.context);
+    CancelableContext cur = first;
+    for (int i = 1; i < kLinks; ++i) {
+      CancelableContext next = WithCancel(root.context);
+      AfterFunc(cur.context, [cancel = next.cancel] { cancel(); });
+      cur = next;
+    }
+    cur = CancelableContext{};
+    first = CancelableContext{};  // frees the chain; LSan checks that all of it went
+  });
+}
+
+// Contexts chained through values (each carries the previous one): freeing the last
+// frees the value, which holds the last handle of the previous context.
+TEST(WithValueTest, ChainThroughValuesIsFreedWithBoundedStack) {
+  static constexpr ContextKey<Context> kPrevious{"previous"};
+  testing::RunOnSmallStack([] {
+    Context cur = Background();
+    for (int i = 0; i < 20'000; ++i) {
+      cur = WithValue(WithCancel(Background()).context, kPrevious, cur);
+    }
+    cur = Background();
+  });
+}
+
+// Inside an AfterFunc, a cancel marks its subtree before it returns, and its AfterFuncs
+// run on the same thread once the running one returns (before the outer cancel returns).
+TEST(WithCancelTest, AfterFuncsOfACancelInsideAnAfterFuncRunWhenItReturns) {
+  CancelableContext a = WithCancel(Background());
+  CancelableContext b = WithCancel(Background());
+  std::vector<std::string> order;
+  AfterFunc(b.context, [&] { order.push_back("b's AfterFunc"); });
+  AfterFunc(a.context, [&] {
+    b.cancel();
+    order.push_back(b.context.IsCancelled() ? "b cancelled" : "b not cancelled");
+  });
+  a.cancel();
+  EXPECT_EQ(order, (std::vector<std::string>{"b cancelled", "b's AfterFunc"}));
 }
 
 TEST(WithCancelTest, DroppedLiveChildIsUnlinkedAndFreed) {
@@ -310,6 +399,19 @@ TEST_F(FakeTimeTest, InfiniteTimeoutMeansNoDeadline) {
   auto [saturated, cancel_saturated] = WithTimeout(root_, absl::Seconds(INT64_MAX));
   EXPECT_EQ(saturated.Deadline(), absl::InfiniteFuture());
   EXPECT_EQ(timers_->Pending(), timers_before);
+}
+
+// Also on a clock that reads InfiniteFuture (a FakeClock advanced by InfiniteDuration):
+// an infinite deadline is none, not one in the past (the child was born cancelled).
+TEST_F(FakeTimeTest, InfiniteDeadlineIsNoneAlsoAtTheEndOfTime) {
+  clock_.Advance(absl::InfiniteDuration());
+  ASSERT_EQ(clock_.Now(), absl::InfiniteFuture());
+  auto [timeout, cancel_timeout] = WithTimeout(root_, absl::InfiniteDuration());
+  EXPECT_FALSE(timeout.IsCancelled());
+  auto [deadline, cancel_deadline] = WithDeadline(root_, absl::InfiniteFuture());
+  EXPECT_FALSE(deadline.IsCancelled());
+  auto [past, cancel_past] = WithTimeout(root_, absl::Hours(1));  // saturates: none either
+  EXPECT_FALSE(past.IsCancelled());
 }
 
 TEST_F(FakeTimeTest, DroppedDeadlineContextCancelsItsTimer) {

@@ -25,11 +25,14 @@
 //   - A child whose last handle (Context, CancelFunc, DoneSignal, AfterFuncHandle) is
 //     dropped is unlinked from its parent and freed, even if it was never cancelled.
 //   - Cancelling a tree of any depth or width, and destroying a chain of any depth, uses
-//     bounded stack; no lock of a parent is held while user callbacks run.
+//     bounded stack, also when contexts are chained through AfterFuncs or values (see
+//     AfterFunc); no lock of a parent is held while user callbacks run.
 //   - A child created while its parent is being cancelled is cancelled too (never missed).
 //
-// Thread safety: every function here may be called concurrently from any thread, on the
-// same or different handles. Handles are cheap to copy (one atomic increment).
+// Thread safety: every function here may be called concurrently from any thread, on
+// different handles, and the const members also on the same handle. Assigning to a handle
+// while another thread uses that same handle object is a data race (the rule of
+// std::shared_ptr). Handles are cheap to copy (one atomic increment).
 //
 // Differences from Go: AfterFunc runs `fn` on the cancelling thread (after its locks are
 // released) rather than in a new goroutine, and at once on the calling thread when the
@@ -114,7 +117,8 @@ class Context {
   // Err() when none was given; OK while live (one load, like Err()).
   absl::Status Cause() const { return LiveForStatus() ? absl::OkStatus() : CancelledCause(); }
 
-  // The earliest deadline of this context and its ancestors; InfiniteFuture if none.
+  // The earliest deadline of this context and its ancestors; InfiniteFuture if none. On
+  // the tree's timer clock (timers().clock()), not absl::Now()'s (see WithDeadline).
   absl::Time Deadline() const;
 
   // The done signal: wait on it, poll it, or register a callback.
@@ -212,7 +216,9 @@ class CancelFunc {
   // descendant report IsCancelled(): when the context was already being cancelled (by a
   // parent, its deadline or another call), after waiting for that cancellation to reach
   // them all; the AfterFuncs it runs may still be running on its thread. When this call
-  // cancels, it runs the AfterFuncs of the subtree itself, after marking the subtree.
+  // cancels, it runs the AfterFuncs of the subtree itself, after marking the subtree;
+  // called from inside an AfterFunc, it queues them instead, and they run on this thread
+  // once the running AfterFunc returns (see AfterFunc).
   // Never waits for user code running on another thread.
   void operator()(absl::Status cause = absl::OkStatus()) const;
 
@@ -243,7 +249,12 @@ CancelableContext WithCancel(const Context& parent);
 CancelableContext WithCancelCause(const Context& parent);
 
 // A child also cancelled, with DeadlineExceeded, at `deadline` (read on the tree's timer
-// clock). A deadline at or before now cancels the child before this returns, whatever the
+// clock, parent.timers().clock(): for the default tree RealClock, whose times are on the
+// CLOCK_MONOTONIC timeline, not absl::Now()'s wall clock; a deadline taken from
+// absl::Now() is decades away there. Port Go's WithDeadline(p, t) with a wall-clock t as
+// WithTimeout(p, t - absl::Now()), or take the deadline from the tree's clock, as
+// parent.timers().clock().Now() + d). absl::InfiniteFuture() means no deadline. A
+// deadline at or before now cancels the child before this returns, whatever the
 // parent's deadline (unless the parent is cancelled already: then the child has its Err
 // and Cause). Otherwise, if the parent's deadline is not later, the child keeps that one
 // and gets no timer: the parent's expiry cancels it, with the parent's Cause. `cause`,
@@ -268,7 +279,11 @@ Context WithoutCancel(const Context& parent);
 // has released every context lock), or on this thread before returning when `ctx` is
 // already done. Every descendant of `ctx` reports IsCancelled() before `fn` runs, so `fn`
 // may wait on a descendant's Done(). The AfterFuncs of one cancellation run one after
-// another on the cancelling thread: one must not wait for another. An exception thrown by
+// another on the cancelling thread: one must not wait for another. So must not those of a
+// cancellation made inside an AfterFunc (Go's AfterFunc(a, cancel_b)): they are queued
+// and run on the same thread once the AfterFunc that cancelled returns, so that chains of
+// contexts cancelling one another through AfterFuncs (or ToStopToken/WithStopToken) run
+// with bounded stack, however long. An exception thrown by
 // `fn` is caught and reported on stderr; cancellation of the rest of the tree continues.
 // On a context that can never be cancelled, `fn` never runs.
 // The registration lives on the nearest cancellable context at or above `ctx` (a
