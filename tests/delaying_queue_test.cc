@@ -308,6 +308,27 @@ TEST_F(DelayingQueueTest, AddOfItemWaitingForeverRunsItNow) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"x", "y"}));
 }
 
+// On a clock before the int64-nanosecond range (about 1677), now and now + 1 h both
+// saturated to the lowest key, so a delayed item was handed out at once. It now waits
+// for the clock to enter the range (never before its time).
+TEST(DelayingQueueRangeTest, AClockBeforeTheKeyRangeHandsOutNothingEarly) {
+  for (absl::Time start :
+       {absl::FromCivil(absl::CivilSecond(1, 1, 1), absl::UTCTimeZone()), absl::InfinitePast()}) {
+    FakeClock clock(start);
+    auto timers = *TimerService::Create({.clock = &clock});
+    DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+    q.AddAfter("a", absl::Hours(1));
+    EXPECT_FALSE(q.TryGet().has_value()) << start;
+    EXPECT_EQ(q.Waiting(), 1u) << start;
+    if (start != absl::InfinitePast()) {
+      clock.SetTime(absl::FromCivil(absl::CivilSecond(2000, 1, 1), absl::UTCTimeZone()));
+      auto lease = q.TryGet();  // due long ago
+      ASSERT_TRUE(lease.has_value()) << start;
+      EXPECT_EQ(**lease, "a");
+    }
+  }
+}
+
 TEST_F(DelayingQueueTest, ManyItemsOneTimer) {
   for (int i = 0; i < 1000; ++i) q_.AddAfter(absl::StrCat("k", i), absl::Milliseconds(i + 1));
   EXPECT_EQ(timers_->Pending(), 1u);  // one timer for the whole queue

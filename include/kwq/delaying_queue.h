@@ -33,7 +33,10 @@
 //     items along the way, so a reconcile loop's retries move its own due retries.
 //   - Ready times are kept in int64 nanoseconds since the Unix epoch: one past about the
 //     year 2262 (a delay of centuries, or a FakeClock moved that far) never comes due,
-//     like absl::InfiniteDuration(), until an Add.
+//     like absl::InfiniteDuration(), until an Add; on a clock before about 1677 a delayed
+//     item waits until the clock enters the range. On a FakeClock moved by a fraction of a
+//     nanosecond, a ready time between two nanoseconds comes due at the next whole one
+//     (kwq/internal/time_key.h): move fake clocks by whole nanoseconds.
 //   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
 //
 // Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)

@@ -3,8 +3,14 @@
 // Times as int64 nanoseconds since the Unix epoch, the keys of the delaying and priority
 // queues' heaps. A ready time rounds up and a current time rounds down, so an item is
 // never ready before its time, even for a time between two nanoseconds (absl::Time has
-// quarter-nanosecond steps). Times past the int64 range (about year 2262) saturate:
-// InfiniteFuture and later times map to kNeverKey, InfinitePast and earlier to INT64_MIN.
+// quarter-nanosecond steps). The price: on a clock that itself reads between two
+// nanoseconds (only a FakeClock moved by a fraction of one; RealClock reads whole ones),
+// an item whose ready time is fractional too comes due at the next whole nanosecond, not
+// at its exact time (the timer service, which keeps exact deadlines, is exact there).
+// Times outside the int64 range saturate: InfiniteFuture and times past about year 2262
+// map to kNeverKey; current times before about 1677 map to INT64_MIN, and ready times
+// there to INT64_MIN + 1, so an item is not due while the clock reads that early (it
+// waits for the clock to enter the range) instead of coming due at once.
 // Internal: used by DelayingQueue and PriorityQueue.
 //
 // The timer service's heap (src/internal/timer_heap.h) rounds the same way but counts
@@ -32,13 +38,12 @@ inline int64_t NowKey(absl::Time t) {
   return absl::ToUnixNanos(t);  // rounds down, saturates
 }
 
-// `t` rounded up (for a ready time): not before `t`.
+// `t` rounded up (for a ready time): not before `t`, and after every current time that
+// saturates to INT64_MIN.
 inline int64_t ReadyKey(absl::Time t) {
   int64_t key = NowKey(t);
-  if (key != kNeverKey && key != std::numeric_limits<int64_t>::min() &&
-      absl::FromUnixNanos(key) < t) {
-    ++key;
-  }
+  if (key == std::numeric_limits<int64_t>::min()) return key + 1;
+  if (key != kNeverKey && absl::FromUnixNanos(key) < t) ++key;
   return key;
 }
 
