@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -173,8 +174,12 @@ absl::Duration TokenBucket::Reserve() {
   // were at the previous reservation.
   if (now < last_now_) full_at_ -= last_now_ - now;
   last_now_ = now;
-  // Refill (the bucket is full from full_at_ on), then take one token.
-  full_at_ = std::max(full_at_, now) + interval_;
+  // Refill (the bucket is full from full_at_ on), then take one token. Kept finite: a debt
+  // past about 146 billion years (qps near 1e-18 and many reservations) is capped there,
+  // so the bucket still refills once the clock moves on; an infinite full_at_ (absl::Time
+  // saturating) never came back, and every later reservation waited for ever.
+  static const absl::Time kLatest = absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() / 2);
+  full_at_ = std::min(std::max(full_at_, now) + interval_, std::max(kLatest, now));
   // Tokens left: burst - (full_at_ - now) / interval_; negative ones are waited for.
   return std::max(absl::ZeroDuration(), (full_at_ - now) - capacity_);
 }

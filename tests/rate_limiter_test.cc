@@ -307,7 +307,8 @@ TEST(PrefetchTest, CompositeLimitersPassHintsOn) {
   auto capped = Must(WithMaxWaitRateLimiter<int>::Create(std::move(inner), absl::Seconds(1)));
   capped->Prefetch(9);
   EXPECT_EQ(inner_seen->Hints(), std::vector<uint32_t>{9});
-  // Limiters without per-item state ignore hints.
+  // Limiters without per-item state ignore hints (a call that must not crash: the bucket
+  // has no table to prefetch).
   Bucket(10, 100, nullptr)->Prefetch(1);
 }
 
@@ -723,6 +724,21 @@ TEST(BucketTest, ClockMovingBackKeepsTokens) {
   EXPECT_EQ(limiter->When(0), absl::Milliseconds(100));
 }
 
+// A bucket so slow (one token per 3e10 years) that reservations reach past absl::Time's
+// range: its next-full time saturated to InfiniteFuture, and from then on every When
+// was infinite for good, however far the clock moved. It is capped now: finite waits,
+// and a clock that moves on refills the bucket.
+TEST(BucketTest, DebtBeyondTheTimeRangeStillRefills) {
+  FakeClock clock;
+  auto limiter = Bucket(1e-18, 1, &clock);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_NE(limiter->When(0), absl::InfiniteDuration()) << "reservation " << i;
+  }
+  clock.SetTime(absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() / 2) +
+                absl::Seconds(2e18));
+  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
+}
+
 // ---- MaxOfRateLimiter and WithMaxWaitRateLimiter ----
 
 // A scripted child that counts its calls.
@@ -1076,9 +1092,10 @@ TEST(ConcurrencyTest, ConcurrentWhenForgetNumRequeues) {
           exact->Forget(item);
           evicting->Forget(item);
         }
-        EXPECT_GE(exact->NumRequeues(item), 0);
-        EXPECT_GE(evicting->NumRequeues(item), 0);
-        EXPECT_LE(evicting->TrackedItems(), static_cast<size_t>(kItems));
+        // Read for the races (TSan); the counts are checked once the threads are done.
+        (void)exact->NumRequeues(item);
+        (void)evicting->NumRequeues(item);
+        (void)evicting->TrackedItems();
         if (t == 0 && i % 64 == 0) clock.Advance(absl::Microseconds(500));
       }
     });
@@ -1086,6 +1103,10 @@ TEST(ConcurrencyTest, ConcurrentWhenForgetNumRequeues) {
   for (std::thread& thread : threads) thread.join();
   for (int item = 0; item < kItems / 2; ++item) {
     EXPECT_EQ(exact->NumRequeues(item), kThreads * kIterations / kItems) << item;
+  }
+  // The forgotten items ended with a Forget or fewer failures than the kept ones.
+  for (int item = kItems / 2; item < kItems; ++item) {
+    EXPECT_LT(exact->NumRequeues(item), kThreads * kIterations / kItems) << item;
   }
   // Two per-item children, each holding at most kItems entries.
   EXPECT_LE(exact->TrackedItems(), static_cast<size_t>(2 * kItems));

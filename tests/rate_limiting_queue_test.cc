@@ -263,6 +263,25 @@ TEST_F(RateLimitingQueueTest, QueueKeptCountsLapseAfterTheIdleHorizon) {
   EXPECT_TRUE(q.TryGet().has_value());
 }
 
+// Idle for centuries: times more than 292 years apart overflowed the difference the lapse
+// is decided on (undefined; in practice the count never lapsed).
+TEST(RateLimitingQueueRangeTest, ACountLapsesAfterCenturiesIdle) {
+  constexpr int64_t kYear = 24 * 365;
+  FakeClock clock(absl::UnixEpoch() - absl::Hours(200 * kYear));
+  auto timers = *TimerService::Create({.clock = &clock});
+  RateLimitingQueue<std::string> q(
+      *ExponentialFailureRateLimiter<std::string>::Create({.base = absl::Milliseconds(10),
+                                                           .max = absl::Seconds(1),
+                                                           .clock = &clock,
+                                                           .idle_horizon = absl::Seconds(60)}),
+      {.clock = &clock, .timers = timers.get()});
+  q.AddRateLimited("b");
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle from here
+  clock.SetTime(absl::UnixEpoch() + absl::Hours(250 * kYear));
+  EXPECT_EQ(q.NumRequeues("b"), 0);
+}
+
 // A count does not lapse while its key waits, is queued or is being processed, however
 // long that takes: a retried item keeps its history (a horizon counted from the last
 // failure would reset NumRequeues of an item stuck behind a backlog, and a
@@ -604,7 +623,12 @@ TEST_P(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {
   EXPECT_EQ(forgotten.load(), kItems);
   EXPECT_EQ(in_flight_max.load(), 0) << "an item was handed to two workers at once";
   for (int i = 0; i < kItems; ++i) ASSERT_EQ(runs[i].load(), 3) << keys[i];
-  EXPECT_EQ(q.rate_limiter().TrackedItems(), 0u);
+  // Every count was forgotten: the queue's (true) or the limiter's (false), whose table
+  // is then empty too.
+  for (int i = 0; i < kItems; ++i) ASSERT_EQ(q.NumRequeues(keys[i]), 0) << keys[i];
+  if (!GetParam()) {
+    EXPECT_EQ(q.rate_limiter().TrackedItems(), 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(CountsInQueueOrLimiter, RateLimitingQueueRealTest, ::testing::Bool());

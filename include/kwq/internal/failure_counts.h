@@ -126,8 +126,12 @@ class FailureCounts {
   };
   static constexpr uint32_t kChunk = 4096;  // entries per chunk, like KeyTable's
 
+  // now - last > horizon, computed without overflow (times more than 292 years apart,
+  // on a FakeClock or a custom clock, overflowed the difference: the count never lapsed).
   bool Lapsed(int64_t last, int64_t now) const {
-    return horizon_ns_ != INT64_MAX && now - last > horizon_ns_;
+    if (horizon_ns_ == INT64_MAX || now <= last) return false;
+    return static_cast<uint64_t>(now) - static_cast<uint64_t>(last) >
+           static_cast<uint64_t>(horizon_ns_);
   }
   Entry& At(uint32_t slot) const {
     return dir_.load(std::memory_order_acquire)[slot / kChunk][slot % kChunk];
