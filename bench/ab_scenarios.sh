@@ -11,7 +11,13 @@ shift 2
 for s in $scenarios; do
   echo "$s"
   for _ in $(seq "$rounds"); do
-    for b in "$@"; do echo "$b $("$b" --scenario="$s")"; done
+    for b in "$@"; do
+      # A failed check (kwq-scenarios exits 1) or a skipped peer stops the comparison
+      # rather than entering it as a figure.
+      out=$("$b" --scenario="$s")
+      case "$out" in *skipped=1*) echo "$b: $out" >&2; exit 1 ;; esac
+      echo "$b $out"
+    done
   done | python3 -c '
 import sys, statistics
 vals = {}

@@ -51,6 +51,7 @@ std::string Delay(int64_t n) {
   for (auto& d : delays) d = absl::Microseconds(us(rng));
   std::vector<absl::Time> ready(n);
   std::vector<double> late_us(n);
+  std::vector<char> seen(n);  // each key handed out once
   Clock* clock = RealClock::Default();
   DelayingQueue<std::string> q;
 
@@ -60,6 +61,7 @@ std::string Delay(int64_t n) {
       const absl::Time now = clock->Now();
       const int64_t i = IndexOf(lease->item());
       late_us[i] = absl::ToDoubleMicroseconds(now - ready[i]);
+      ++seen[i];
     }
   });
   const int64_t sleeps_before = Switches("voluntary_ctxt_switches");
@@ -77,6 +79,8 @@ std::string Delay(int64_t n) {
   const int64_t preempted =
       preempted_before < 0 ? -1 : Switches("nonvoluntary_ctxt_switches") - preempted_before;
   consumer.join();
+  Check(std::all_of(seen.begin(), seen.end(), [](char c) { return c == 1; }),
+        "a key was not handed out exactly once");
   std::sort(late_us.begin(), late_us.end());
   return absl::StrFormat(
       "ns_per_addafter=%.1f late_p50_us=%.1f late_p99_us=%.1f late_max_us=%.1f n=%d "
@@ -107,6 +111,7 @@ std::string RateLimited(int64_t n) {
     }
   }
   const absl::Duration d = sw.Elapsed();
+  Check(handed_out == 4 * n, "reconciles != 4n");
   return absl::StrFormat("ns_per_reconcile=%.1f n=%d reconciles=%d",
                          absl::ToDoubleNanoseconds(d) / (4 * n), n, handed_out);
 }

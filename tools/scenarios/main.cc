@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -25,6 +26,17 @@ ABSL_FLAG(int, polling_workers, 0,
 
 namespace kwq::scenarios {
 int PollingWorkersFlag() { return absl::GetFlag(FLAGS_polling_workers); }
+
+namespace {
+std::vector<std::string>& Failures() {
+  static std::vector<std::string> failures;
+  return failures;
+}
+}  // namespace
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) Failures().push_back(what);
+}
 }  // namespace kwq::scenarios
 
 int main(int argc, char** argv) {
@@ -57,7 +69,11 @@ int main(int argc, char** argv) {
     }
     const std::string result = s.run(n);
     std::printf("%s %s\n", s.name.c_str(), result.c_str());
-    return 0;
+    for (const std::string& failure : kwq::scenarios::Failures()) {
+      std::fprintf(stderr, "kwq-scenarios: %s: check failed: %s\n", s.name.c_str(),
+                   failure.c_str());
+    }
+    return kwq::scenarios::Failures().empty() ? 0 : 1;
   }
   std::fprintf(stderr, "kwq-scenarios: unknown --scenario='%s' (try --list)\n", name.c_str());
   return 2;

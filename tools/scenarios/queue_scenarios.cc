@@ -69,6 +69,7 @@ std::string Fifo1T(int64_t n) {
   int64_t got = 0;
   while (auto lease = q.TryGet()) ++got;
   const absl::Duration d = sw.Elapsed();
+  Check(got == n, "handed_out != n");
   return absl::StrFormat("ns_per_item=%.1f n=%d handed_out=%d", absl::ToDoubleNanoseconds(d) / n, n,
                          got);
 }
@@ -86,9 +87,10 @@ std::string Pc2W(int64_t n) {
     });
   }
   for (auto& k : keys) q.Add(std::move(k));
-  q.ShutDownWithDrain();
+  const bool drained = q.ShutDownWithDrain();
   for (auto& w : workers) w.join();
   const absl::Duration d = sw.Elapsed();
+  Check(drained && got.load() == n, "not drained, or handed_out != n");
   return absl::StrFormat("ns_per_item=%.1f n=%d handed_out=%d", absl::ToDoubleNanoseconds(d) / n, n,
                          got.load());
 }
@@ -108,8 +110,12 @@ std::string DedupHot(int64_t n) {
   Stopwatch sw;
   for (int64_t i = 0; i < adds; ++i) q.Add(keys[i % 1000]);
   const absl::Duration d = sw.Elapsed();
-  q.ShutDownWithDrain();
+  const bool drained = q.ShutDownWithDrain();
   for (auto& w : workers) w.join();
+  // Every key ran at least once (its last add was followed by a run); no more runs than
+  // adds.
+  Check(drained && got.load() >= 1000 && got.load() <= adds,
+        "not drained, or handed_out outside [1000, adds]");
   return absl::StrFormat("ns_per_add=%.2f adds=%d handed_out=%d",
                          absl::ToDoubleNanoseconds(d) / adds, adds, got.load());
 }
@@ -121,6 +127,7 @@ std::string Mem(int64_t n) {
   const int64_t before = ResidentBytes();
   for (auto& k : keys) q.Add(std::move(k));
   const int64_t after = ResidentBytes();
+  Check(static_cast<int64_t>(q.Len()) == n, "len != n");
   return absl::StrFormat("bytes_per_queued_key=%.1f n=%d len=%d",
                          static_cast<double>(after - before) / n, n, q.Len());
 }

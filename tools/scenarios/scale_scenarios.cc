@@ -24,6 +24,7 @@ namespace kwq::scenarios {
 namespace {
 
 std::string Result(absl::Duration d, int64_t n, int64_t got, int producers, int workers) {
+  Check(got == n, "handed_out != n");
   return absl::StrFormat("ns_per_item=%.1f n=%d handed_out=%d producers=%d workers=%d",
                          absl::ToDoubleNanoseconds(d) / n, n, got, producers, workers);
 }

@@ -43,6 +43,11 @@ void PinTo(const std::vector<int>& cpus, int index);
 // --polling_workers (QueueOptions::polling_workers of the queue scenarios; 0: default).
 int PollingWorkersFlag();
 
+// Records a failed check of a scenario's result (items lost or run twice, a wrong count):
+// kwq-scenarios then reports `what` on stderr and exits 1, so no figure of a broken run
+// is taken for a result.
+void Check(bool ok, const std::string& what);
+
 // Monotonic stopwatch (std::chrono::steady_clock: a wall-clock step cannot skew it).
 class Stopwatch {
  public:
