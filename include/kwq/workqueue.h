@@ -108,6 +108,9 @@ class Work {
   // guards the links below. Written under that lock (release), read by cancellers
   // (acquire) who then take the lock and re-check.
   std::atomic<uint8_t> where_{0};
+  // Made by Workqueue::Post: the workqueue owns it and frees it after it runs. Set before
+  // it is first queued, then only read.
+  bool owned_ = false;
   std::atomic<internal::PoolWorkqueue*> pwq_{nullptr};  // the (workqueue, pool) queued to
   // Guarded by the lock of the list the work is on / the pool it is running in:
   internal::Worker* runner_ = nullptr;  // the worker executing it
@@ -207,6 +210,14 @@ class Workqueue {
   // queue_work: on the calling thread's CPU pool (bound) or pod (unbound). Returns false
   // when `work` is already pending or disabled.
   bool Queue(Work* work);
+  // Runs `fn` once, as Queue would run a work of its own, in a Work that the workqueue
+  // makes and frees once `fn` has returned (its captures are destroyed on the worker,
+  // right after the run, outside the pool's locks). For fire-and-forget tasks, as an
+  // executor's post: there is no Work to Cancel or Flush, but Flush() and Drain() of the
+  // workqueue wait for it, and destroying the workqueue runs it first. Returns false, and
+  // destroys `fn` without running it, when the workqueue refuses works (a Drain or the
+  // destruction in progress). Thread-safe; allocates one Work per call.
+  bool Post(absl::AnyInvocable<void()> fn);
   // queue_work_on: on `cpu`'s pool (bound) or the pod containing `cpu` (unbound). An
   // unknown CPU falls back to Queue's choice (as the kernel does for offline CPUs).
   bool QueueOn(int cpu, Work* work);

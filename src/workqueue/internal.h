@@ -81,6 +81,7 @@ struct WorkAccess {
   static std::atomic<WorkerPool*>& running_pool(Work* w) { return w->running_pool_; }
   static std::atomic<PoolWorkqueue*>& pwq(Work* w) { return w->pwq_; }
   static std::atomic<uint8_t>& where(Work* w) { return w->where_; }
+  static bool& owned(Work* w) { return w->owned_; }
   static Worker*& runner(Work* w) { return w->runner_; }
   static Work*& prev(Work* w) { return w->prev_; }
   static Work*& next(Work* w) { return w->next_; }

@@ -294,6 +294,10 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
                  wq->options.name.c_str());
   }
   const int64_t busy = CycleClock::Now() - start;
+  // A posted work's function goes now, outside the pool's lock (its captures' destructors
+  // are user code); nobody else holds the work, so nothing else reads fn_.
+  const bool owned = A::owned(w);
+  if (owned) A::fn(w) = nullptr;
   Work* next = wq->Completed(pwq, this);
 
   mu_.Lock();
@@ -314,6 +318,10 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   A::running_pool(w).store(nullptr, std::memory_order_release);
   self->current = nullptr;
   self->current_pwq = nullptr;
+  // A posted work is freed after its last touch above (its function is gone already, so
+  // this runs no user code under the lock). Nobody can have queued it again: only the
+  // workqueue holds it.
+  if (owned) delete w;
   // Run the activated work at once unless others wait in the worklist (FIFO first) or it
   // collides with a running instance.
   if (next != nullptr && (!worklist_.empty() || !self->scheduled.empty() || stopping_ ||

@@ -769,6 +769,13 @@ Workqueue::Workqueue(std::unique_ptr<internal::WorkqueueCore> core) : core_(std:
 Workqueue::~Workqueue() = default;
 
 bool Workqueue::Queue(Work* work) { return core_->QueueOn(-1, -1, work); }
+bool Workqueue::Post(absl::AnyInvocable<void()> fn) {
+  auto work = std::make_unique<Work>(std::move(fn));
+  internal::WorkAccess::owned(work.get()) = true;
+  if (!core_->QueueOn(-1, -1, work.get())) return false;  // refused: freed here, not run
+  work.release();  // the worker that runs it frees it (WorkerPool::Execute)
+  return true;
+}
 bool Workqueue::QueueOn(int cpu, Work* work) { return core_->QueueOn(cpu, -1, work); }
 bool Workqueue::QueueOnNode(int node, Work* work) { return core_->QueueOn(-1, node, work); }
 bool Workqueue::QueueDelayed(DelayedWork* dwork, absl::Duration delay, int cpu) {
