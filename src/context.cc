@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <list>
+#include <new>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -60,35 +62,55 @@ void RunAfterFunc(AfterFuncRecord& record) {
   record.fn = nullptr;
 }
 
-// Runs the AfterFuncs one cancellation took (RunAfterFunc each, in order). An AfterFunc
-// may cancel another context (Go's AfterFunc(a, cancel_b) idiom, and the std::stop_token
-// bridge), whose AfterFuncs may cancel a third, and so on: run inline, each link of such a
-// chain nested a CancelTree on the stack (about 500 bytes each; 20,000 links overflowed
-// an 8 MiB stack). So while one thread runs AfterFuncs, the ones a nested cancellation
-// takes are queued and run by the outermost call, after the AfterFunc that cancelled
-// returns (Go runs each in a goroutine of its own: no one waits for them either).
-class AfterFuncRunner {
- public:
-  static void Run(std::list<std::shared_ptr<AfterFuncRecord>>& funcs) {
-    thread_local AfterFuncRunner runner;
-    if (runner.running_) {
-      runner.queued_.splice(runner.queued_.end(), funcs);
+// Nesting beyond which work that would recurse is queued instead. An AfterFunc may
+// cancel another context (Go's AfterFunc(a, cancel_b) idiom, and the std::stop_token
+// bridge), whose AfterFuncs may cancel a third, and so on; freeing a context destroys its
+// values and AfterFunc functions, which may hold the last handle of another context. Each
+// such link nests a CancelTree or a Destroy on the stack (a few hundred bytes; 20,000
+// links overflowed an 8 MiB stack). Up to this depth they run inline, exactly as without
+// nesting (code around them may rely on that: a value's destructor that drops a context
+// and then destroys the TimerService it used, an AfterFunc that cancels a context and
+// then waits for that context's AfterFuncs); deeper ones are queued on the thread and run
+// by the call at this depth before it returns. So a chain of any length uses bounded
+// stack, and the queues are always empty once the outermost call returns.
+constexpr int kInlineDepth = 16;
+
+// The queues are plain thread_local pointers and counters (trivially destructible), so a
+// context destroyed during thread or static destruction still finds them intact.
+thread_local int after_func_depth = 0;
+// AfterFunc batches queued past kInlineDepth, oldest first.
+struct QueuedFuncs {
+  std::list<std::shared_ptr<AfterFuncRecord>> funcs;
+  QueuedFuncs* next = nullptr;
+};
+thread_local QueuedFuncs* queued_funcs_head = nullptr;
+thread_local QueuedFuncs* queued_funcs_tail = nullptr;
+
+// Runs `funcs` (RunAfterFunc each, in order) at the next AfterFunc depth, or queues them
+// past kInlineDepth (see there). Takes the records out of `funcs` when it queues them.
+void RunAfterFuncs(std::list<std::shared_ptr<AfterFuncRecord>>& funcs) {
+  if (funcs.empty()) return;
+  if (after_func_depth >= kInlineDepth) {
+    // Out of memory: run them inline after all (a deeper stack, but nothing is lost).
+    if (auto* batch = new (std::nothrow) QueuedFuncs) {
+      batch->funcs.splice(batch->funcs.end(), funcs);
+      (queued_funcs_tail != nullptr ? queued_funcs_tail->next : queued_funcs_head) = batch;
+      queued_funcs_tail = batch;
       return;
     }
-    runner.running_ = true;
-    for (auto& record : funcs) RunAfterFunc(*record);
-    while (!runner.queued_.empty()) {
-      const std::shared_ptr<AfterFuncRecord> record = std::move(runner.queued_.front());
-      runner.queued_.pop_front();
-      RunAfterFunc(*record);
-    }
-    runner.running_ = false;
   }
-
- private:
-  bool running_ = false;
-  std::list<std::shared_ptr<AfterFuncRecord>> queued_;
-};
+  ++after_func_depth;
+  for (auto& record : funcs) RunAfterFunc(*record);
+  if (after_func_depth == kInlineDepth) {
+    while (QueuedFuncs* batch = queued_funcs_head) {
+      queued_funcs_head = batch->next;
+      if (queued_funcs_head == nullptr) queued_funcs_tail = nullptr;
+      for (auto& record : batch->funcs) RunAfterFunc(*record);
+      delete batch;
+    }
+  }
+  --after_func_depth;
+}
 
 // Removes `node` from its registrar's child list if it is still there.
 void Unlink(ContextNode* node) {
@@ -127,31 +149,36 @@ void StopTiedFuncs(ContextNode* node) {
 
 void DestroyChain(ContextNode* node);
 
+thread_local int destroy_depth = 0;
+thread_local ContextNode* queued_destroys = nullptr;  // linked through marked_by
+
+// The queue's link: marked_by, which nothing reads once the count reached zero (only a
+// holder of a reference does), so no lock is needed.
+ContextNode*& QueueLink(ContextNode* node) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  return node->marked_by;
+}
+
 // Frees `node` and then every ancestor whose last reference was the child's, in a loop:
 // a chain of any depth is freed with constant stack. Freeing a node destroys its values
-// and AfterFunc functions (user objects), which may hold the last handle of another
-// context: that context's Destroy, nested, is queued instead and freed by the outermost
-// call's loop, so contexts chained through values or AfterFuncs are freed with constant
-// stack too (a node waiting there has no references: the others pass it by, as they do
-// one being destroyed on another thread).
+// and AfterFunc functions (user objects), which may drop the last handle of another
+// context: that nested Destroy runs inline up to kInlineDepth, and is queued beyond it,
+// for the call at that depth to free before it returns (a queued node has no references:
+// the others pass it by, as they do one being destroyed on another thread).
 void Destroy(ContextNode* node) {
-  struct Queue {
-    bool active = false;
-    std::vector<ContextNode*> nodes;
-  };
-  thread_local Queue queue;
-  if (queue.active) {
-    queue.nodes.push_back(node);
+  if (destroy_depth >= kInlineDepth) {
+    QueueLink(node) = queued_destroys;
+    queued_destroys = node;
     return;
   }
-  queue.active = true;
-  for (;;) {
-    DestroyChain(node);
-    if (queue.nodes.empty()) break;
-    node = queue.nodes.back();
-    queue.nodes.pop_back();
+  ++destroy_depth;
+  DestroyChain(node);
+  if (destroy_depth == kInlineDepth) {
+    while (ContextNode* queued = queued_destroys) {
+      queued_destroys = QueueLink(queued);
+      DestroyChain(queued);
+    }
   }
-  queue.active = false;
+  --destroy_depth;
 }
 
 void DestroyChain(ContextNode* node) {
@@ -330,7 +357,7 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
   }
   Unlink(start);
   for (ContextNode* node : last) Unref(node);
-  AfterFuncRunner::Run(funcs);
+  RunAfterFuncs(funcs);
 }
 
 ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs) {
@@ -382,7 +409,10 @@ bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record
     }
   }
   AwaitSubtreeCancelled(c);  // a cancel in progress marks the rest first
+  // At once, on this thread, but counted as an AfterFunc run: a cancel inside it nests.
+  ++after_func_depth;
   RunAfterFunc(*record);
+  --after_func_depth;
   return false;
 }
 

@@ -2,15 +2,20 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <latch>
 #include <memory>
+#include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
+#include "kwq/stop_token.h"
 #include "kwq/timer.h"
 #include "testing/eventually.h"
 #include "testing/small_stack.h"
@@ -220,9 +225,9 @@ TEST(WithValueTest, ChainThroughValuesIsFreedWithBoundedStack) {
   });
 }
 
-// Inside an AfterFunc, a cancel marks its subtree before it returns, and its AfterFuncs
-// run on the same thread once the running one returns (before the outer cancel returns).
-TEST(WithCancelTest, AfterFuncsOfACancelInsideAnAfterFuncRunWhenItReturns) {
+// Inside an AfterFunc, a cancel runs its own AfterFuncs before it returns, as any cancel
+// does (a first fix of the chains' stack queued them until the AfterFunc returned).
+TEST(WithCancelTest, ACancelInsideAnAfterFuncRunsItsAfterFuncsBeforeReturning) {
   CancelableContext a = WithCancel(Background());
   CancelableContext b = WithCancel(Background());
   std::vector<std::string> order;
@@ -232,7 +237,46 @@ TEST(WithCancelTest, AfterFuncsOfACancelInsideAnAfterFuncRunWhenItReturns) {
     order.push_back(b.context.IsCancelled() ? "b cancelled" : "b not cancelled");
   });
   a.cancel();
-  EXPECT_EQ(order, (std::vector<std::string>{"b cancelled", "b's AfterFunc"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"b's AfterFunc", "b cancelled"}));
+}
+
+// So an AfterFunc may cancel a context and then join a thread that stops on that
+// context's std::stop_token (a std::jthread pattern): the stop is requested by the cancel.
+TEST(WithCancelTest, AnAfterFuncMayJoinAThreadStoppedByTheContextItCancels) {
+  CancelableContext a = WithCancel(Background());
+  CancelableContext b = WithCancel(Background());
+  std::stop_token token = ToStopToken(b.context);
+  std::thread worker([token] {
+    std::mutex mu;
+    std::condition_variable_any cv;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, token, [] { return false; });
+  });
+  std::atomic<bool> joined{false};
+  AfterFunc(a.context, [&] {
+    b.cancel();
+    worker.join();
+    joined = true;
+  });
+  std::thread canceller([cancel = a.cancel] { cancel(); });
+  const bool ok = testing::Eventually([&] { return joined.load(); });
+  EXPECT_TRUE(ok) << "the AfterFunc's join never returned";
+  if (!ok) std::_Exit(1);  // the worker and the AfterFunc are stuck: end the test binary
+  canceller.join();
+}
+
+// A context dropped inside a value's destructor is freed before that destructor goes on,
+// which may then destroy the TimerService the context's deadline used (a first fix of the
+// chains' stack queued the nested free past it: a use of the freed service).
+TEST(WithValueTest, AContextDroppedInsideAValuesDestructorIsFreedAtOnce) {
+  struct Owner {
+    FakeClock clock;
+    std::unique_ptr<TimerService> timers = *TimerService::Create({.clock = &clock});
+    CancelableContext ctx = WithTimeout(BackgroundWithTimers(timers.get()), absl::Hours(1));
+  };
+  static constexpr ContextKey<std::shared_ptr<Owner>> kOwner{"owner"};
+  Context v = WithValue(Background(), kOwner, std::make_shared<Owner>());
+  v = Background();  // ~Owner: ctx (a nested Destroy, with its timer), then the service
 }
 
 TEST(WithCancelTest, DroppedLiveChildIsUnlinkedAndFreed) {

@@ -25,8 +25,10 @@
 //   - A child whose last handle (Context, CancelFunc, DoneSignal, AfterFuncHandle) is
 //     dropped is unlinked from its parent and freed, even if it was never cancelled.
 //   - Cancelling a tree of any depth or width, and destroying a chain of any depth, uses
-//     bounded stack, also when contexts are chained through AfterFuncs or values (see
-//     AfterFunc); no lock of a parent is held while user callbacks run.
+//     bounded stack, also when contexts are chained through AfterFuncs or values (beyond
+//     16 nested levels the deeper work is queued on the thread and finished before the
+//     16th level returns; see AfterFunc); no lock of a parent is held while user
+//     callbacks run.
 //   - A child created while its parent is being cancelled is cancelled too (never missed).
 //
 // Thread safety: every function here may be called concurrently from any thread, on
@@ -216,9 +218,9 @@ class CancelFunc {
   // descendant report IsCancelled(): when the context was already being cancelled (by a
   // parent, its deadline or another call), after waiting for that cancellation to reach
   // them all; the AfterFuncs it runs may still be running on its thread. When this call
-  // cancels, it runs the AfterFuncs of the subtree itself, after marking the subtree;
-  // called from inside an AfterFunc, it queues them instead, and they run on this thread
-  // once the running AfterFunc returns (see AfterFunc).
+  // cancels, it runs the AfterFuncs of the subtree itself, after marking the subtree,
+  // also when called from inside an AfterFunc (unless AfterFuncs already nest more than
+  // 16 deep on this thread: see AfterFunc).
   // Never waits for user code running on another thread.
   void operator()(absl::Status cause = absl::OkStatus()) const;
 
@@ -279,11 +281,13 @@ Context WithoutCancel(const Context& parent);
 // has released every context lock), or on this thread before returning when `ctx` is
 // already done. Every descendant of `ctx` reports IsCancelled() before `fn` runs, so `fn`
 // may wait on a descendant's Done(). The AfterFuncs of one cancellation run one after
-// another on the cancelling thread: one must not wait for another. So must not those of a
-// cancellation made inside an AfterFunc (Go's AfterFunc(a, cancel_b)): they are queued
-// and run on the same thread once the AfterFunc that cancelled returns, so that chains of
-// contexts cancelling one another through AfterFuncs (or ToStopToken/WithStopToken) run
-// with bounded stack, however long. An exception thrown by
+// another on the cancelling thread: one must not wait for another. A cancel made inside
+// an AfterFunc (Go's AfterFunc(a, cancel_b)) runs its own AfterFuncs before it returns,
+// like any cancel, up to 16 nested levels on one thread; deeper (a long chain of contexts
+// cancelling one another through AfterFuncs, or ToStopToken/WithStopToken bridges) they
+// are queued and run by the 16th level's cancel before it returns, so such chains run
+// with bounded stack however long they are. Then a cancel beyond that depth returns
+// before its AfterFuncs have run. An exception thrown by
 // `fn` is caught and reported on stderr; cancellation of the rest of the tree continues.
 // On a context that can never be cancelled, `fn` never runs.
 // The registration lives on the nearest cancellable context at or above `ctx` (a

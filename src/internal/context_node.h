@@ -110,6 +110,9 @@ struct ContextNode {
 
   // The start of the cancellation that marked this node (an ancestor or itself, so kept
   // alive by this node); its kSubtreeCancelledBit says when this node's subtree is marked.
+  // Once the count reached zero, no thread reads it (only holders of a reference do):
+  // then the destroying thread's queue of nested Destroys links through it (Destroy in
+  // context.cc), which keeps the node one pointer smaller.
   ContextNode* marked_by ABSL_GUARDED_BY(mu) = nullptr;
 };
 
@@ -128,7 +131,8 @@ const absl::Status& DeadlineError();
 // *err. The caller holds a reference to `start` and no node lock. Returns once every node
 // of the subtree is marked cancelled, also when another thread marked `start` first (it
 // waits for that thread's marking, never for its AfterFuncs); runs the AfterFuncs of the
-// nodes it marked itself, after marking them all.
+// nodes it marked itself, after marking them all (when AfterFuncs already nest more than
+// kInlineDepth deep on this thread, it queues them for a shallower call; context.cc).
 void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause);
 
 // Blocks until every descendant of `node`, which must be marked cancelled, is marked too.
