@@ -646,16 +646,14 @@ void DeadlineFired(void* arg) {
   internal::Unref(node);
 }
 
-// WithDeadline with the current time already read (one clock read per WithTimeout).
-CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, absl::Time now,
+// WithDeadline with `past` (the deadline is not in the future) decided by the caller:
+// WithTimeout decides it from the timeout, one clock read in all.
+CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, bool past,
                                  absl::Status cause) {
   ContextNode* p = internal::NodeOf(parent);
   // A deadline not in the future cancels at once, even when the parent's is earlier (it
   // may have passed with its timer still to run). Otherwise a parent's deadline that is
   // not later serves the child too, with no timer of its own.
-  // InfiniteFuture is no deadline, also on a clock that reads InfiniteFuture (a FakeClock
-  // advanced by InfiniteDuration()).
-  const bool past = deadline != absl::InfiniteFuture() && deadline <= now;
   if (!past && deadline >= p->deadline) return WithCancel(parent);
   // Two references: one for the context, one for the cancel function.
   ContextNode* node = internal::NewCancellableNode(p, std::min(deadline, p->deadline), /*refs=*/2);
@@ -678,12 +676,18 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, abs
 }  // namespace
 
 CancelableContext WithDeadline(const Context& parent, absl::Time deadline, absl::Status cause) {
-  return WithDeadlineAt(parent, deadline, parent.timers().clock().Now(), std::move(cause));
+  // InfiniteFuture is no deadline, also on a clock that reads InfiniteFuture (a FakeClock
+  // advanced by InfiniteDuration()).
+  const bool past = deadline != absl::InfiniteFuture() && deadline <= parent.timers().clock().Now();
+  return WithDeadlineAt(parent, deadline, past, std::move(cause));
 }
 
 CancelableContext WithTimeout(const Context& parent, absl::Duration timeout, absl::Status cause) {
   const absl::Time now = parent.timers().clock().Now();
-  return WithDeadlineAt(parent, now + timeout, now, std::move(cause));
+  // Decided by the timeout itself: a non-positive one has passed even on a clock that
+  // reads InfiniteFuture (where now + timeout saturates to it), and a positive one that
+  // saturates is no deadline.
+  return WithDeadlineAt(parent, now + timeout, timeout <= absl::ZeroDuration(), std::move(cause));
 }
 
 Context WithoutCancel(const Context& parent) {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <random>
 #include <string>
 
@@ -170,18 +169,18 @@ absl::Duration TokenBucket::Reserve() {
     return absl::ZeroDuration();
   }
   const absl::Time now = clock_->Now();
-  // A clock that moved backwards shifts the refill schedule with it: tokens stay as they
-  // were at the previous reservation.
-  if (now < last_now_) full_at_ -= last_now_ - now;
+  // The time passed refills; a clock that moved backwards refills nothing (tokens stay as
+  // they were at the previous reservation).
+  if (now > last_now_) debt_ = std::max(absl::ZeroDuration(), debt_ - (now - last_now_));
   last_now_ = now;
-  // Refill (the bucket is full from full_at_ on), then take one token. Kept finite: a debt
-  // past about 146 billion years (qps near 1e-18 and many reservations) is capped there,
-  // so the bucket still refills once the clock moves on; an infinite full_at_ (absl::Time
-  // saturating) never came back, and every later reservation waited for ever.
-  static const absl::Time kLatest = absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() / 2);
-  full_at_ = std::min(std::max(full_at_, now) + interval_, std::max(kLatest, now));
-  // Tokens left: burst - (full_at_ - now) / interval_; negative ones are waited for.
-  return std::max(absl::ZeroDuration(), (full_at_ - now) - capacity_);
+  // Take one token. The debt is kept relative to the last reservation and capped at about
+  // 146 billion years (qps near 1e-18 and many reservations): an absolute next-full time
+  // saturated to InfiniteFuture there and waited for ever after, and one capped at a
+  // fixed time stopped limiting once the clock passed it.
+  static const absl::Duration kMaxDebt = absl::Seconds(int64_t{1} << 62);
+  debt_ = std::min(debt_ + interval_, kMaxDebt);
+  // Tokens left: burst - debt_ / interval_; negative ones are waited for.
+  return std::max(absl::ZeroDuration(), debt_ - capacity_);
 }
 
 }  // namespace kwq::internal

@@ -454,8 +454,13 @@ TEST_F(FakeTimeTest, InfiniteDeadlineIsNoneAlsoAtTheEndOfTime) {
   EXPECT_FALSE(timeout.IsCancelled());
   auto [deadline, cancel_deadline] = WithDeadline(root_, absl::InfiniteFuture());
   EXPECT_FALSE(deadline.IsCancelled());
-  auto [past, cancel_past] = WithTimeout(root_, absl::Hours(1));  // saturates: none either
-  EXPECT_FALSE(past.IsCancelled());
+  auto [later, cancel_later] = WithTimeout(root_, absl::Hours(1));  // saturates: none either
+  EXPECT_FALSE(later.IsCancelled());
+  // A timeout that is not positive has passed, also there (now + 0 saturates too).
+  auto [zero, cancel_zero] = WithTimeout(root_, absl::ZeroDuration());
+  EXPECT_TRUE(zero.IsCancelled());
+  auto [negative, cancel_negative] = WithTimeout(root_, -absl::Hours(1));
+  EXPECT_TRUE(negative.IsCancelled());
 }
 
 TEST_F(FakeTimeTest, DroppedDeadlineContextCancelsItsTimer) {

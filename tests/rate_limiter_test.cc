@@ -737,6 +737,18 @@ TEST(BucketTest, DebtBeyondTheTimeRangeStillRefills) {
   clock.SetTime(absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() / 2) +
                 absl::Seconds(2e18));
   EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
+  EXPECT_GT(limiter->When(0), absl::ZeroDuration()) << "the bucket stopped limiting";
+}
+
+// Far in the future an ordinary bucket still limits (a cap at a fixed time made every
+// reservation free once the clock passed it).
+TEST(BucketTest, LimitsAlsoFarInTheFuture) {
+  FakeClock clock(absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() / 2) +
+                  absl::Seconds(2e18));
+  auto limiter = Bucket(10, 1, &clock);
+  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
+  EXPECT_EQ(limiter->When(0), absl::Milliseconds(100));
+  EXPECT_EQ(limiter->When(0), absl::Milliseconds(200));
 }
 
 // ---- MaxOfRateLimiter and WithMaxWaitRateLimiter ----

@@ -96,7 +96,8 @@ class TokenBucket {
   absl::Duration capacity_;  // burst * interval_.
   Mutex mu_;
   int64_t no_refill_left_ ABSL_GUARDED_BY(mu_) = 0;  // kNoRefill: tokens left.
-  absl::Time full_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // How long after last_now_ the bucket is full again (zero: full).
+  absl::Duration debt_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   absl::Time last_now_ ABSL_GUARDED_BY(mu_);  // the clock at the previous reservation.
 };
 
