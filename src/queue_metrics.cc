@@ -89,44 +89,62 @@ QueueMetricsRecorder::~QueueMetricsRecorder() {
   for (; delayed_ && delayed_count_ > 0; --delayed_count_) Report([&] { delayed_->Dec(); });
 }
 
-void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
+absl::Time QueueMetricsRecorder::NowOrUnknown() noexcept {
   try {
-    SpinLockHolder lock(&mu_);
-    ++depth_count_;
-    if (depth_by_priority_) ++depth_by_priority_count_[priority];
-    if (latency_) {
-      Grow(added_at_, slot);
-      added_at_[slot] = clock_->Now();
-    }
-    if (depth_) Report([&] { depth_->Inc(); });
-    if (depth_by_priority_) Report([&] { depth_by_priority_->Inc(priority); });
-    if (adds_) Report([&] { adds_->Inc(); });
-  } catch (...) {  // an allocation of the bookkeeping
+    return clock_->Now();
+  } catch (...) {  // a user's clock
     MetricThrew();
+    return kUnknown;
+  }
+}
+
+void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
+  SpinLockHolder lock(&mu_);
+  ++depth_count_;
+  if (depth_) Report([&] { depth_->Inc(); });
+  if (depth_by_priority_) {
+    try {
+      ++depth_by_priority_count_[priority];
+      depth_by_priority_->Inc(priority);
+    } catch (...) {
+      MetricThrew();
+    }
+  }
+  if (adds_) Report([&] { adds_->Inc(); });
+  if (latency_) {
+    try {
+      Grow(added_at_, slot);
+      added_at_[slot] = NowOrUnknown();
+    } catch (...) {  // an allocation: the slot stays untimed (below added_at_'s size)
+      MetricThrew();
+    }
   }
 }
 
 void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
+  SpinLockHolder lock(&mu_);
+  --depth_count_;
+  if (depth_by_priority_) LeavePriorityLocked(priority);
+  if (depth_) Report([&] { depth_->Dec(); });
+  if (depth_by_priority_) Report([&] { depth_by_priority_->Dec(priority); });
+  const absl::Time now = NowOrUnknown();
+  if (latency_ && slot < added_at_.size()) {
+    const absl::Time added_at = added_at_[slot];
+    if (now != kUnknown && added_at != kUnknown) {
+      Report([&] { latency_->Observe(absl::ToDoubleSeconds(now - added_at)); });
+    }
+  }
   try {
-    SpinLockHolder lock(&mu_);
-    --depth_count_;
-    if (depth_by_priority_) LeavePriorityLocked(priority);
-    const absl::Time now = clock_->Now();
-    const bool timed = latency_ && slot < added_at_.size();
-    const absl::Time added_at = timed ? added_at_[slot] : now;
     Grow(started_at_, slot);
     started_at_[slot] = now;
     if (slot >= in_flight_at_.size()) {
       in_flight_at_.resize(std::max<size_t>(slot + 1, in_flight_at_.size() * 2), kOut);
     }
     if (in_flight_at_[slot] == kOut) {
-      in_flight_at_[slot] = static_cast<uint32_t>(in_flight_.size());
-      in_flight_.push_back(slot);
+      in_flight_.push_back(slot);  // first: a throw leaves the index unset
+      in_flight_at_[slot] = static_cast<uint32_t>(in_flight_.size() - 1);
     }
-    if (depth_) Report([&] { depth_->Dec(); });
-    if (depth_by_priority_) Report([&] { depth_by_priority_->Dec(priority); });
-    if (timed) Report([&] { latency_->Observe(absl::ToDoubleSeconds(now - added_at)); });
-  } catch (...) {  // an allocation of the bookkeeping
+  } catch (...) {  // an allocation: this lease is left out of the in-flight gauges
     MetricThrew();
   }
 }
@@ -141,9 +159,12 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) noexcept {
     in_flight_.pop_back();
     in_flight_at_[slot] = kOut;
   }
-  if (work_duration_ && slot < started_at_.size()) {
+  if (work_duration_ && slot < started_at_.size() && started_at_[slot] != kUnknown) {
     const absl::Time started = started_at_[slot];
-    Report([&] { work_duration_->Observe(absl::ToDoubleSeconds(clock_->Now() - started)); });
+    const absl::Time now = NowOrUnknown();
+    if (now != kUnknown) {
+      Report([&] { work_duration_->Observe(absl::ToDoubleSeconds(now - started)); });
+    }
   }
 }
 
@@ -188,15 +209,11 @@ void QueueMetricsRecorder::OnDelayed(int delta) noexcept {
 
 void QueueMetricsRecorder::Refresh() noexcept {
   SpinLockHolder lock(&mu_);
-  absl::Time now;
-  try {
-    now = clock_->Now();
-  } catch (...) {  // a user's clock
-    MetricThrew();
-    return;
-  }
+  const absl::Time now = NowOrUnknown();
+  if (now == kUnknown) return;
   double total = 0, longest = 0;
   for (uint32_t slot : in_flight_) {
+    if (started_at_[slot] == kUnknown) continue;  // its start was not read
     const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
     total += s;
     longest = std::max(longest, s);

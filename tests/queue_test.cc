@@ -20,6 +20,7 @@
 #include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
 #include "testing/cancel_check.h"
+#include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/recording_metrics.h"
@@ -454,6 +455,40 @@ TEST_F(QueueMetricsTest, AMetricThatThrowsDropsOnlyItsOwnUpdate) {
   DestroyQueue();  // its unfinished gauge throws
   EXPECT_EQ(rec.Get("depth"), -1) << "the destroyed queue's depth left on the gauge";
   EXPECT_EQ(rec.Get("longest"), 0);
+}
+
+// A user's clock that throws when a lease is handed out: the depth gauge still drops, and
+// the unknown start time gives no work duration and no age in the in-flight gauges (the
+// depth update came after the clock read and was skipped; a stale start was used).
+TEST(QueueMetricsClockTest, AClockThatThrowsLeavesTheOtherMetricsRight) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec);
+  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  {
+    clock.ThrowNext(1);
+    auto lease = q.TryGet();  // its clock read throws
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(rec.Get("depth"), 0);
+    fake.Advance(absl::Seconds(2));  // the in-flight gauges refresh
+    EXPECT_EQ(rec.Get("unfinished"), 0);
+    EXPECT_EQ(rec.Get("longest"), 0);
+  }
+  EXPECT_EQ(rec.Observations("work"), 0);
+  EXPECT_EQ(rec.Observations("latency"), 0);
+  q.Add("b");  // and the next item is measured again
+  fake.Advance(absl::Seconds(1));
+  {
+    auto lease = q.TryGet();
+    fake.Advance(absl::Seconds(3));
+  }
+  EXPECT_EQ(rec.Observations("latency"), 1);
+  EXPECT_DOUBLE_EQ(rec.Get("latency"), 1.0);
+  EXPECT_EQ(rec.Observations("work"), 1);
+  EXPECT_DOUBLE_EQ(rec.Get("work"), 3.0);
 }
 
 // depth counts what client-go's does: queued items plus in-flight ones added again.

@@ -1,11 +1,12 @@
 // CountingClock: a manual clock that counts its readings and otherwise is a FakeClock, for
 // tests that a path reads no clock (priority queues without aging, queues with no
-// metrics).
+// metrics). ThrowNext makes its next readings throw (a user's clock that fails).
 
 #ifndef KWQ_TESTS_TESTING_COUNTING_CLOCK_H_
 #define KWQ_TESTS_TESTING_COUNTING_CLOCK_H_
 
 #include <atomic>
+#include <stdexcept>
 
 #include "kwq/clock.h"
 
@@ -16,8 +17,13 @@ class CountingClock final : public Clock {
   explicit CountingClock(FakeClock* inner) : inner_(inner) {}
   absl::Time Now() const override {
     reads_.fetch_add(1);
+    if (throws_.load() > 0 && throws_.fetch_sub(1) > 0) {
+      throw std::runtime_error("clock (ThrowNext)");
+    }
     return inner_->Now();
   }
+  // The next `reads` readings throw std::runtime_error.
+  void ThrowNext(int reads) { throws_.store(reads); }
   absl::Time CoarseNow() const override { return Now(); }
   void SleepUntil(absl::Time deadline) override { inner_->SleepUntil(deadline); }
   bool is_manual() const override { return true; }
@@ -28,6 +34,7 @@ class CountingClock final : public Clock {
  private:
   FakeClock* const inner_;
   mutable std::atomic<int> reads_{0};
+  mutable std::atomic<int> throws_{0};
 };
 
 }  // namespace kwq::testing

@@ -64,6 +64,10 @@ class QueueMetricsRecorder {
  private:
   // One item of `priority` left this queue's depth.
   void LeavePriorityLocked(int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // clock_->Now(), or kUnknown when the clock (a user's) throws: times read so are left
+  // out of the latency and work-duration figures and the in-flight gauges.
+  absl::Time NowOrUnknown() noexcept;
+  static constexpr absl::Time kUnknown = absl::InfinitePast();
 
   Clock* const clock_;
   TimerService* const timers_;
