@@ -29,6 +29,9 @@ class Pieces {
 
   int64_t chunks() const { return chunks_; }
 
+  // Hands out no more chunks: every runner returns after its current one.
+  void Stop() { next_chunk_.store(chunks_, std::memory_order_relaxed); }
+
   // Runs chunks until none is left, ctx is done or a piece threw. Checked before every
   // piece, as client-go checks its stop channel: pieces not yet started do not start.
   void Run() {
@@ -150,17 +153,26 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
   for (int i = 0; i < helpers; ++i) {
     items.push_back(std::make_unique<Work>([&shared] { shared.Run(); }));
   }
-  // One refused (a draining workqueue) never runs; the Cancel and Flush below pass it by.
-  for (int i = 0; i < helpers; ++i) wq.QueueOn(cpus.ForHelper(i), items[i].get());
-  shared.Run();
-  // Nothing is left to hand out. Helpers still pending never started: take them back;
-  // wait for those that run (they stop after their current piece once ctx is done).
-  {
+  // Helpers still pending never started: take them back; wait for those that run (they
+  // stop after their current piece once ctx is done or nothing is left to hand out).
+  const auto take_back = [&] {
     BlockingScope blocking;  // a worker calling us must not hold up its pool
     for (auto& item : items) {
       if (!wq.Cancel(item.get())) wq.Flush(item.get());
     }
+  };
+  // One refused (a draining workqueue) never runs; take_back passes it by. QueueOn may
+  // throw (bad_alloc making a worker thread, after the work was inserted): the helpers
+  // queued so far are taken back before the exception leaves, since they use `shared`.
+  try {
+    for (int i = 0; i < helpers; ++i) wq.QueueOn(cpus.ForHelper(i), items[i].get());
+  } catch (...) {
+    shared.Stop();
+    take_back();
+    throw;
   }
+  shared.Run();
+  take_back();  // nothing is left to hand out
   return shared.Result();
 }
 

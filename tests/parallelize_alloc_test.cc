@@ -5,19 +5,27 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kwq/parallelize.h"
 #include "kwq/workqueue.h"
+#include "workqueue/internal.h"
 
 namespace {
 // Allocations of sizeof(kwq::Work) bytes seen since arming; -1: disarmed.
 std::atomic<int> work_allocations{-1};
+// Allocations of a worker (sizeof(internal::Worker)) seen since arming; -1: disarmed.
+std::atomic<int> worker_allocations{-1};
 }  // namespace
 
 void* operator new(std::size_t n) {
   if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
       work_allocations.fetch_add(1) == 1) {
+    throw std::bad_alloc();
+  }
+  if (n == sizeof(kwq::internal::Worker) && worker_allocations.load() >= 0 &&
+      worker_allocations.fetch_add(1) == 0) {
     throw std::bad_alloc();
   }
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
@@ -43,6 +51,22 @@ TEST(ParallelizeUntilAllocTest, AHelperThatCannotBeMadeThrowsBadAllocAndQueuesNo
   EXPECT_EQ(ran.load(), 0);
   wq->Drain();  // nothing was queued, so nothing runs and nothing touches the gone call
   EXPECT_EQ(ran.load(), 0);
+}
+
+// A worker thread that cannot be made for lack of memory is a spawn failure, as one the
+// system refuses: the bad_alloc used to leave Queue (the helper already inserted, so
+// ParallelizeUntil's unwinding aborted on it). Now the caller runs the pieces itself.
+TEST(ParallelizeUntilAllocTest, AWorkerThatCannotBeMadeLeavesThePiecesToTheCaller) {
+  static_assert(sizeof(internal::Worker) != sizeof(Work));
+  auto runtime = *WorkqueueRuntime::Create({});  // no worker made yet
+  auto wq = *Workqueue::Create({.name = "no-worker", .flags = kUnbound, .runtime = runtime.get()});
+  std::vector<std::atomic<int>> hits(100);
+  worker_allocations = 0;
+  const absl::Status status = ParallelizeUntil(
+      Background(), 4, 100, [&](int i) { hits[i].fetch_add(1); }, {.workqueue = wq.get()});
+  worker_allocations = -1;
+  EXPECT_TRUE(status.ok()) << status;
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(hits[i].load(), 1) << "piece " << i;
 }
 
 }  // namespace

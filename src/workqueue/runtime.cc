@@ -176,14 +176,21 @@ void WorkerPool::WakeOrCreateLocked() {
   if (rt->ShouldFailSpawn()) {
     spawn_failed_ = true;
   } else {
-    auto worker = std::make_unique<Worker>(this);
-    Worker* raw = worker.get();
     ++nr_creating_;
+    // Out of threads (std::system_error) or of memory (std::bad_alloc, which once left
+    // this call, with the work already inserted, through every Queue): a spawn failure
+    // either way. Room is made in workers_ first, so that no thread starts unless it is
+    // recorded.
     try {
+      if (workers_.size() == workers_.capacity()) {
+        workers_.reserve(std::max<size_t>(8, 2 * workers_.capacity()));
+      }
+      auto worker = std::make_unique<Worker>(this);
+      Worker* raw = worker.get();
       raw->thread = std::thread([this, raw] { WorkerMain(raw); });
       workers_.push_back(std::move(worker));
       spawn_failed_ = false;
-    } catch (const std::system_error&) {
+    } catch (...) {
       spawn_failed_ = true;
     }
     --nr_creating_;
