@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,9 @@ ABSL_FLAG(bool, other_thread, true,
           "any program with a second thread and as in the Go peer's runtime; "
           "--other_thread=false shows the single-threaded mode (fifo_1t and the ctx "
           "scenarios start no thread of their own)");
+ABSL_FLAG(int, timeout_s, 600,
+          "a scenario still running after this many seconds fails the run (exit 1): a lost "
+          "item leaves the blocking scenarios waiting for ever");
 ABSL_FLAG(int, polling_workers, 0,
           "QueueOptions::polling_workers of the queue scenarios (0: the default)");
 
@@ -56,6 +60,12 @@ int main(int argc, char** argv) {
     if (s.name != name) continue;
     const int64_t n = absl::GetFlag(FLAGS_n) > 0 ? absl::GetFlag(FLAGS_n) : s.default_n;
     if (absl::GetFlag(FLAGS_other_thread)) std::thread([] {}).join();
+    std::thread([name = s.name, limit = absl::GetFlag(FLAGS_timeout_s)] {
+      std::this_thread::sleep_for(std::chrono::seconds(limit));
+      std::fprintf(stderr, "kwq-scenarios: %s: check failed: still running after %d s\n",
+                   name.c_str(), limit);
+      std::_Exit(1);
+    }).detach();
     // RealClock reads clock_gettime until the TSC's calibration ends (two agreeing 10 ms
     // windows, each ended by a read): read it through 30 ms first, as any long-running
     // program has, so that a scenario reading the clock is not timed partly on the

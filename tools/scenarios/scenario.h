@@ -45,7 +45,7 @@ int PollingWorkersFlag();
 
 // Records a failed check of a scenario's result (items lost or run twice, a wrong count):
 // kwq-scenarios then reports `what` on stderr and exits 1, so no figure of a broken run
-// is taken for a result.
+// is taken for a result. (A scenario that blocks on a lost item is ended by --timeout_s.)
 void Check(bool ok, const std::string& what);
 
 // Monotonic stopwatch (std::chrono::steady_clock: a wall-clock step cannot skew it).
