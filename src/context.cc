@@ -86,6 +86,24 @@ struct QueuedFuncs {
 thread_local QueuedFuncs* queued_funcs_head = nullptr;
 thread_local QueuedFuncs* queued_funcs_tail = nullptr;
 
+// Runs `run` (which runs AfterFuncs) one AfterFunc depth deeper. The call that reaches
+// kInlineDepth then runs what deeper cancels queued, before it returns: every way of
+// running an AfterFunc goes through here, so no queued batch is left behind.
+template <typename Run>
+void AtNextAfterFuncDepth(Run run) {
+  ++after_func_depth;
+  run();
+  if (after_func_depth == kInlineDepth) {
+    while (QueuedFuncs* batch = queued_funcs_head) {
+      queued_funcs_head = batch->next;
+      if (queued_funcs_head == nullptr) queued_funcs_tail = nullptr;
+      for (auto& record : batch->funcs) RunAfterFunc(*record);
+      delete batch;
+    }
+  }
+  --after_func_depth;
+}
+
 // Runs `funcs` (RunAfterFunc each, in order) at the next AfterFunc depth, or queues them
 // past kInlineDepth (see there). Takes the records out of `funcs` when it queues them.
 void RunAfterFuncs(std::list<std::shared_ptr<AfterFuncRecord>>& funcs) {
@@ -99,17 +117,9 @@ void RunAfterFuncs(std::list<std::shared_ptr<AfterFuncRecord>>& funcs) {
       return;
     }
   }
-  ++after_func_depth;
-  for (auto& record : funcs) RunAfterFunc(*record);
-  if (after_func_depth == kInlineDepth) {
-    while (QueuedFuncs* batch = queued_funcs_head) {
-      queued_funcs_head = batch->next;
-      if (queued_funcs_head == nullptr) queued_funcs_tail = nullptr;
-      for (auto& record : batch->funcs) RunAfterFunc(*record);
-      delete batch;
-    }
-  }
-  --after_func_depth;
+  AtNextAfterFuncDepth([&] {
+    for (auto& record : funcs) RunAfterFunc(*record);
+  });
 }
 
 // Removes `node` from its registrar's child list if it is still there.
@@ -410,9 +420,7 @@ bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record
   }
   AwaitSubtreeCancelled(c);  // a cancel in progress marks the rest first
   // At once, on this thread, but counted as an AfterFunc run: a cancel inside it nests.
-  ++after_func_depth;
-  RunAfterFunc(*record);
-  --after_func_depth;
+  AtNextAfterFuncDepth([&] { RunAfterFunc(*record); });
   return false;
 }
 

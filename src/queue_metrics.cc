@@ -9,8 +9,10 @@ namespace kwq::internal {
 namespace {
 constexpr absl::Duration kRefreshPeriod = absl::Milliseconds(500);
 
+// New entries are unknown times (QueueMetricsRecorder::kUnknown), not the epoch: a slot
+// whose own Grow failed and that a later Grow covers has no time to measure from.
 void Grow(std::vector<absl::Time>& v, uint32_t slot) {
-  if (slot >= v.size()) v.resize(std::max<size_t>(slot + 1, v.size() * 2));
+  if (slot >= v.size()) v.resize(std::max<size_t>(slot + 1, v.size() * 2), absl::InfinitePast());
 }
 }  // namespace
 

@@ -177,8 +177,9 @@ absl::Duration TokenBucket::Reserve() {
   // 146 billion years (qps near 1e-18 and many reservations): an absolute next-full time
   // saturated to InfiniteFuture there and waited for ever after, and one capped at a
   // fixed time stopped limiting once the clock passed it.
+  // (Never below a full bucket's worth plus one token, or a huge burst would never wait.)
   static const absl::Duration kMaxDebt = absl::Seconds(int64_t{1} << 62);
-  debt_ = std::min(debt_ + interval_, kMaxDebt);
+  debt_ = std::min(debt_ + interval_, std::max(kMaxDebt, capacity_ + interval_));
   // Tokens left: burst - debt_ / interval_; negative ones are waited for.
   return std::max(absl::ZeroDuration(), debt_ - capacity_);
 }

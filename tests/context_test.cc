@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -238,6 +239,26 @@ TEST(WithCancelTest, ACancelInsideAnAfterFuncRunsItsAfterFuncsBeforeReturning) {
   });
   a.cancel();
   EXPECT_EQ(order, (std::vector<std::string>{"b's AfterFunc", "b cancelled"}));
+}
+
+// AfterFuncs nested 16 deep through AfterFunc on done contexts (each runs at once): a
+// cancel at the innermost level queued its AfterFuncs, and no call on the stack ran them
+// (only cancels emptied the queue), so they never ran.
+TEST(WithCancelTest, AfterFuncsQueuedUnderRunAtOnceAfterFuncsStillRun) {
+  CancelableContext done = WithCancel(Background());
+  done.cancel();
+  CancelableContext b = WithCancel(Background());
+  bool ran = false;
+  AfterFunc(b.context, [&] { ran = true; });
+  std::function<void(int)> nest = [&](int level) {
+    if (level == 20) {
+      b.cancel();
+      return;
+    }
+    AfterFunc(done.context, [&, level] { nest(level + 1); });
+  };
+  nest(0);
+  EXPECT_TRUE(ran) << "b's AfterFunc never ran";
 }
 
 // So an AfterFunc may cancel a context and then join a thread that stops on that

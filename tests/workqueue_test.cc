@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/pause_points.h"
 #include "testing/two_socket_xml.h"
@@ -811,6 +812,26 @@ TEST_F(WorkqueueTest, APostedFunctionsCapturesMayPostFromTheirDestructor) {
     wq->Flush();  // the one posted by the destructor
   }));
   EXPECT_EQ(runs.load(), 1);
+}
+
+// Arming the runtime's watchdog may throw (here the clock; an allocation of the timer
+// heap in practice) after the work was queued: the throw reached Post, whose Work was
+// then freed while queued (a failed check), and left the watchdog marked armed for good.
+TEST(WorkqueuePostTest, AWatchdogThatCannotBeArmedLosesNoPost) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto runtime = *WorkqueueRuntime::Create({.clock = &clock, .timers = timers.get()});
+  auto wq = *Workqueue::Create({.name = "post", .flags = kUnbound, .runtime = runtime.get()});
+  std::atomic<int> runs{0};
+  clock.ThrowNext(1);
+  EXPECT_TRUE(wq->Post([&runs] { runs.fetch_add(1); }));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_TRUE(wq->Post([&runs] { runs.fetch_add(1); }));  // arms the watchdog this time
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(timers->Pending(), 1u) << "the watchdog was not armed again";
 }
 
 // Several threads post, and posted functions post more (chains); all run once each and

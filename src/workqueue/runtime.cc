@@ -672,7 +672,19 @@ void RuntimeCore::KickWatchdog() {
   MutexLock lock(&watchdog_mu_);
   const absl::Duration period =
       std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);
-  watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
+  // Scheduling may throw (an allocation of the timer heap, a user's clock). Callers have
+  // queued their work already (Queue, Post): the throw must not reach them, and the
+  // watchdog must not stay marked armed with no timer (it would never run again). So it
+  // is disarmed, for the next kick to retry, and said once on stderr.
+  try {
+    watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
+  } catch (...) {
+    watchdog_armed_.store(false, std::memory_order_release);
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true, std::memory_order_relaxed)) {
+      std::fprintf(stderr, "kwq: the workqueue watchdog could not be armed; retrying later\n");
+    }
+  }
 }
 
 void RuntimeCore::Watchdog() {

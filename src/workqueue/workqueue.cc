@@ -772,8 +772,16 @@ bool Workqueue::Queue(Work* work) { return core_->QueueOn(-1, -1, work); }
 bool Workqueue::Post(absl::AnyInvocable<void()> fn) {
   auto work = std::make_unique<Work>(std::move(fn));
   internal::WorkAccess::owned(work.get()) = true;
-  if (!core_->QueueOn(-1, -1, work.get())) return false;  // refused: freed here, not run
-  work.release();  // the worker that runs it frees it (WorkerPool::Execute)
+  bool queued;
+  try {
+    queued = core_->QueueOn(-1, -1, work.get());
+  } catch (...) {
+    // Thrown after the work was queued: it belongs to its pool now, which frees it.
+    if (work->pending()) work.release();
+    throw;
+  }
+  if (!queued) return false;  // refused: freed here, not run
+  work.release();             // the worker that runs it frees it (WorkerPool::Execute)
   return true;
 }
 bool Workqueue::QueueOn(int cpu, Work* work) { return core_->QueueOn(cpu, -1, work); }

@@ -67,9 +67,10 @@ absl::Status ValidateFastSlow(absl::Duration fast, absl::Duration slow, int max_
 absl::Status ValidateMaxWait(absl::Duration max_wait);
 
 // A token bucket with golang.org/x/time/rate reservation semantics, kept exactly in
-// absl::Duration arithmetic: tokens are represented by `full_at_`, the instant at which
-// the bucket would be full again, so that tokens(now) = burst - (full_at_ - now) / interval
-// and a reservation moves full_at_ one interval later. Thread-safe; never blocks.
+// absl::Duration arithmetic: tokens are represented by `debt_`, how long after the last
+// reservation the bucket would be full again, so that tokens = burst - debt_ / interval;
+// time passing pays the debt down, and a reservation adds one interval to it (capped,
+// see Reserve). Thread-safe; never blocks.
 class TokenBucket {
  public:
   // Validates the parameters (see BucketRateLimiter::Create) and builds a full bucket.
