@@ -84,7 +84,8 @@ struct PrometheusOptions {
   // do, instead of removing it with the last queue of its name: a queue made again under
   // that name then continues its counters rather than restarting them. Providers sharing
   // a registry: a series any keep_series provider used stays, also through later queues
-  // of its name made by providers that do not keep series.
+  // of its name made by providers that do not keep series (providers share a registry by
+  // copies of one std::shared_ptr to it: the mark follows its control block).
   bool keep_series = false;
   // How often the queues' metric changes reach the registry. A queue records them in
   // plain counters of its own; the provider pushes them into the prometheus-cpp series
