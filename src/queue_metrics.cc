@@ -9,10 +9,10 @@ namespace kwq::internal {
 namespace {
 constexpr absl::Duration kRefreshPeriod = absl::Milliseconds(500);
 
-// New entries are unknown times (QueueMetricsRecorder::kUnknown), not the epoch: a slot
-// whose own Grow failed and that a later Grow covers has no time to measure from.
-void Grow(std::vector<absl::Time>& v, uint32_t slot) {
-  if (slot >= v.size()) v.resize(std::max<size_t>(slot + 1, v.size() * 2), absl::InfinitePast());
+// New entries are `unknown` (QueueMetricsRecorder::kUnknown), not the epoch: a slot whose
+// own Grow failed and that a later Grow covers has no time to measure from.
+void Grow(std::vector<absl::Time>& v, uint32_t slot, absl::Time unknown) {
+  if (slot >= v.size()) v.resize(std::max<size_t>(slot + 1, v.size() * 2), unknown);
 }
 }  // namespace
 
@@ -63,9 +63,9 @@ void MetricThrew() {
 }
 
 // One call of one metric object: if it throws, only that update is lost. Each call is
-// guarded on its own, after the recorder's bookkeeping, so one throwing metric neither
-// skips the others nor leaves the times and in-flight list (which later updates read)
-// behind.
+// guarded on its own, apart from the recorder's bookkeeping, so one throwing metric
+// neither skips the others nor leaves the times and in-flight list (which later updates
+// read) behind.
 template <typename F>
 void Report(F&& update) noexcept {
   try {
@@ -115,7 +115,7 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
   if (adds_) Report([&] { adds_->Inc(); });
   if (latency_) {
     try {
-      Grow(added_at_, slot);
+      Grow(added_at_, slot, kUnknown);
       added_at_[slot] = NowOrUnknown();
     } catch (...) {  // an allocation: the slot stays untimed (below added_at_'s size)
       MetricThrew();
@@ -137,7 +137,7 @@ void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
     }
   }
   try {
-    Grow(started_at_, slot);
+    Grow(started_at_, slot, kUnknown);
     started_at_[slot] = now;
     if (slot >= in_flight_at_.size()) {
       in_flight_at_.resize(std::max<size_t>(slot + 1, in_flight_at_.size() * 2), kOut);

@@ -67,7 +67,7 @@ class QueueMetricsRecorder {
   // clock_->Now(), or kUnknown when the clock (a user's) throws: times read so are left
   // out of the latency and work-duration figures and the in-flight gauges.
   absl::Time NowOrUnknown() noexcept;
-  static constexpr absl::Time kUnknown = absl::InfinitePast();  // as Grow fills new entries
+  static constexpr absl::Time kUnknown = absl::InfinitePast();
 
   Clock* const clock_;
   TimerService* const timers_;
