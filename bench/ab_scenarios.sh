@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Interleaved A/B (or A/B/C...) comparison of kwq-scenarios binaries, for a noisy machine:
 # each round runs every binary once per scenario, so a change of machine regime hits all
-# of them alike. Prints the median and every value of each scenario's first key.
+# of them alike. Prints the median and every value of each scenario's first key, or of
+# the key KEY names (KEY=posted_ns_per_item bench/ab_scenarios.sh ...).
 #   bench/ab_scenarios.sh ROUNDS "scenario1 scenario2" path/to/kwq-scenarios-A path/to/B ...
 # Build each commit in its own worktree (git worktree add) to get the binaries.
 set -euo pipefail
@@ -18,12 +19,17 @@ for s in $scenarios; do
       case "$out" in *skipped=1*) echo "$b: $out" >&2; exit 1 ;; esac
       echo "$b $out"
     done
-  done | python3 -c '
-import sys, statistics
+  done | KEY="${KEY:-}" python3 -c '
+import os, sys, statistics
+key = os.environ["KEY"]
 vals = {}
 for line in sys.stdin:
     parts = line.split()
-    vals.setdefault(parts[0], []).append(float(parts[2].split("=")[1]))
+    fields = [p.split("=", 1) for p in parts[2:] if "=" in p]
+    value = next((v for k, v in fields if k == key), None) if key else fields[0][1]
+    if value is None:
+        sys.exit(f"no key {key} in: {line.strip()}")
+    vals.setdefault(parts[0], []).append(float(value))
 for b, v in vals.items():
     print(f"  {b}: median {statistics.median(v):.1f}  {v}")
 '

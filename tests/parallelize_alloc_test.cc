@@ -1,6 +1,6 @@
-// ParallelizeUntil when making a helper runs out of memory. A binary of its own: it
-// replaces the global operator new, so that the allocation of the second helper's Work
-// (and only that, once armed) throws std::bad_alloc.
+// ParallelizeUntil when making a helper runs out of memory, and how often Post allocates.
+// A binary of its own: it replaces the global operator new, so that the allocation of the
+// second helper's Work (and only that, once armed) throws std::bad_alloc.
 
 #include <atomic>
 #include <cstdlib>
@@ -17,9 +17,13 @@ namespace {
 std::atomic<int> work_allocations{-1};
 // Allocations of a worker (sizeof(internal::Worker)) seen since arming; -1: disarmed.
 std::atomic<int> worker_allocations{-1};
+// Allocations of sizeof(kwq::Work) bytes, counted while `count_works` is set.
+std::atomic<bool> count_works{false};
+std::atomic<int> work_news{0};
 }  // namespace
 
 void* operator new(std::size_t n) {
+  if (n == sizeof(kwq::Work) && count_works.load()) work_news.fetch_add(1);
   if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
       work_allocations.fetch_add(1) == 1) {
     throw std::bad_alloc();
@@ -67,6 +71,24 @@ TEST(ParallelizeUntilAllocTest, AWorkerThatCannotBeMadeLeavesThePiecesToTheCalle
   worker_allocations = -1;
   EXPECT_TRUE(status.ok()) << status;
   for (int i = 0; i < 100; ++i) EXPECT_EQ(hits[i].load(), 1) << "piece " << i;
+}
+
+// Post's Works come from recycled blocks (src/workqueue/post_blocks.h): posting waves of
+// works allocates for the first waves only. Before, every Post allocated one.
+TEST(PostAllocTest, PostReusesTheMemoryOfWorksThatRan) {
+  auto wq = *Workqueue::Create({.name = "post", .flags = kUnbound});
+  std::atomic<int> ran{0};
+  constexpr int kWaves = 20;
+  constexpr int kWave = 128;
+  count_works = true;
+  for (int wave = 0; wave < kWaves; ++wave) {
+    for (int i = 0; i < kWave; ++i) ASSERT_TRUE(wq->Post([&ran] { ran.fetch_add(1); }));
+    wq->Flush();
+  }
+  count_works = false;
+  EXPECT_EQ(ran.load(), kWaves * kWave);
+  // Each worker keeps fewer than two batches (128 blocks); the rest comes back.
+  EXPECT_LT(work_news.load(), kWaves * kWave / 4);
 }
 
 }  // namespace

@@ -216,7 +216,10 @@ class Workqueue {
   // executor's post: there is no Work to Cancel or Flush, but Flush() and Drain() of the
   // workqueue wait for it, and destroying the workqueue runs it first. Returns false, and
   // destroys `fn` without running it, when the workqueue refuses works (a Drain or the
-  // destruction in progress). Thread-safe; allocates one Work per call.
+  // destruction in progress). Thread-safe. The Work's memory is recycled: taken from a
+  // cache per thread, refilled with batches of blocks that workers freed (operator new
+  // only when none is cached). Kept for reuse: under 128 blocks per thread that posts or
+  // runs posted works, until it exits, and 4,096 in the process (docs/design.md).
   bool Post(absl::AnyInvocable<void()> fn);
   // queue_work_on: on `cpu`'s pool (bound) or the pod containing `cpu` (unbound). An
   // unknown CPU falls back to Queue's choice (as the kernel does for offline CPUs).

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "internal/cycle_clock.h"
 #include "workqueue/internal.h"
+#include "workqueue/post_blocks.h"
 #include "workqueue/test_hooks.h"
 
 namespace kwq {
@@ -328,7 +329,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   // A posted work is freed after its last touch above (its function is gone already, so
   // this runs no user code under the lock). Nobody can have queued it again: only the
   // workqueue holds it.
-  if (owned) delete w;
+  if (owned) DestroyPosted(w);
   // Run the activated work at once unless others wait in the worklist (FIFO first) or it
   // collides with a running instance.
   if (next != nullptr && (!worklist_.empty() || !self->scheduled.empty() || stopping_ ||

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <new>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -10,6 +12,7 @@
 #include "internal/cycle_clock.h"
 #include "kwq/internal/check.h"
 #include "workqueue/internal.h"
+#include "workqueue/post_blocks.h"
 #include "workqueue/test_hooks.h"
 
 namespace kwq {
@@ -770,7 +773,12 @@ Workqueue::~Workqueue() = default;
 
 bool Workqueue::Queue(Work* work) { return core_->QueueOn(-1, -1, work); }
 bool Workqueue::Post(absl::AnyInvocable<void()> fn) {
-  auto work = std::make_unique<Work>(std::move(fn));
+  struct Destroy {
+    void operator()(Work* w) const { internal::DestroyPosted(w); }
+  };
+  // The block is recycled (post_blocks.h); Work's constructor does not throw (it moves the
+  // function in).
+  std::unique_ptr<Work, Destroy> work(new (internal::PostBlocks::Allocate()) Work(std::move(fn)));
   internal::WorkAccess::owned(work.get()) = true;
   bool queued;
   try {

@@ -1,0 +1,139 @@
+// PostBlocks (src/workqueue/post_blocks.h): the recycled memory of posted Works. Each test
+// runs its allocations on a thread of its own, so a thread's cache starts empty; the depot
+// is process-wide, so tests look only at its newest batch.
+
+#include "workqueue/post_blocks.h"
+
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "gtest/gtest.h"
+
+namespace kwq::internal {
+namespace {
+
+constexpr int kBatch = PostBlocks::kBatch;
+
+template <typename F>
+void OnNewThread(F f) {
+  std::thread t(f);
+  t.join();
+}
+
+TEST(PostBlocksTest, AFreedBlockIsReusedOnTheSameThread) {
+  OnNewThread([] {
+    void* a = PostBlocks::Allocate();
+    PostBlocks::Free(a);
+    EXPECT_EQ(PostBlocks::CachedOnThisThread(), 1);
+    void* b = PostBlocks::Allocate();
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(PostBlocks::CachedOnThisThread(), 0);
+    PostBlocks::Free(b);
+  });
+}
+
+// A block is writable over all of a Work, however it was obtained.
+TEST(PostBlocksTest, BlocksHoldAWholeWork) {
+  OnNewThread([] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3 * kBatch; ++i) blocks.push_back(PostBlocks::Allocate());
+    for (void* b : blocks) PostBlocks::Free(b);
+    for (void*& b : blocks) {
+      b = PostBlocks::Allocate();  // recycled ones now
+      std::memset(b, 0xab, sizeof(Work));
+    }
+    for (void* b : blocks) PostBlocks::Free(b);
+  });
+}
+
+// A thread keeps fewer than kBatch loose blocks and one full batch; the rest goes on to
+// the depot.
+TEST(PostBlocksTest, AThreadKeepsAtMostTwoBatches) {
+  OnNewThread([] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3 * kBatch + 5; ++i) blocks.push_back(PostBlocks::Allocate());
+    for (void* b : blocks) PostBlocks::Free(b);
+    EXPECT_EQ(PostBlocks::CachedOnThisThread(), kBatch + 5);
+    // Drain what is cached; this thread takes nothing from the depot while it holds blocks.
+    for (int i = 0; i < kBatch + 5; ++i) blocks[i] = PostBlocks::Allocate();
+    EXPECT_EQ(PostBlocks::CachedOnThisThread(), 0);
+    for (int i = 0; i < kBatch + 5; ++i) PostBlocks::Free(blocks[i]);
+  });
+}
+
+// What a worker frees reaches a producer: in full batches through the depot, and a
+// thread's full batch when it exits.
+TEST(PostBlocksTest, BatchesPassFromTheFreeingThreadToAnAllocatingOne) {
+  absl::flat_hash_set<uintptr_t> freed;
+  OnNewThread([&] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 2 * kBatch; ++i) blocks.push_back(PostBlocks::Allocate());
+    for (void* b : blocks) {
+      freed.insert(reinterpret_cast<uintptr_t>(b));
+      PostBlocks::Free(b);
+    }
+    // One batch went to the depot, one stays here until this thread exits.
+    EXPECT_EQ(PostBlocks::CachedOnThisThread(), kBatch);
+  });
+  OnNewThread([&] {
+    // The newest batch in the depot is the exited thread's, the next one the batch it
+    // put there while it ran.
+    std::vector<void*> got;
+    for (int i = 0; i < 2 * kBatch; ++i) got.push_back(PostBlocks::Allocate());
+    int reused = 0;
+    for (void* b : got) reused += freed.erase(reinterpret_cast<uintptr_t>(b));
+    EXPECT_EQ(reused, 2 * kBatch);
+    for (void* b : got) PostBlocks::Free(b);
+  });
+}
+
+// After a thread's cache was torn down at its exit, a thread_local destroyed later may
+// still allocate and free (as a Post from such a destructor does): the blocks go to
+// operator new and delete, not to a cache nobody empties (LeakSanitizer would report them).
+TEST(PostBlocksTest, AllocationsAfterTheThreadsCacheIsGoneAreNotCached) {
+  struct AtExit {
+    int* cached_after;
+    ~AtExit() {
+      void* b = PostBlocks::Allocate();
+      std::memset(b, 0, sizeof(Work));
+      PostBlocks::Free(b);
+      *cached_after = PostBlocks::CachedOnThisThread();
+    }
+  };
+  int cached_after = -1;
+  OnNewThread([&] {
+    // Constructed before the cache's guard, so destroyed after it.
+    thread_local AtExit at_exit{nullptr};
+    at_exit.cached_after = &cached_after;
+    PostBlocks::Free(PostBlocks::Allocate());  // registers the guard
+    EXPECT_GT(PostBlocks::CachedOnThisThread(), 0);
+  });
+  EXPECT_EQ(cached_after, 0);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KWQ_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KWQ_TEST_ASAN 1
+#endif
+#endif
+
+#ifdef KWQ_TEST_ASAN
+// A posted Work used after its free is still reported, though its block is kept.
+TEST(PostBlocksDeathTest, AUseOfACachedBlockIsReported) {
+  EXPECT_DEATH(
+      {
+        void* b = PostBlocks::Allocate();
+        PostBlocks::Free(b);
+        static_cast<volatile char*>(b)[sizeof(Work) - 1] = 1;
+      },
+      "use-after-poison");
+}
+#endif
+
+}  // namespace
+}  // namespace kwq::internal
