@@ -218,8 +218,9 @@ class Workqueue {
   // destroys `fn` without running it, when the workqueue refuses works (a Drain or the
   // destruction in progress). Thread-safe. The Work's memory is recycled: taken from a
   // cache per thread, refilled with batches of blocks that workers freed (operator new
-  // only when none is cached). Kept for reuse: under 128 blocks per thread that posts or
-  // runs posted works, until it exits, and 4,096 in the process (docs/design.md).
+  // only when none is cached). Kept for reuse: fewer than 128 blocks per thread that
+  // posts or runs posted works, until it exits, plus up to 4,096 passed between threads
+  // (docs/design.md). A block is about sizeof(Work), 128 bytes.
   bool Post(absl::AnyInvocable<void()> fn);
   // queue_work_on: on `cpu`'s pool (bound) or the pod containing `cpu` (unbound). An
   // unknown CPU falls back to Queue's choice (as the kernel does for offline CPUs).

@@ -15,12 +15,17 @@
 // (tcmalloc and jemalloc would replace malloc process-wide, which a library must not do),
 // and this one serves a single block size.
 //
-// Bounds: a thread keeps at most 2 * kBatch blocks; the depot at most kMaxDepotBatches
+// Bounds: a thread keeps fewer than 2 * kBatch blocks; the depot at most kMaxDepotBatches
 // batches; everything beyond goes back to operator delete. A thread's blocks go to the
-// depot (a full batch) or operator delete when it exits. The depot is never destroyed
-// (threads may exit after static destruction), and holds its blocks until the process
-// ends. Under AddressSanitizer a cached block is poisoned except its link, so a use of a
-// posted Work after its free is still reported.
+// depot (a full batch) or operator delete when it exits; frees after that (from a
+// thread_local destroyed later) go to operator delete. A thread whose cache is first used
+// after its thread_local destructors ran (the main thread during static destruction)
+// keeps it until the process ends. The depot is never destroyed (threads may exit after
+// static destruction), and holds its blocks until the process ends.
+//
+// Under AddressSanitizer a cached block is poisoned except its link (its first 8 bytes),
+// so a use of a posted Work after its free is reported until the block is reused (blocks
+// are reused newest first, with no quarantine).
 //
 // Thread-safe: each thread uses its own cache; the depot has a lock.
 

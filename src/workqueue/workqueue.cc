@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <new>
 #include <thread>
 
@@ -773,24 +772,16 @@ Workqueue::~Workqueue() = default;
 
 bool Workqueue::Queue(Work* work) { return core_->QueueOn(-1, -1, work); }
 bool Workqueue::Post(absl::AnyInvocable<void()> fn) {
-  struct Destroy {
-    void operator()(Work* w) const { internal::DestroyPosted(w); }
-  };
   // The block is recycled (post_blocks.h); Work's constructor does not throw (it moves the
   // function in).
-  std::unique_ptr<Work, Destroy> work(new (internal::PostBlocks::Allocate()) Work(std::move(fn)));
-  internal::WorkAccess::owned(work.get()) = true;
-  bool queued;
-  try {
-    queued = core_->QueueOn(-1, -1, work.get());
-  } catch (...) {
-    // Thrown after the work was queued: it belongs to its pool now, which frees it.
-    if (work->pending()) work.release();
-    throw;
-  }
-  if (!queued) return false;  // refused: freed here, not run
-  work.release();             // the worker that runs it frees it (WorkerPool::Execute)
-  return true;
+  Work* work = new (internal::PostBlocks::Allocate()) Work(std::move(fn));
+  internal::WorkAccess::owned(work) = true;
+  // QueueOn refuses (false) before it takes the pending bit, and can throw only after:
+  // from then on the work is its pool's, which frees it after the run (WorkerPool::Execute;
+  // it may have run already), so it is not touched here again.
+  if (core_->QueueOn(-1, -1, work)) return true;
+  internal::DestroyPosted(work);  // refused: freed here, not run
+  return false;
 }
 bool Workqueue::QueueOn(int cpu, Work* work) { return core_->QueueOn(cpu, -1, work); }
 bool Workqueue::QueueOnNode(int node, Work* work) { return core_->QueueOn(-1, node, work); }
