@@ -95,7 +95,7 @@ void ReconcilePattern(benchmark::State& state, bool prefetch) {
   hashes.reserve(kItems);
   for (int i = 0; i < kItems; ++i) {
     items.push_back(absl::StrCat("default/object-", i));
-    hashes.push_back(static_cast<uint32_t>(absl::Hash<std::string>{}(items.back())));
+    hashes.push_back(internal::TableHash<std::string, absl::Hash<std::string>>(items.back()));
   }
   ExponentialFailureRateLimiterOptions options;
   options.base = absl::Microseconds(1);

@@ -28,6 +28,7 @@
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
+#include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 
@@ -393,6 +394,13 @@ TEST_F(PriorityQueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(q_->AddAll(std::span<std::string>(mine)), 2u);
   EXPECT_EQ(mine, (Strings{"a-rather-long-key-0", "a-rather-long-key-1"}));
   EXPECT_EQ(q_->Len(), 2u);
+  // Also a view that is not a borrowed range (as a filter over a vector) keeps them: such
+  // a view was moved out of. A range that yields values is taken (it did not compile).
+  Strings more = {"a-rather-long-key-2", "a-rather-long-key-3"};
+  EXPECT_EQ(q_->AddAll(testing::RefView(more)), 2u);
+  EXPECT_EQ(more, (Strings{"a-rather-long-key-2", "a-rather-long-key-3"}));
+  EXPECT_EQ(q_->AddAll(testing::KeyValues(3)), 3u);
+  EXPECT_EQ(q_->Len(), 7u);
 }
 
 // ---- rate limiting ----

@@ -23,6 +23,7 @@
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
+#include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 #include "testing/uniform_metrics.h"
@@ -679,6 +680,42 @@ TEST(QueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(mine, (std::vector<std::string>{"a-rather-long-key-0", "a-rather-long-key-1"}));
   EXPECT_EQ(q.AddAll(std::vector<std::string>{"a-rather-long-key-2"}), 1u);  // owned: moved
   EXPECT_EQ(q.Len(), 3u);
+}
+
+// Any view passed as an rvalue keeps the caller's items, not only a borrowed one (a span):
+// one that is not borrowed (as a filter or take_while over a vector) was moved out of,
+// leaving the caller's strings empty.
+TEST(QueueTest, AddAllOfAnyViewLeavesTheCallersItems) {
+  StringQueue q;
+  std::vector<std::string> mine = {"a-rather-long-key-0", "a-rather-long-key-1"};
+  const std::vector<std::string> before = mine;
+  EXPECT_EQ(q.AddAll(testing::RefView(mine)), 2u);
+  EXPECT_EQ(mine, before);
+  EXPECT_FALSE(q.Add(mine[0]));  // waiting already, as the same key
+}
+
+// A range that yields values (a transform) is accepted, and its items moved in.
+TEST(QueueTest, AddAllTakesARangeThatYieldsValues) {
+  StringQueue q;
+  EXPECT_EQ(q.AddAll(testing::KeyValues(3)), 3u);
+  EXPECT_FALSE(q.Add("key-2"));
+  EXPECT_EQ(q.Len(), 3u);
+}
+
+// The table keeps 32 bits of a key's hash: all of the hash counts, not just its low half.
+// Keys whose std::hash differs only above bit 31 all had the table hash 0, so every add
+// probed past all the others (quadratic).
+TEST(KeyTableTest, EveryBitOfTheHashCounts) {
+  using Table = internal::KeyTable<uint64_t, std::hash<uint64_t>, std::equal_to<uint64_t>>;
+  std::set<uint32_t> hashes;
+  for (uint64_t i = 0; i < 1000; ++i) hashes.insert(Table::HashOf(i << 32));
+  EXPECT_EQ(hashes.size(), 1000u);
+  hashes.clear();
+  for (uint64_t i = 0; i < 1000; ++i) hashes.insert(Table::HashOf(i));
+  EXPECT_EQ(hashes.size(), 1000u);
+  Queue<uint64_t, std::hash<uint64_t>> q;
+  for (uint64_t i = 0; i < 1000; ++i) EXPECT_TRUE(q.Add(i << 32));
+  EXPECT_EQ(q.Len(), 1000u);
 }
 
 // A queue destroyed while a lease is active fails loudly, in every build: the lease's

@@ -14,8 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/context.h"
+#include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
 #include "testing/eventually.h"
+#include "testing/ranges.h"
 #include "testing/stress_check.h"
 
 namespace kwq {
@@ -90,11 +92,11 @@ TEST(ShardedQueueTest, LowBitHashesSpreadOverEveryShard) {
 // probe positions from the hash's upper bits, so shared bits would cluster it).
 TEST(ShardedQueueTest, KeysOfOneShardDoNotShareTheirTopHashBits) {
   auto q = *ShardedQueue<std::string>::Create(256);
-  absl::flat_hash_set<uint32_t> top_bits;  // hash >> 24 of shard 0's keys
+  absl::flat_hash_set<uint32_t> top_bits;  // table hash >> 24 of shard 0's keys
   for (int i = 0; i < 20000; ++i) {
     const std::string key = absl::StrCat("default/object-", i);
     if (q->ShardOf(key) == 0)
-      top_bits.insert(static_cast<uint32_t>(absl::Hash<std::string>{}(key)) >> 24);
+      top_bits.insert(internal::FoldHash(absl::Hash<std::string>{}(key)) >> 24);
   }
   EXPECT_GT(top_bits.size(), 16u);
 }
@@ -118,6 +120,22 @@ TEST(ShardedQueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(q->AddAll(std::span<std::string>(mine)), 2u);
   EXPECT_EQ(mine, (std::vector<std::string>{"a-rather-long-key-0", "a-rather-long-key-1"}));
   EXPECT_EQ(q->Len(), 2u);
+  // Also a view that is not a borrowed range (as a filter over a vector); and a range
+  // that yields values is taken.
+  std::vector<std::string> more = {"a-rather-long-key-2", "a-rather-long-key-3"};
+  EXPECT_EQ(q->AddAll(testing::RefView(more)), 2u);
+  EXPECT_EQ(more, (std::vector<std::string>{"a-rather-long-key-2", "a-rather-long-key-3"}));
+  EXPECT_EQ(q->AddAll(testing::KeyValues(3)), 3u);
+  EXPECT_EQ(q->Len(), 7u);
+}
+
+// Keys whose hashes differ only above bit 31 (std::hash of a 64-bit integer is the
+// integer) spread over the shards; they all went to one.
+TEST(ShardedQueueTest, KeysDifferingOnlyInTheirHashesHighHalfSpread) {
+  auto q = *ShardedQueue<uint64_t, std::hash<uint64_t>>::Create(8);
+  std::vector<int> per_shard(8);
+  for (uint64_t i = 0; i < 1000; ++i) ++per_shard[q->ShardOf(i << 32)];
+  for (int s = 0; s < 8; ++s) EXPECT_GT(per_shard[s], 60) << "shard " << s;
 }
 
 TEST(ShardedQueueTest, IdleWorkerStealsFromOtherShards) {

@@ -111,6 +111,7 @@
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/range_items.h"
 #include "kwq/internal/ready_levels.h"
 #include "kwq/internal/spin.h"
 #include "kwq/internal/time_key.h"
@@ -256,18 +257,16 @@ class PriorityQueue {
 
   // Adds every item of `items` (a container or other multi-pass range of T, or of values
   // convertible to T) with the same `opts`, under one lock acquisition. Returns how many
-  // were not waiting before (as Add). Items of an rvalue range that owns them (not a view) are
-  // moved in.
+  // were not waiting before (as Add). Items of an rvalue container, or of a range that
+  // yields rvalues, are moved in; those of an lvalue or of a view (a span, a filter) are
+  // copied. The range is iterated twice.
   template <typename Range>
   size_t AddAll(Range&& items, AddOpts opts = {}) {
-    // An rvalue range that owns its items; a view (a span, a take of a vector) is borrowed:
-    // its items stay the caller's and are copied.
-    constexpr bool kMove =
-        !std::is_lvalue_reference_v<Range> && !std::ranges::borrowed_range<Range>;
+    constexpr bool kMove = internal::MovesItems<Range>();
     std::vector<Prep> preps;
     if constexpr (requires { std::size(items); }) preps.reserve(std::size(items));
     absl::Duration longest = absl::ZeroDuration();
-    for (const auto& item : items) {
+    for (auto&& item : items) {
       preps.push_back(Prepare(item, opts));
       longest = std::max(longest, ClockNeed(preps.back()));
     }
@@ -282,7 +281,7 @@ class PriorityQueue {
       // An item whose copy throws ends the batch; the items before it stay added, so
       // sleeping Gets are woken for them before the exception goes on.
       try {
-        for (auto& item : items) {
+        for (auto&& item : items) {
           if constexpr (kMove) {
             added += AddLocked(std::move(item), preps[i++], opts.priority, now);
           } else {

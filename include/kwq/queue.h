@@ -54,6 +54,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <ranges>
 #include <string>
@@ -75,6 +76,7 @@
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/range_items.h"
 #include "kwq/internal/slot_fifo.h"
 #include "kwq/internal/slot_ring.h"
 #include "kwq/internal/spin.h"
@@ -169,13 +171,12 @@ class Queue {
   }
 
   // Adds every item of `items` under one acquisition of the table lock. Returns how many were
-  // queued. Items of an rvalue range that owns them (not a view) are moved in.
+  // queued. Items of an rvalue container, or of a range that yields rvalues (a transform),
+  // are moved in; those of an lvalue or of a view (a span, a filter) stay the caller's and
+  // are copied.
   template <typename Range>
   size_t AddAll(Range&& items) {
-    // An rvalue range that owns its items; a view (a span, a take of a vector) is borrowed:
-    // its items stay the caller's and are copied.
-    constexpr bool kMove =
-        !std::is_lvalue_reference_v<Range> && !std::ranges::borrowed_range<Range>;
+    constexpr bool kMove = internal::MovesItems<Range>();
     size_t added = 0;
     bool wake;
     // An item whose hash, comparison or copy throws ends the batch; the items before it
@@ -184,7 +185,7 @@ class Queue {
     {
       internal::MutexLock lock(&mu_);
       try {
-        for (auto& item : items) {
+        for (auto&& item : items) {
           const uint32_t hash = Table::HashOf(item);
           uint32_t slot;
           bool fresh = false;
@@ -506,6 +507,7 @@ class Queue {
         *more = true;
         break;
       }
+      ReservePushLocked();  // may throw: before the item leaves waiting_
       const uint32_t slot = waiting_.TopId();
       waiting_.Pop();
       ++taken;
@@ -848,6 +850,7 @@ class Queue {
   // misses to drain from the store buffer.
   bool MarkDirtyLocked(uint32_t slot, bool fresh, bool* pushed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) return false;
+    ReservePushLocked();  // may throw: before anything changes
     uint8_t old;
     if (fresh) {
       old = State(slot).load(std::memory_order_relaxed);
@@ -874,12 +877,25 @@ class Queue {
     if (!(old & kProcessing)) {
       PushLocked(slot);
       *pushed = true;
+    } else {
+      ++owed_pushes_;  // its Done pushes it, into the room reserved for it
     }
     return true;
   }
 
+  // Makes room in the overflow list for the push about to be made (if it goes there) and
+  // for every push owed by a Done (an item added again while in flight), so that neither
+  // allocates: an allocation failure then throws before an add changes anything, and a
+  // Done (a lease's destructor, which cannot throw) never allocates. Throws
+  // std::bad_alloc. (The outbox gets the same room before it becomes the overflow list,
+  // see NextSlotLocked.)
+  void ReservePushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    overflow_.Reserve(owed_pushes_ + 1);
+  }
+
   // Makes `slot` ready: into the ring, or into the overflow list when the ring is full or
-  // the overflow list already holds older items (so the hand-out order stays FIFO).
+  // the overflow list already holds older items (so the hand-out order stays FIFO). Does
+  // not allocate once ReservePushLocked has made room.
   void PushLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (overflow_.empty() && ring_.TryPush(slot)) return;
     overflow_.push_back(slot);
@@ -895,6 +911,7 @@ class Queue {
       *slot = outbox_.front();
       outbox_.pop_front();
       out_hint_.store(outbox_.size(), std::memory_order_release);
+      if (outbox_.empty()) outbox_.ReleaseIfEmpty();  // a burst's buffer goes
       return true;
     }
     if (ring_.TryPop(slot)) return true;
@@ -906,12 +923,29 @@ class Queue {
       // overflow list only if the list was empty then, so take the ring first.
       if (ring_.TryPop(slot)) return true;
       if (overflow_.empty()) return false;
-      std::swap(outbox_, overflow_);
-      overflow_hint_.store(0, std::memory_order_relaxed);
-      *slot = outbox_.front();
-      outbox_.pop_front();
-      out_hint_.store(outbox_.size(), std::memory_order_release);
-      if (!outbox_.empty()) wake = NeedWakeLocked();
+      // The empty outbox becomes the overflow list: give it the room the list must keep
+      // (ReservePushLocked).
+      bool room = true;
+      try {
+        outbox_.Reserve(owed_pushes_ + 1);
+      } catch (const std::bad_alloc&) {
+        room = false;
+      }
+      if (room) {
+        std::swap(outbox_, overflow_);
+        overflow_hint_.store(0, std::memory_order_relaxed);
+        *slot = outbox_.front();
+        outbox_.pop_front();
+        out_hint_.store(outbox_.size(), std::memory_order_release);
+        if (!outbox_.empty()) wake = NeedWakeLocked();
+      } else {
+        // No memory for it: take the overflow list's front without the swap (the list
+        // keeps its room: popping frees nothing).
+        *slot = overflow_.front();
+        overflow_.pop_front();
+        overflow_hint_.store(overflow_.size(), std::memory_order_relaxed);
+        if (!overflow_.empty()) wake = NeedWakeLocked();
+      }
     }
     if (wake) ready_cv_.Signal();
     return true;
@@ -1015,7 +1049,8 @@ class Queue {
       bool wake;
       {
         internal::MutexLock lock(&mu_);
-        PushLocked(slot);
+        --owed_pushes_;
+        PushLocked(slot);  // into room reserved by the add (no allocation)
         wake = NeedWakeLocked();
       }
       // Safe before the lease is counted as ended: the item waits, so no drain finishes.
@@ -1057,6 +1092,9 @@ class Queue {
   uint32_t hand_ ABSL_GUARDED_BY(mu_) = 0;     // next slot the idle-key hand looks at
   uint64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;  // keys inserted, ever
   internal::SlotFifo overflow_ ABSL_GUARDED_BY(mu_);
+  // Items added again while in flight, whose Done will push them (room for them is kept in
+  // overflow_, see ReservePushLocked).
+  size_t owed_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> stored_{0};  // table_.size(), written under mu_
   std::atomic<int64_t> added_{0};   // dirty marks ever made, written under mu_
   // Also under mu_, written rarely (by workers going to sleep, shutdown, drain).

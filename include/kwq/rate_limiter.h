@@ -83,8 +83,8 @@ class RateLimiter {
   // composite limiters; 0 for limiters without per-item state. Thread-safe.
   virtual size_t TrackedItems() const { return 0; }
 
-  // A hint, from a rate-limiting queue, that the item whose low 32 hash bits are `hash`
-  // (static_cast<uint32_t>(Hash{}(item)), as the queue stores them) is next in line to be
+  // A hint, from a rate-limiting queue, that the item whose 32-bit table hash is `hash`
+  // (internal::FoldHash(Hash{}(item)), as the queue stores it) is next in line to be
   // handed out, so a NumRequeues/When/Forget for it will likely follow. The per-item
   // limiters fetch the lines of their table where that item's entry would be into the
   // cache (when the table is too large to stay cached, and their lock is free); the

@@ -77,16 +77,14 @@ class ShardedQueue {
   }
 
   // Adds every item of `items`, each to its shard, under one acquisition of each shard's
-  // lock (Queue::AddAll). Returns how many were queued. Items of an rvalue range are moved
-  // in; an lvalue range's items are copied once.
+  // lock (Queue::AddAll). Returns how many were queued. Items of an rvalue container, or of
+  // a range that yields rvalues, are moved in; those of an lvalue or of a view are copied
+  // once.
   template <typename Range>
   size_t AddAll(Range&& items) {
-    // An rvalue range that owns its items; a view (a span, a take of a vector) is borrowed:
-    // its items stay the caller's and are copied.
-    constexpr bool kMove =
-        !std::is_lvalue_reference_v<Range> && !std::ranges::borrowed_range<Range>;
+    constexpr bool kMove = internal::MovesItems<Range>();
     std::vector<std::vector<T>> by_shard(shards_.size());
-    for (auto& item : items) {
+    for (auto&& item : items) {
       std::vector<T>& to = by_shard[ShardOf(item)];
       if constexpr (kMove) {
         to.push_back(std::move(item));
@@ -193,7 +191,7 @@ class ShardedQueue {
     }
   }
 
-  // The shard of a key whose hash's low 32 bits are `hash`. The hash is mixed first (the
+  // The shard of a key whose table hash (KeyTable::HashOf) is `hash`. It is mixed first (the
   // high half of a product with a 64-bit odd constant, Fibonacci hashing), so a hash whose
   // entropy is in its low bits only (std::hash of an integer is the integer) still spreads
   // over every shard, and the keys of one shard share no hash bits: picked from the

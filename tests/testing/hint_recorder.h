@@ -1,7 +1,8 @@
 // HintRecorder<T>: a rate limiter for tests that limits nothing (every delay is zero, no
 // failures are kept) and records the RateLimiter::Prefetch hints it is given, so a test
 // can check which items a queue names as next in line. StoredHash(key) is the hint a
-// queue gives for `key`: the low 32 bits of its absl::Hash. Thread-safe.
+// queue gives for `key`: the 32 bits its key table keeps of its absl::Hash (FoldHash).
+// Thread-safe.
 
 #ifndef KWQ_TESTS_TESTING_HINT_RECORDER_H_
 #define KWQ_TESTS_TESTING_HINT_RECORDER_H_
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/hash/hash.h"
+#include "kwq/internal/spread_hash.h"
 #include "kwq/rate_limiter.h"
 
 namespace kwq::testing {
@@ -39,7 +41,7 @@ class HintRecorder final : public RateLimiter<T> {
 };
 
 inline uint32_t StoredHash(const std::string& key) {
-  return static_cast<uint32_t>(absl::Hash<std::string>{}(key));
+  return internal::FoldHash(absl::Hash<std::string>{}(key));
 }
 
 }  // namespace kwq::testing

@@ -61,9 +61,9 @@ class KeyTable {
     return it == index_.end() ? kNone : it->slot;
   }
 
-  // The hash the table uses for `key`: its low 32 bits (RateLimiter::Prefetch relies on
-  // this).
-  static uint32_t HashOf(const T& key) { return static_cast<uint32_t>(Hash{}(key)); }
+  // The hash the table uses for `key`: FoldHash of Hash{}(key), as the limiters' failure
+  // tables hash (TableHash; RateLimiter::Prefetch relies on this).
+  static uint32_t HashOf(const T& key) { return FoldHash(Hash{}(key)); }
 
   // Stores `key` (which must not be present) with state bits `bits`; returns its slot.
   template <typename K>
@@ -162,8 +162,7 @@ class KeyTable {
     uint32_t hash;
   };
   // The stored 32 bits spread over 64 (kwq/internal/spread_hash.h), so that the index
-  // serves any number of keys (a custom Hash must put its entropy in its low 32 bits;
-  // absl::Hash does).
+  // serves any number of keys.
   struct SlotHash {
     using is_transparent = void;
     const KeyTable* table;
@@ -197,20 +196,32 @@ class KeyTable {
     return *dir_.load(std::memory_order_acquire)[slot / kChunk];
   }
 
+  // Strongly exception-safe: every allocation comes before the first change, so a
+  // std::bad_alloc leaves the table as it was (a directory enlarged before its allocation
+  // failed was once written past its end).
   void AddChunk() {
     const size_t n = chunks_.size();
-    chunks_.push_back(std::make_unique_for_overwrite<Chunk>());
-    std::fill_n(chunks_.back()->state, kChunk, uint8_t{0});
+    auto chunk = std::make_unique_for_overwrite<Chunk>();
+    std::fill_n(chunk->state, kChunk, uint8_t{0});
+    GrowIfFull(chunks_);
     if (n == dir_capacity_) {
-      dir_capacity_ = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
-      auto dir = std::make_unique<Chunk*[]>(dir_capacity_);
+      const size_t capacity = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
+      auto dir = std::make_unique<Chunk*[]>(capacity);
+      GrowIfFull(dirs_);
       for (size_t i = 0; i < n; ++i) dir[i] = chunks_[i].get();
-      dir[n] = chunks_[n].get();
+      dir[n] = chunk.get();
       dir_.store(dir.get(), std::memory_order_release);
-      dirs_.push_back(std::move(dir));
+      dirs_.push_back(std::move(dir));  // no allocation: room was made
+      dir_capacity_ = capacity;
     } else {
-      dirs_.back()[n] = chunks_[n].get();
+      dirs_.back()[n] = chunk.get();
     }
+    chunks_.push_back(std::move(chunk));  // no allocation: room was made
+  }
+  // Makes room for one more element (doubling), so that the next push_back cannot throw.
+  template <typename V>
+  static void GrowIfFull(V& v) {
+    if (v.size() == v.capacity()) v.reserve(std::max<size_t>(4, 2 * v.capacity()));
   }
   T* Ptr(uint32_t slot) const {
     return std::launder(reinterpret_cast<T*>(ChunkOf(slot).items[slot & (kChunk - 1)].bytes));

@@ -102,14 +102,13 @@ class TokenBucket {
   absl::Time last_now_ ABSL_GUARDED_BY(mu_);  // the clock at the previous reservation.
 };
 
-// A key's hash as kwq's tables keep it: the low 32 bits of Hash{}(key). Queue's key table
+// A key's hash as kwq's tables keep it: FoldHash of Hash{}(key). Queue's key table
 // stores it per key, and the failure table hashes with it too, so a queue can tell a
 // limiter where to prefetch an item's entry without reading or hashing the item
-// (RateLimiter::Prefetch). The tables spread the 32 bits over 64 (SpreadHash); a custom
-// Hash must put its entropy in its low 32 bits (absl::Hash does).
+// (RateLimiter::Prefetch). The tables spread the 32 bits over 64 (SpreadHash).
 template <typename T, typename Hash>
 uint32_t TableHash(const T& key) {
-  return static_cast<uint32_t>(Hash{}(key));
+  return FoldHash(Hash{}(key));
 }
 
 // The per-item failure table of ExponentialFailureRateLimiter and FastSlowRateLimiter.

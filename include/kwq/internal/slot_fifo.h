@@ -10,13 +10,21 @@
 // Encoding: a word with the top bit clear is one slot. A word with the top bit set starts a
 // run: its low 31 bits are the run's first slot and the next word is the run's length
 // (at least 2). Slot numbers must be below 2^31 (KeyTable::kMaxSlots).
+//
+// The words sit in a circular buffer that doubles when full, so room can be set aside
+// ahead of time: after Reserve(n), the next n push_backs allocate nothing and cannot
+// throw (the queue reserves before it marks an item queued, so an allocation failure
+// leaves nothing half done; see Queue::ReservePushLocked). Every operation that throws
+// leaves the FIFO as it was. Popping never frees the buffer (that would drop reserved
+// room); ReleaseIfEmpty does, for a buffer larger than kKeepWords.
 
 #ifndef KWQ_INTERNAL_SLOT_FIFO_H_
 #define KWQ_INTERNAL_SLOT_FIFO_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <memory>
+#include <utility>
 
 #include "kwq/internal/check.h"
 
@@ -25,61 +33,120 @@ namespace kwq::internal {
 class SlotFifo {
  public:
   static constexpr uint32_t kRunBit = 0x80000000u;
+  // ReleaseIfEmpty keeps a buffer up to this many words for reuse.
+  static constexpr size_t kKeepWords = 1024;
+
+  SlotFifo() = default;
+  SlotFifo(SlotFifo&& other) noexcept { swap(other); }
+  SlotFifo& operator=(SlotFifo&& other) noexcept {
+    swap(other);
+    return *this;
+  }
+  void swap(SlotFifo& other) noexcept {
+    std::swap(words_, other.words_);
+    std::swap(capacity_, other.capacity_);
+    std::swap(head_, other.head_);
+    std::swap(count_, other.count_);
+    std::swap(size_, other.size_);
+    std::swap(tail_is_run_, other.tail_is_run_);
+  }
+  friend void swap(SlotFifo& a, SlotFifo& b) noexcept { a.swap(b); }
 
   bool empty() const { return size_ == 0; }
   // Slots in the FIFO (runs counted by their length).
   size_t size() const { return size_; }
 
-  // Appends `slot` (< 2^31) at the back.
+  // Makes room for `n` more push_backs (each adds at most one word), so that they do
+  // not allocate. Throws std::bad_alloc (the FIFO unchanged) when it cannot.
+  void Reserve(size_t n) {
+    if (capacity_ - count_ >= n) return;
+    size_t capacity = capacity_ == 0 ? 16 : capacity_;
+    while (capacity - count_ < n) capacity *= 2;
+    auto words = std::make_unique_for_overwrite<uint32_t[]>(capacity);
+    for (size_t i = 0; i < count_; ++i) words[i] = Word(i);
+    words_ = std::move(words);
+    capacity_ = capacity;
+    head_ = 0;
+  }
+
+  // Appends `slot` (< 2^31) at the back. Allocates (and may throw std::bad_alloc, the
+  // FIFO unchanged) only when no room was reserved.
   void push_back(uint32_t slot) {
     KWQ_DCHECK(slot < kRunBit, "SlotFifo: slot number out of range");
-    ++size_;
     if (tail_is_run_) {
-      // words_: [..., first|kRunBit, length]
-      uint32_t& length = words_.back();
-      const uint32_t first = words_[words_.size() - 2] & ~kRunBit;
+      // [..., first|kRunBit, length]
+      uint32_t& length = Word(count_ - 1);
+      const uint32_t first = Word(count_ - 2) & ~kRunBit;
       if (first + length == slot) {
         ++length;
+        ++size_;
         return;
       }
-    } else if (!words_.empty() && words_.back() + 1 == slot) {
-      words_.back() |= kRunBit;  // a single slot becomes a run of two
-      words_.push_back(2);
+    } else if (count_ > 0 && Word(count_ - 1) + 1 == slot) {
+      Reserve(1);
+      Word(count_ - 1) |= kRunBit;  // a single slot becomes a run of two
+      Word(count_++) = 2;
       tail_is_run_ = true;
+      ++size_;
       return;
     }
-    words_.push_back(slot);
+    Reserve(1);
+    Word(count_++) = slot;
     tail_is_run_ = false;
+    ++size_;
+  }
+
+  // Frees the buffer if the FIFO is empty and the buffer is larger than kKeepWords (room
+  // reserved is given up too).
+  void ReleaseIfEmpty() {
+    if (count_ == 0 && capacity_ > kKeepWords) {
+      words_.reset();
+      capacity_ = 0;
+    }
   }
 
   // The slot at the front. The FIFO must not be empty.
-  uint32_t front() const { return words_.front() & ~kRunBit; }
+  uint32_t front() const { return Word(0) & ~kRunBit; }
 
   // Removes the front slot. The FIFO must not be empty.
   void pop_front() {
     --size_;
-    const uint32_t word = words_.front();
+    const uint32_t word = Word(0);
     if (!(word & kRunBit)) {
-      words_.pop_front();
+      PopWord();
       return;
     }
     // A run [first, first + length): drop its first slot.
-    uint32_t& length = words_[1];
+    uint32_t& length = Word(1);
     const uint32_t next = (word & ~kRunBit) + 1;
     if (length > 2) {
       --length;
-      words_.front() = next | kRunBit;
+      Word(0) = next | kRunBit;
       return;
     }
     // The run shrinks to one slot: store it as a single word.
-    words_.pop_front();
-    words_.front() = next;
-    if (words_.size() == 1) tail_is_run_ = false;
+    PopWord();
+    Word(0) = next;
+    if (count_ == 1) tail_is_run_ = false;
   }
 
  private:
-  std::deque<uint32_t> words_;
-  size_t size_ = 0;
+  // The i-th word from the front.
+  uint32_t& Word(size_t i) { return words_[(head_ + i) & (capacity_ - 1)]; }
+  uint32_t Word(size_t i) const { return words_[(head_ + i) & (capacity_ - 1)]; }
+  void PopWord() {
+    head_ = (head_ + 1) & (capacity_ - 1);
+    if (--count_ == 0) {
+      head_ = 0;
+      tail_is_run_ = false;
+    }
+  }
+
+  std::unique_ptr<uint32_t[]> words_;  // a power-of-two number of them (capacity_), or none
+  size_t capacity_ = 0;
+  size_t head_ = 0;           // index of the front word
+  size_t count_ = 0;          // words in use
+  size_t size_ = 0;           // slots
   bool tail_is_run_ = false;  // the last two words are a run
 };
 

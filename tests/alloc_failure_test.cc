@@ -1,0 +1,214 @@
+// Running out of memory: ParallelizeUntil when making a helper fails, how often Post
+// allocates, and queues whose allocations fail part-way through an add. A binary of its
+// own: it replaces the global operator new, so that chosen allocations throw
+// std::bad_alloc once armed.
+
+// g++ sees an array new freed by free() once the replacements below are inlined: it is
+// this file's own malloc.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kwq/parallelize.h"
+#include "kwq/queue.h"
+#include "kwq/workqueue.h"
+#include "workqueue/internal.h"
+
+namespace {
+// Allocations of sizeof(kwq::Work) bytes seen since arming; -1: disarmed.
+std::atomic<int> work_allocations{-1};
+// Allocations of a worker (sizeof(internal::Worker)) seen since arming; -1: disarmed.
+std::atomic<int> worker_allocations{-1};
+// Allocations of sizeof(kwq::Work) bytes, counted while `count_works` is set.
+std::atomic<bool> count_works{false};
+std::atomic<int> work_news{0};
+// When above 0, counts allocations down; the one that takes it to 0 throws.
+std::atomic<int> fail_countdown{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) throw std::bad_alloc();
+  if (n == sizeof(kwq::Work) && count_works.load()) work_news.fetch_add(1);
+  if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
+      work_allocations.fetch_add(1) == 1) {
+    throw std::bad_alloc();
+  }
+  if (n == sizeof(kwq::internal::Worker) && worker_allocations.load() >= 0 &&
+      worker_allocations.fetch_add(1) == 0) {
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// The array forms too: under AddressSanitizer they would not reach the operator new above.
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void operator delete[](void* p) noexcept { ::operator delete(p); }
+void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
+
+namespace kwq {
+namespace {
+
+// The first helper was queued before the second's allocation threw, and the unwinding
+// destroyed it while pending or running, which fails Work's check: the process aborted.
+// Now bad_alloc reaches the caller with no helper queued, and nothing runs afterwards.
+TEST(ParallelizeUntilAllocTest, AHelperThatCannotBeMadeThrowsBadAllocAndQueuesNothing) {
+  auto wq = *Workqueue::Create({.name = "alloc", .flags = kUnbound});
+  std::atomic<int> ran{0};
+  work_allocations = 0;
+  EXPECT_THROW((void)ParallelizeUntil(Background(), 4, 1000, [&](int) { ran.fetch_add(1); },
+                                      {.workqueue = wq.get()}),
+               std::bad_alloc);
+  work_allocations = -1;
+  EXPECT_EQ(ran.load(), 0);
+  wq->Drain();  // nothing was queued, so nothing runs and nothing touches the gone call
+  EXPECT_EQ(ran.load(), 0);
+}
+
+// A worker thread that cannot be made for lack of memory is a spawn failure, as one the
+// system refuses: the bad_alloc used to leave Queue (the helper already inserted, so
+// ParallelizeUntil's unwinding aborted on it). Now the caller runs the pieces itself.
+TEST(ParallelizeUntilAllocTest, AWorkerThatCannotBeMadeLeavesThePiecesToTheCaller) {
+  static_assert(sizeof(internal::Worker) != sizeof(Work));
+  auto runtime = *WorkqueueRuntime::Create({});  // no worker made yet
+  auto wq = *Workqueue::Create({.name = "no-worker", .flags = kUnbound, .runtime = runtime.get()});
+  std::vector<std::atomic<int>> hits(100);
+  worker_allocations = 0;
+  const absl::Status status = ParallelizeUntil(
+      Background(), 4, 100, [&](int i) { hits[i].fetch_add(1); }, {.workqueue = wq.get()});
+  worker_allocations = -1;
+  EXPECT_TRUE(status.ok()) << status;
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(hits[i].load(), 1) << "piece " << i;
+}
+
+// Post's Works come from recycled blocks (src/workqueue/post_blocks.h): posting waves of
+// works allocates for the first waves only. Before, every Post allocated one.
+TEST(PostAllocTest, PostReusesTheMemoryOfWorksThatRan) {
+  auto wq = *Workqueue::Create({.name = "post", .flags = kUnbound});
+  // A new block is made only when the producer's cache and the depot are empty: all blocks
+  // then are in flight (at most a wave) or in the caches of the workers that ran posted
+  // works (fewer than 2 * 64 each). Nothing blocks, so the unbound pool runs one worker
+  // per CPU; twice that allows for idle workers left by earlier tests.
+  const int workers = 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  constexpr int kWave = 128;
+  const int bound = kWave + 2 * 64 * workers;
+  const int waves = 4 * bound / kWave;
+  std::atomic<int> ran{0};
+  count_works = true;
+  for (int wave = 0; wave < waves; ++wave) {
+    for (int i = 0; i < kWave; ++i) ASSERT_TRUE(wq->Post([&ran] { ran.fetch_add(1); }));
+    wq->Flush();
+  }
+  count_works = false;
+  EXPECT_EQ(ran.load(), waves * kWave);
+  EXPECT_LE(work_news.load(), bound) << "of " << waves * kWave << " posts";
+}
+
+// ---- queues ----
+
+// Fails the `k`-th allocation from now (1: the next one).
+void FailAllocation(int k) { fail_countdown = k; }
+// Whether an armed failure was used.
+bool FailureUsed() { return fail_countdown.exchange(0) == 0; }
+
+// The key table adds a chunk and grows its directory in one strongly exception-safe
+// step: whichever allocation fails, the table is as before. The directory's capacity was
+// doubled before its allocation, so after a failed one the next chunk was written past
+// the old directory's end (a heap overflow under ASan, lost keys otherwise).
+TEST(QueueAllocTest, AKeyTableThatCannotGrowIsUnchanged) {
+  internal::KeyTable<uint32_t, absl::Hash<uint32_t>, std::equal_to<uint32_t>> table;
+  constexpr uint32_t kChunk = 4096;  // KeyTable's slots per chunk
+  uint32_t next = 0;
+  for (; next < 4 * kChunk; ++next) table.Insert(next, 0);  // fills the first directory
+  int failures = 0;
+  for (int k = 1;; ++k) {  // fail the 1st, 2nd, ... allocation of the next insert
+    FailAllocation(k);
+    try {
+      table.Insert(next, 0);
+    } catch (const std::bad_alloc&) {
+      ++failures;
+      ASSERT_EQ(table.size(), next);
+      ASSERT_EQ(table.Find(next), decltype(table)::kNone);
+      continue;
+    }
+    const bool used = FailureUsed();
+    ASSERT_FALSE(used);
+    ++next;
+    break;
+  }
+  EXPECT_GE(failures, 2);  // at least the chunk and the directory
+  for (; next < 9 * kChunk; ++next) table.Insert(next, 0);
+  for (uint32_t key = 0; key < next; ++key) {
+    ASSERT_NE(table.Find(key), decltype(table)::kNone) << key;
+  }
+}
+
+// An add that cannot allocate room in the ready order throws before it changes
+// anything: the key is not marked queued, and adding it again later works. The overflow
+// list's size was counted before its allocation, so the list handed out a slot it did
+// not hold, and the key stayed marked queued in no list: never handed out. Also, a Get
+// that cannot allocate hands out all the same.
+TEST(QueueAllocTest, AnAddThatCannotAllocateChangesNothing) {
+  Queue<int> q;
+  constexpr int kKeys = 3000;  // past the ring (1,024), under the idle keys kept (4,096)
+  std::vector<int> keys(kKeys);
+  for (int i = 0; i < kKeys; ++i) keys[i] = i;
+  ASSERT_EQ(q.AddAll(keys), static_cast<size_t>(kKeys));
+  while (auto lease = q.TryGet()) {
+  }
+  // Added again newest first, the keys' slots descend: one word each in the overflow list,
+  // which then allocates every so often.
+  int failures = 0;
+  for (int i = kKeys - 1; i >= 0; --i) {
+    FailAllocation(1);
+    try {
+      ASSERT_TRUE(q.Add(i));
+    } catch (const std::bad_alloc&) {
+      ++failures;
+      ASSERT_TRUE(q.Add(i)) << "key " << i << " was left marked queued";
+    }
+    FailureUsed();
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_EQ(q.Len(), static_cast<size_t>(kKeys));
+  for (int i = kKeys - 1; i >= 0; --i) {
+    FailAllocation(1);
+    auto lease = q.TryGet();
+    FailureUsed();
+    ASSERT_TRUE(lease.has_value()) << "at " << i;
+    ASSERT_EQ(**lease, i);
+  }
+  EXPECT_FALSE(q.TryGet().has_value());
+}
+
+// A Done whose item was added again while in flight queues it without allocating (room
+// was made by the add), so a lease's destructor cannot fail. It used to allocate in the
+// overflow list, and an allocation failure there ended the process (std::terminate).
+TEST(QueueAllocTest, ADoneNeverAllocates) {
+  Queue<int> q;
+  constexpr int kLeased = 300;
+  for (int i = 0; i < kLeased; ++i) q.Add(i);
+  std::vector<Queue<int>::Lease> leases;
+  while (auto lease = q.TryGet()) leases.push_back(std::move(*lease));
+  ASSERT_EQ(leases.size(), static_cast<size_t>(kLeased));
+  for (int i = 0; i < kLeased; ++i) ASSERT_TRUE(q.Add(i));  // owed a run after Done
+  for (int i = 0; i < 1024; ++i) q.Add(1000 + i);           // fills the ring
+  // Done newest first: descending slots, one word each in the overflow list.
+  for (int i = kLeased - 1; i >= 0; --i) {
+    FailAllocation(1);
+    leases[i].Done();
+    ASSERT_FALSE(FailureUsed()) << "Done of " << i << " allocated";
+  }
+  EXPECT_EQ(q.Len(), static_cast<size_t>(kLeased + 1024));
+}
+}  // namespace
+}  // namespace kwq
