@@ -41,8 +41,9 @@ struct internal::QueuePeer {
     internal::MutexLock lock(&q.mu_);
     return q.table_.size();
   }
-  // ShutDownWithDrain calls waiting: one counts itself in the hold of the lock in which it
-  // checks and goes to wait, so a non-zero count seen here means a drainer waits.
+  // ShutDownWithDrain calls under way: one counts itself in the hold of the lock in which
+  // it shuts the queue down, so a non-zero count seen here means a drain is under way
+  // (and a ShutDown from then on ends it).
   template <typename Q>
   static int Draining(Q& q) {
     internal::MutexLock lock(&q.mu_);
@@ -590,6 +591,19 @@ TEST_F(PriorityQueueTest, CountingStartsAtTheFirstRateLimitedAdd) {
   EXPECT_EQ(q_->rate_limiter().TrackedItems(), 0u);
 }
 
+// After ShutDown an AddRateLimited of a known item still counts its failure
+// (docs/queues.md), also when it is the queue's first rate-limited add: it counted only
+// once an earlier rate-limited add had started the counting.
+TEST_F(PriorityQueueTest, AFailureAfterShutDownCountsAlsoAsTheFirstRateLimitedAdd) {
+  q_->Add("x");
+  { auto lease = q_->TryGet(); }  // "x" is known, idle
+  q_->ShutDown();
+  EXPECT_FALSE(q_->AddRateLimited("x"));
+  EXPECT_EQ(q_->NumRequeues("x"), 1);
+  EXPECT_FALSE(q_->AddRateLimited("unknown"));
+  EXPECT_EQ(q_->NumRequeues("unknown"), 0);
+}
+
 // ---- in flight ----
 
 TEST_F(PriorityQueueTest, AddWhileProcessingIsQueuedOnceAtDoneWithLargestPriority) {
@@ -997,6 +1011,88 @@ TEST_F(PriorityQueueTest, ShutDownAbortsDrainWait) {
 }
 
 // ---- Get(ctx) ----
+
+// Two Gets wait during a drain for the run owed by a lease in flight; when one takes it,
+// the other returns (nothing is left to wait for). It used to sleep on after the drain had
+// returned, as no one signalled it.
+TEST_F(PriorityQueueTest, GetsWaitingForAnOwedRunReturnOnceAnotherTookIt) {
+  q_->Add("x");
+  auto lease = q_->TryGet();
+  q_->Add("x");  // owed a run after Done
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
+  std::atomic<int> returned{0}, got{0};
+  std::vector<std::thread> getters;
+  for (int i = 0; i < 2; ++i) {
+    getters.emplace_back([&] {
+      if (auto l = q_->Get()) got.fetch_add(1);  // its lease ends here
+      returned.fetch_add(1);
+    });
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) == 2; }));
+  lease->Done();  // x is ready: one Get takes it
+  EXPECT_TRUE(testing::Eventually([&] { return returned.load() == 2; }))
+      << "a Get waits on with nothing owed";
+  q_->ShutDown();  // releases a stuck Get should the check above have failed
+  for (auto& t : getters) t.join();
+  drainer.join();
+  EXPECT_EQ(got.load(), 1);
+  EXPECT_TRUE(drained.load());
+}
+
+// A ShutDown that ends a drain also ends the Gets waiting for a run owed by a lease in
+// flight: no drain is left to wait for. They used to sleep on until that lease ended.
+TEST_F(PriorityQueueTest, ShutDownDuringADrainReleasesGetsWaitingForAnOwedRun) {
+  for (int trial = 0; trial < 20; ++trial) {  // the old failure depended on a race
+    auto q = Make(Opts());
+    q->Add("x");
+    auto lease = q->TryGet();
+    q->Add("x");
+    std::atomic<int> drained{-1};
+    std::thread drainer([&] { drained = q->ShutDownWithDrain(); });
+    ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q) > 0; }));
+    std::atomic<bool> returned{false};
+    std::thread getter([&] {
+      EXPECT_FALSE(q->Get().has_value());
+      returned = true;
+    });
+    ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) == 1; }));
+    q->ShutDown();
+    EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }))
+        << "trial " << trial << ": the Get still waits for the lease in flight";
+    EXPECT_TRUE(testing::Eventually([&] { return drained.load() == 0; }));
+    lease->Done();
+    getter.join();
+    drainer.join();
+  }
+}
+
+// A Get woken by the start of a drain, with a run owed by a lease in flight, waits for
+// that run (a dispatcher that hands leases to a pool relies on it). The drain was counted
+// only after the queue was shut down and the Gets woken, and a Get in between gave up:
+// the owed run was then left ready with nobody to take it, and the drain hung (8 in 2,000
+// trials in an audit).
+TEST_F(PriorityQueueTest, AGetWokenByADrainWaitsForTheOwedRun) {
+  for (int trial = 0; trial < 500; ++trial) {
+    auto q = Make(Opts());
+    q->Add("x");
+    auto lease = q->TryGet();
+    q->Add("x");
+    std::atomic<int> got{-1};  // 1: took x, 0: gave up
+    std::thread dispatcher([&] { got = q->Get().has_value() ? 1 : 0; });
+    ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) == 1; }));
+    std::thread drainer([&] { q->ShutDownWithDrain(); });
+    ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q) > 0; }));
+    lease->Done();
+    ASSERT_TRUE(testing::Eventually([&] { return got.load() != -1; }));
+    const int result = got.load();
+    if (result == 0) q->ShutDown();  // the drain would wait for ever: end it
+    dispatcher.join();
+    drainer.join();
+    ASSERT_EQ(result, 1) << "trial " << trial << ": the Get gave up on the owed run";
+  }
+}
 
 // A ShutDown ends every drain in progress, not only one of them.
 TEST_F(PriorityQueueTest, ShutDownAbortsEveryDrainWait) {

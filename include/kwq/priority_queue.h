@@ -461,15 +461,19 @@ class PriorityQueue {
       internal::MutexLock lock(&mu_);
       timer = StopLocked();
       aborts = aborts_;  // a ShutDown() from now on ends this wait
+      // Counted in the hold that shuts the queue down: a Get that finds it shut down
+      // then also sees the drain, and waits for runs owed by leases in flight instead of
+      // giving up on them (as Queue's drain does). A non-zero count seen under the lock
+      // means a drain is under way: a Done from then on signals, and a ShutDown ends it.
+      ++draining_;
     }
     timer.CancelSync();
     ready_cv_.SignalAll();
     internal::MutexLock lock(&mu_);
-    // Counted in the hold that checks and waits, so a Done from here on signals, and a
-    // non-zero count seen under the lock means a drainer waits (tests rely on that).
-    ++draining_;
     while (queued_ + in_flight_ > 0 && aborts_ == aborts) drained_cv_.Wait(&mu_);
-    --draining_;
+    // Gets waiting for an owed run stop waiting once no drain is left (one a ShutDown
+    // ended returns with runs still owed).
+    if (--draining_ == 0) ready_cv_.SignalAll();
     return queued_ + in_flight_ == 0;
   }
 
@@ -624,9 +628,11 @@ class PriorityQueue {
   bool AddLocked(K&& item, const Prep& prep, int priority, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) {
-      // A counted failure still counts, as a limiter called with the item would count it.
-      if (prep.counted && counts_) {
+      // A counted failure of a known item still counts, as a limiter called with the item
+      // would count it, whether or not counting had started.
+      if (prep.counted) {
         if (const uint32_t known = SlotOfLocked(item, prep.hash); known != kNone) {
+          if (!counts_) StartCountingLocked();
           limiter_->WhenCounted(counts_->Record(known, counts_->Now(), BusyLocked(known)));
         }
       }
@@ -783,7 +789,8 @@ class PriorityQueue {
     if (aging_) aged_.Remove(slot);
     uint8_t& state = table_.state(slot);
     state = static_cast<uint8_t>((state & ~kQueued) | kProcessing);
-    --queued_;
+    // The last owed run taken during a drain: the other Gets waiting for it stop waiting.
+    if (--queued_ == 0 && draining_ > 0) ready_cv_.SignalAll();
     ++in_flight_;
     if (metrics_) metrics_->OnGet(slot, info_[slot].priority);
     HintNextLocked();

@@ -11,11 +11,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/node_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kwq/clock.h"
@@ -130,27 +131,36 @@ class FailureTable {
   // (0 for an item not in the table, or idle past the horizon).
   int64_t RecordFailure(const T& item, absl::Time now) {
     EvictIdle(now);
-    auto [it, inserted] = entries_.try_emplace(item);
-    Entry& entry = it->second;
-    if (inserted) {
-      entry.key = &it->first;
+    const uint32_t hash = TableHash<T, Hash>(item);
+    auto it = entries_.find(Probe{&item, hash});
+    Entry* entry;
+    if (it == entries_.end()) {
+      // The entry (with its copy of the key) is made before the table changes, and the
+      // insert either fails whole (growing the index) or takes a pointer: a key copy or
+      // an allocation that throws leaves the table as it was. (Debian's Abseil marks a
+      // node map's slot full before it builds the node: a throw there left a garbage
+      // node that a later lookup or the destructor dereferenced.)
+      auto fresh = std::make_unique<Entry>(item, hash);
+      entry = fresh.get();
+      entries_.insert(std::move(fresh));
     } else {
-      Unlink(&entry);
-      if (IsIdle(entry, now)) entry.failures = 0;  // possible only after a clock jump back
+      entry = it->get();
+      Unlink(entry);
+      if (IsIdle(*entry, now)) entry->failures = 0;  // possible only after a clock jump back
     }
-    const int64_t before = entry.failures;
-    if (entry.failures < std::numeric_limits<int64_t>::max()) ++entry.failures;
-    entry.last = now;
-    PushHot(&entry);
+    const int64_t before = entry->failures;
+    if (entry->failures < std::numeric_limits<int64_t>::max()) ++entry->failures;
+    entry->last = now;
+    PushHot(entry);
     return before;
   }
 
   // The failures recorded for `item` (0 when absent or idle past the horizon).
   int64_t Failures(const T& item, absl::Time now) {
     EvictIdle(now);
-    auto it = entries_.find(item);
-    if (it == entries_.end() || IsIdle(it->second, now)) return 0;
-    return it->second.failures;
+    auto it = entries_.find(Probe{&item, TableHash<T, Hash>(item)});
+    if (it == entries_.end() || IsIdle(**it, now)) return 0;
+    return (*it)->failures;
   }
 
   // Fetches the index lines where an item with TableHash `hash` would be found into the
@@ -167,9 +177,9 @@ class FailureTable {
 
   // Removes `item`'s entry, if any.
   void Forget(const T& item) {
-    auto it = entries_.find(item);
+    auto it = entries_.find(Probe{&item, TableHash<T, Hash>(item)});
     if (it == entries_.end()) return;
-    Unlink(&it->second);
+    Unlink(it->get());
     entries_.erase(it);
   }
 
@@ -180,29 +190,46 @@ class FailureTable {
   // only cost time.
   static constexpr size_t kPrefetchMin = 8192;
 
-  // A hash without its key: a probe position for prefetch(), never compared.
-  struct Prehashed {
-    uint32_t hash;
-  };
-  struct KeyHash {
-    using is_transparent = void;
-    size_t operator()(const T& key) const { return SpreadHash(TableHash<T, Hash>(key)); }
-    size_t operator()(Prehashed p) const { return SpreadHash(p.hash); }
-  };
-  struct KeyEq {
-    using is_transparent = void;
-    bool operator()(const T& a, const T& b) const { return Eq{}(a, b); }
-    // Only prefetch() takes a Prehashed, and it compares nothing.
-    bool operator()(const T&, Prehashed) const { return false; }
-    bool operator()(Prehashed, const T&) const { return false; }
-  };
-
+  // An item's entry: its key (a copy), the key's TableHash, and its place on the list.
   struct Entry {
+    Entry(const T& item, uint32_t h) : key(item), hash(h) {}
+    const T key;
+    const uint32_t hash;
     int64_t failures = 0;
     absl::Time last;
     Entry* colder = nullptr;
     Entry* hotter = nullptr;
-    const T* key = nullptr;  // the map key of this entry (node_hash_map: stable address)
+  };
+  // A key being looked up, with its TableHash.
+  struct Probe {
+    const T* key;
+    uint32_t hash;
+  };
+  // A hash without its key: a probe position for prefetch(), never compared.
+  struct Prehashed {
+    uint32_t hash;
+  };
+  // The index holds the entries by pointer (stable addresses for the list) and hashes them
+  // by their stored TableHash: growing it reads no key, and erasing an entry found on the
+  // list looks it up by address, calling no user hash or equality.
+  struct EntryHash {
+    using is_transparent = void;
+    size_t operator()(const std::unique_ptr<Entry>& e) const { return SpreadHash(e->hash); }
+    size_t operator()(const Entry* e) const { return SpreadHash(e->hash); }
+    size_t operator()(const Probe& p) const { return SpreadHash(p.hash); }
+    size_t operator()(Prehashed p) const { return SpreadHash(p.hash); }
+  };
+  struct EntryEq {
+    using is_transparent = void;
+    bool operator()(const std::unique_ptr<Entry>& a, const std::unique_ptr<Entry>& b) const {
+      return a == b;
+    }
+    bool operator()(const std::unique_ptr<Entry>& a, const Entry* b) const { return a.get() == b; }
+    bool operator()(const std::unique_ptr<Entry>& a, const Probe& p) const {
+      return a->hash == p.hash && Eq{}(a->key, *p.key);
+    }
+    // Only prefetch() takes a Prehashed, and it compares nothing.
+    bool operator()(const std::unique_ptr<Entry>&, Prehashed) const { return false; }
   };
 
   bool IsIdle(const Entry& entry, absl::Time now) const {
@@ -212,9 +239,7 @@ class FailureTable {
   void EvictIdle(absl::Time now) {
     while (cold_ != nullptr && IsIdle(*cold_, now)) {
       Entry* entry = cold_;
-      // Found before it is unlinked: a user hash that throws then leaves the entry where
-      // it was (unlinked but still mapped, a later Unlink of it broke the list).
-      const auto it = entries_.find(*entry->key);
+      const auto it = entries_.find(static_cast<const Entry*>(entry));  // by address
       Unlink(entry);
       entries_.erase(it);
     }
@@ -234,7 +259,7 @@ class FailureTable {
   }
 
   const absl::Duration horizon_;
-  absl::node_hash_map<T, Entry, KeyHash, KeyEq> entries_;
+  absl::flat_hash_set<std::unique_ptr<Entry>, EntryHash, EntryEq> entries_;
   Entry* cold_ = nullptr;  // least recently failed
   Entry* hot_ = nullptr;   // most recently failed
 };
