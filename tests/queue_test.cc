@@ -707,12 +707,18 @@ TEST(QueueTest, AddAllTakesARangeThatYieldsValues) {
 // probed past all the others (quadratic).
 TEST(KeyTableTest, EveryBitOfTheHashCounts) {
   using Table = internal::KeyTable<uint64_t, std::hash<uint64_t>, std::equal_to<uint64_t>>;
-  std::set<uint32_t> hashes;
-  for (uint64_t i = 0; i < 1000; ++i) hashes.insert(Table::HashOf(i << 32));
-  EXPECT_EQ(hashes.size(), 1000u);
-  hashes.clear();
-  for (uint64_t i = 0; i < 1000; ++i) hashes.insert(Table::HashOf(i));
-  EXPECT_EQ(hashes.size(), 1000u);
+  // Distinct, and spread over the low bits too (absl's tag and probe start are made of
+  // them): the top half of a 64-bit product left keys i << 52 with low bits of zero.
+  for (int shift : {0, 32, 40, 48, 52, 54}) {
+    std::set<uint32_t> hashes, tags;
+    for (uint64_t i = 0; i < 1000; ++i) {
+      const uint32_t h = Table::HashOf(i << shift);
+      hashes.insert(h);
+      tags.insert(h & 127);
+    }
+    EXPECT_EQ(hashes.size(), 1000u) << "keys i << " << shift;
+    EXPECT_GT(tags.size(), 100u) << "keys i << " << shift;
+  }
   Queue<uint64_t, std::hash<uint64_t>> q;
   for (uint64_t i = 0; i < 1000; ++i) EXPECT_TRUE(q.Add(i << 32));
   EXPECT_EQ(q.Len(), 1000u);

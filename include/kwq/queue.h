@@ -507,7 +507,16 @@ class Queue {
         *more = true;
         break;
       }
-      ReservePushLocked();  // may throw: before the item leaves waiting_
+      // Room for the push before the item leaves waiting_. Without memory for it the rest
+      // stay waiting, for a later pass (the timer is re-armed for them): this runs in the
+      // timer's callback and in Get, which must not throw for it.
+      if (!shutting_down_) {
+        try {
+          ReservePushLocked();
+        } catch (const std::bad_alloc&) {
+          break;
+        }
+      }
       const uint32_t slot = waiting_.TopId();
       waiting_.Pop();
       ++taken;

@@ -1,11 +1,12 @@
 // Test helper: ExpectDrainWaitsForQueuedItem(q, draining) checks the promise that
 // ShutDownWithDrain waits for queued items too (client-go's waits only for in-flight
 // ones). `q` holds exactly one queued item, "a", and no active lease; `draining(q)` is the
-// number of drainers waiting, read under the queue's lock (a test peer): a drainer counts
-// itself in the hold of the lock in which it checks and goes to wait, so a non-zero count
-// means it waits. For Queue and PriorityQueue. ExpectShutDownAbortsEveryDrain, below, the
-// same for several drainers and a ShutDown; DrainWhileTaking checks that drainers wait for
-// a lease and for every queued item.
+// number of drains under way, read under the queue's lock (a test peer): a drainer counts
+// itself in a hold of the lock before it waits, and a ShutDown from then on ends its wait
+// (Queue counts in the hold in which it checks and goes to wait, PriorityQueue in the one
+// that shuts the queue down). For Queue and PriorityQueue. ExpectShutDownAbortsEveryDrain, below,
+// the same for several drainers and a ShutDown; DrainWhileTaking checks that drainers wait for a
+// lease and for every queued item.
 
 #ifndef KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 #define KWQ_TESTS_TESTING_DRAIN_CHECK_H_

@@ -30,6 +30,7 @@
 #include "absl/base/attributes.h"
 #include "absl/container/flat_hash_set.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/safe_growth.h"
 #include "kwq/internal/spread_hash.h"
 
 namespace kwq::internal {
@@ -41,7 +42,7 @@ class KeyTable {
   // Slot numbers stay below 2^31 (SlotFifo uses the top bit).
   static constexpr uint32_t kMaxSlots = 0x80000000u;
 
-  KeyTable() : index_(0, SlotHash{this}, SlotEq{this}) {}
+  KeyTable() : index_(0, SlotHash{this}, SlotEq{this}, ReservingAllocator<SlotRef>(&growth_)) {}
   ~KeyTable() {
     for (uint32_t slot = 0; slot < limit_; ++slot) {
       if (state(slot) & kLive) Ptr(slot)->~T();
@@ -74,7 +75,14 @@ class KeyTable {
 
   // Insert with the key's hash already computed (HashOf).
   template <typename K>
+  //
+  // The table's own allocations all come first, before anything changes, so one that
+  // fails (std::bad_alloc) leaves the table as it was: the block the index's growth will
+  // take is set aside (kwq/internal/safe_growth.h), the free list keeps room for every
+  // slot (so neither the unwinding below nor Erase allocates), and a new chunk is added
+  // whole.
   uint32_t Insert(K&& key, uint32_t hash, uint8_t bits) {
+    ReserveGrowth(index_, growth_);
     uint32_t slot;
     if (!free_.empty()) {
       slot = free_.back();
@@ -82,13 +90,14 @@ class KeyTable {
     } else {
       slot = limit_;
       KWQ_CHECK(slot < kMaxSlots, "kwq queue: more than 2^31 distinct keys stored at once");
+      if (free_.capacity() <= slot) free_.reserve(std::max<size_t>(64, 2 * (size_t{slot} + 1)));
       if ((slot & (kChunk - 1)) == 0) {
         AddChunk();
       }
       ++limit_;
     }
-    // A key constructor or the index's growth that throws gives the slot back (it was
-    // taken for good, and each such add grew the table by one slot).
+    // A key constructor that throws gives the slot back (it was taken for good, and each
+    // such add grew the table by one slot).
     try {
       new (Ptr(slot)) T(std::forward<K>(key));
     } catch (...) {
@@ -97,14 +106,7 @@ class KeyTable {
     }
     state(slot) = static_cast<uint8_t>(bits | kLive);
     hash_of(slot) = hash;
-    try {
-      index_.insert(SlotRef{slot});
-    } catch (...) {
-      Ptr(slot)->~T();
-      state(slot) = 0;
-      free_.push_back(slot);
-      throw;
-    }
+    index_.insert(SlotRef{slot});  // room was made: no allocation
     return slot;
   }
 
@@ -234,7 +236,8 @@ class KeyTable {
   size_t dir_capacity_ = 0;
   uint32_t limit_ = 0;  // slots ever used
   std::vector<uint32_t> free_;
-  absl::flat_hash_set<SlotRef, SlotHash, SlotEq> index_;
+  GrowthReserve growth_;  // before index_, whose allocator points at it
+  absl::flat_hash_set<SlotRef, SlotHash, SlotEq, ReservingAllocator<SlotRef>> index_;
 };
 
 }  // namespace kwq::internal

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/safe_growth.h"
 #include "kwq/internal/spread_hash.h"
 
 namespace kwq::internal {
@@ -135,14 +136,15 @@ class FailureTable {
     auto it = entries_.find(Probe{&item, hash});
     Entry* entry;
     if (it == entries_.end()) {
-      // The entry (with its copy of the key) is made before the table changes, and the
-      // insert either fails whole (growing the index) or takes a pointer: a key copy or
-      // an allocation that throws leaves the table as it was. (Debian's Abseil marks a
-      // node map's slot full before it builds the node: a throw there left a garbage
-      // node that a later lookup or the destructor dereferenced.)
+      // The entry (with its copy of the key) is made, and the index grown, before the
+      // table changes: a key copy or an allocation that throws leaves the table as it
+      // was. (Debian's Abseil marks a node map's slot full before it builds the node: a
+      // throw there left a garbage node that a later lookup or the destructor
+      // dereferenced.)
       auto fresh = std::make_unique<Entry>(item, hash);
+      ReserveGrowth(entries_, growth_);  // kwq/internal/safe_growth.h
       entry = fresh.get();
-      entries_.insert(std::move(fresh));
+      entries_.insert(std::move(fresh));  // room was made: no allocation
     } else {
       entry = it->get();
       Unlink(entry);
@@ -259,7 +261,10 @@ class FailureTable {
   }
 
   const absl::Duration horizon_;
-  absl::flat_hash_set<std::unique_ptr<Entry>, EntryHash, EntryEq> entries_;
+  GrowthReserve growth_;  // before entries_, whose allocator points at it
+  absl::flat_hash_set<std::unique_ptr<Entry>, EntryHash, EntryEq,
+                      ReservingAllocator<std::unique_ptr<Entry>>>
+      entries_{0, EntryHash{}, EntryEq{}, ReservingAllocator<std::unique_ptr<Entry>>(&growth_)};
   Entry* cold_ = nullptr;  // least recently failed
   Entry* hot_ = nullptr;   // most recently failed
 };
