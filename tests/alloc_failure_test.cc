@@ -17,9 +17,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kwq/clock.h"
+#include "kwq/delaying_queue.h"
 #include "kwq/parallelize.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
+#include "kwq/timer.h"
 #include "kwq/workqueue.h"
 #include "workqueue/internal.h"
 
@@ -33,6 +36,8 @@ std::atomic<bool> count_works{false};
 std::atomic<int> work_news{0};
 // When above 0, counts allocations down; the one that takes it to 0 throws.
 std::atomic<int> fail_countdown{0};
+// While above 0, every array allocation (new[]) throws and counts it down.
+std::atomic<int> array_failures_left{0};
 }  // namespace
 
 void* operator new(std::size_t n) {
@@ -52,7 +57,12 @@ void* operator new(std::size_t n) {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 // The array forms too: under AddressSanitizer they would not reach the operator new above.
-void* operator new[](std::size_t n) { return ::operator new(n); }
+void* operator new[](std::size_t n) {
+  if (array_failures_left.load() > 0 && array_failures_left.fetch_sub(1) > 0) {
+    throw std::bad_alloc();
+  }
+  return ::operator new(n);
+}
 void operator delete[](void* p) noexcept { ::operator delete(p); }
 void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
 
@@ -285,6 +295,29 @@ TEST(QueueAllocTest, DueItemsWithoutRoomWaitForALaterPass) {
   EXPECT_EQ(q.Len(), static_cast<size_t>(1024 + kWaiting));
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(**q.TryGet(), 100000 + i);
   for (int i = kWaiting - 1; i >= 0; --i) ASSERT_EQ(**q.TryGet(), i);
+}
+
+// A timer firing whose due items find no memory to be queued tries again a millisecond
+// later, not at once: it re-armed for their (past) ready time and fired again at once,
+// over and over, for as long as memory lacked (a spin that starved the timer service's
+// other timers). Here each firing's try is one failed array allocation (the overflow
+// list's growth), with at most 1,000 failures before memory "comes back".
+TEST(QueueAllocTest, DueItemsWithoutRoomAreRetriedLaterNotAtOnce) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  DelayingQueue<int> q({.clock = &clock, .timers = timers.get()});
+  for (int i = 0; i < 1024; ++i) q.Add(100000 + i);  // fills the ring
+  constexpr int kWaiting = 3000;
+  // Due newest key first: descending slots, one word each in the overflow list.
+  for (int i = 0; i < kWaiting; ++i) q.AddAfter(i, absl::Milliseconds(1 + kWaiting - i));
+  array_failures_left = 1000;
+  clock.Advance(absl::Seconds(4));
+  const int failed = 1000 - std::max(0, array_failures_left.exchange(0));
+  EXPECT_GE(failed, 1);
+  EXPECT_LE(failed, 3) << "the timer fired again at once after each failure";
+  EXPECT_LT(q.Len(), static_cast<size_t>(1024 + kWaiting));
+  clock.Advance(absl::Milliseconds(1));  // the retry, with memory
+  EXPECT_EQ(q.Len(), static_cast<size_t>(1024 + kWaiting));
 }
 
 // A Done whose item was added again while in flight queues it without allocating (room

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kwq/rate_limiting_queue.h"
 #include "testing/cancel_check.h"
+#include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/recording_metrics.h"
 
@@ -705,6 +706,25 @@ TEST(DelayingQueueRealTest, DestroyWhileTheTimerMovesBatchesIsSafe) {
     q.reset();
     mover.join();
   }
+}
+
+// A timer firing whose clock reading throws (a user's clock) ends with the queue's lock
+// released: the firing held it by hand, and the throw left it locked, so the next add
+// blocked for ever. The item waits on, and the next firing an add arms moves it.
+TEST(DelayingQueueClockTest, AFiringWhoseClockThrowsLeavesTheQueueUsable) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto q = std::make_shared<DelayingQueue<std::string>>(
+      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+  q->AddAfter("a", absl::Milliseconds(1));
+  clock.ThrowNext(1);  // the firing's first reading
+  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+  // A hang here is left on its own thread (the queue is shared with it).
+  ASSERT_TRUE(testing::ReturnsInTime([q] { q->AddAfter("b", absl::Milliseconds(1)); }))
+      << "the queue's lock was left held";
+  fake.Advance(absl::Milliseconds(2));
+  EXPECT_EQ(q->Len(), 2u);
 }
 
 }  // namespace

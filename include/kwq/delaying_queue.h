@@ -328,8 +328,8 @@ class DelayingQueue {
     const int64_t top = heap().TopKey();
     // Coalesced, the wait is capped relative to the item too (kCoalesce past its ready
     // time), so a quiet window left from before a clock jumped back holds nothing longer.
-    const int64_t next =
-        get_asleep ? top : std::max(top, std::min(quiet_until_, SaturatingAdd(top, kCoalesceNs)));
+    const int64_t next = NotWhileStarvedLocked(
+        get_asleep ? top : std::max(top, std::min(quiet_until_, SaturatingAdd(top, kCoalesceNs))));
     if (timer_ != 0) {
       if (next >= armed_for_) return;
       // If Reschedule fails the timer is firing right now; that Fire re-arms under the lock.
@@ -338,6 +338,15 @@ class DelayingQueue {
     }
     armed_for_ = next;
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+  }
+
+  // `next`, or kStarvedRetry from now if that is later, when the last promotion stopped for
+  // want of memory (Queue::PromoteDueLocked) with due items left: a timer armed for their
+  // past ready time would fire again at once, over and over, and starve the service's
+  // other timers.
+  int64_t NotWhileStarvedLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    if (!queue_.promote_starved_) return next;
+    return std::max(next, SaturatingAdd(ToKey(clock_->Now()), kStarvedRetryNs));
   }
 
   // Timer callback: queues every due item, kMoveBatch per hold of the lock, then re-arms
@@ -353,22 +362,36 @@ class DelayingQueue {
       return;
     }
     timer_ = 0;  // this timer has fired
-    quiet_until_ = SaturatingAdd(ToKey(clock_->Now()), kCoalesceNs);
-    ++firing_;  // StopWaiting waits for this firing to end before the queue may go
-    for (;;) {
-      bool more;
-      queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more);
-      if (!more || stopping_) break;
-      // Let an AddAfter or a Get in between batches.
-      queue_.mu_.Unlock();
-      queue_.mu_.LockSpinning(kAddSpin);
+    ++firing_;   // StopWaiting waits for this firing to end before the queue may go
+    // A user's clock that throws, or a timer that cannot be re-armed for want of memory,
+    // ends the firing with the queue's lock released and the firing counted as over (the
+    // lock is held by hand here: a throw used to leave it locked, and the next add
+    // deadlocked); the exception goes on to the timer service. Due items left waiting are
+    // moved by the next firing an add arms, or by a Get.
+    std::exception_ptr thrown;
+    bool counted = true;  // firing_ still counts this firing
+    try {
+      quiet_until_ = SaturatingAdd(ToKey(clock_->Now()), kCoalesceNs);
+      for (;;) {
+        bool more;
+        queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more);
+        if (!more || stopping_) break;
+        // Let an AddAfter or a Get in between batches.
+        queue_.mu_.Unlock();
+        queue_.mu_.LockSpinning(kAddSpin);
+      }
+      --firing_;
+      counted = false;
+      ArmLocked();
+    } catch (...) {
+      thrown = std::current_exception();
+      if (counted) --firing_;
     }
-    --firing_;
-    ArmLocked();
     PublishLocked();
     // Under the lock: once StopWaiting sees firing_ == 0 the queue may be destroyed.
     fired_cv_.SignalAll();
     queue_.mu_.Unlock();
+    if (thrown) std::rethrow_exception(thrown);
   }
 
   // For a Get that found nothing ready: moves due waiting items into the queue. A caller
@@ -411,6 +434,7 @@ class DelayingQueue {
   }
 
   void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    next = NotWhileStarvedLocked(next);
     if (timer_ != 0) {
       if (next < armed_for_ && timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
@@ -460,6 +484,8 @@ class DelayingQueue {
 
   static constexpr absl::Duration kCoalesce = absl::Microseconds(50);
   static constexpr int64_t kCoalesceNs = 50'000;
+  // How long due items that found no memory to be queued wait before the next try.
+  static constexpr int64_t kStarvedRetryNs = 1'000'000;
   static_assert(kCoalesce == absl::Nanoseconds(kCoalesceNs));
 
   // a + b for b >= 0, saturating at kNever (time keys near it must not overflow).

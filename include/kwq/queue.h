@@ -499,6 +499,7 @@ class Queue {
   // Wakes the blocked Gets when it queued any. Returns how many it took out of waiting_.
   size_t PromoteDueLocked(int64_t now, size_t max, bool* more) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     *more = false;
+    promote_starved_ = false;
     size_t taken = 0;
     bool pushed_any = false;
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // `now` may saturate
@@ -514,6 +515,7 @@ class Queue {
         try {
           ReservePushLocked();
         } catch (const std::bad_alloc&) {
+          promote_starved_ = true;  // DelayingQueue retries later, not at once
           break;
         }
       }
@@ -1104,6 +1106,8 @@ class Queue {
   // Items added again while in flight, whose Done will push them (room for them is kept in
   // overflow_, see ReservePushLocked).
   size_t owed_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last PromoteDueLocked stopped for want of memory, with due items left waiting.
+  bool promote_starved_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> stored_{0};  // table_.size(), written under mu_
   std::atomic<int64_t> added_{0};   // dirty marks ever made, written under mu_
   // Also under mu_, written rarely (by workers going to sleep, shutdown, drain).

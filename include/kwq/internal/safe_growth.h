@@ -13,6 +13,11 @@
 // The growth then takes that block from the allocator and cannot fail. A request of any
 // other size (a reserve() call) is an ordinary allocation.
 //
+// AllocSize is Abseil's internal API: an Abseil whose layout differs would not take the
+// block (the growth would allocate, as before). QueueAllocTest.EveryAllocationOfAn*
+// (tests/alloc_failure_test.cc) fails every allocation but the reserve's and would then
+// crash.
+//
 // Why not grow out of place (a bigger set built, then swapped in): inserting every
 // element through the public interface measured 8-12 ns per key more on fifo_1t's adds
 // than Abseil's own growth. Internal: used by the key table and the limiters' failure
