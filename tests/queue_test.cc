@@ -23,6 +23,7 @@
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
+#include "testing/fragile_key.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
@@ -744,19 +745,7 @@ TEST(QueueDeathTest, DestroyedWithALeaseActiveFailsLoudly) {
       "destroyed while a Lease is active");
 }
 
-// A key whose copy throws for one value.
-struct FragileKey {
-  int v;
-  explicit FragileKey(int value) : v(value) {}
-  FragileKey(const FragileKey& o) : v(o.v) {
-    if (v == 7) throw std::runtime_error("copy");
-  }
-  bool operator==(const FragileKey& o) const { return v == o.v; }
-  template <typename H>
-  friend H AbslHashValue(H h, const FragileKey& k) {
-    return H::combine(std::move(h), k.v);
-  }
-};
+using testing::FragileKey;  // its copy throws for the value 7
 
 // A key whose constructor throws in the table gives its slot back: each such add used to
 // take a slot for good (the table grew by one per failed add).

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
 #include "kwq/internal/key_table.h"
+#include "testing/fragile_key.h"
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
 
@@ -1150,19 +1151,7 @@ TEST(FailureTableTest, AHashThatThrowsDuringEvictionLeavesTheTableWhole) {
   EXPECT_EQ(limiter->NumRequeues(100), 1);
 }
 
-// A key whose copy throws for one value.
-struct CopyThrowsOnSeven {
-  int v;
-  explicit CopyThrowsOnSeven(int value) : v(value) {}
-  CopyThrowsOnSeven(const CopyThrowsOnSeven& o) : v(o.v) {
-    if (v == 7) throw std::runtime_error("copy");
-  }
-  bool operator==(const CopyThrowsOnSeven& o) const { return v == o.v; }
-  template <typename H>
-  friend H AbslHashValue(H h, const CopyThrowsOnSeven& k) {
-    return H::combine(std::move(h), k.v);
-  }
-};
+using testing::FragileKey;  // its copy throws for the value 7
 
 // A key copy that throws while the table stores a new item leaves the table whole. The
 // table was a node map, which (in Debian's Abseil) marks the slot full before it builds
@@ -1170,16 +1159,16 @@ struct CopyThrowsOnSeven {
 // crashed.
 TEST(FailureTableTest, AKeyCopyThatThrowsLeavesTheTableWhole) {
   FakeClock clock;
-  auto limiter = *ExponentialFailureRateLimiter<CopyThrowsOnSeven>::Create({.clock = &clock});
-  for (int i = 0; i < 20; ++i) limiter->When(CopyThrowsOnSeven(100 + i));
-  EXPECT_THROW(limiter->When(CopyThrowsOnSeven(7)), std::runtime_error);
-  EXPECT_EQ(limiter->NumRequeues(CopyThrowsOnSeven(7)), 0);
+  auto limiter = *ExponentialFailureRateLimiter<FragileKey>::Create({.clock = &clock});
+  for (int i = 0; i < 20; ++i) limiter->When(FragileKey(100 + i));
+  EXPECT_THROW(limiter->When(FragileKey(7)), std::runtime_error);
+  EXPECT_EQ(limiter->NumRequeues(FragileKey(7)), 0);
   for (int i = 0; i < 20; ++i) {
-    EXPECT_EQ(limiter->NumRequeues(CopyThrowsOnSeven(100 + i)), 1) << i;
+    EXPECT_EQ(limiter->NumRequeues(FragileKey(100 + i)), 1) << i;
   }
-  limiter->When(CopyThrowsOnSeven(8));
+  limiter->When(FragileKey(8));
   EXPECT_EQ(limiter->TrackedItems(), 21u);
-  limiter->Forget(CopyThrowsOnSeven(100));
+  limiter->Forget(FragileKey(100));
   EXPECT_EQ(limiter->TrackedItems(), 20u);
 }
 
