@@ -106,6 +106,7 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
   if (depth_) Report([&] { depth_->Inc(); });
   if (depth_by_priority_) {
     try {
+      ReserveGrowth(depth_by_priority_count_, depth_growth_);
       ++depth_by_priority_count_[priority];
       depth_by_priority_->Inc(priority);
     } catch (...) {
@@ -174,6 +175,7 @@ void QueueMetricsRecorder::OnReprioritize(int from, int to) noexcept {
   try {
     if (!depth_by_priority_ || from == to) return;
     SpinLockHolder lock(&mu_);
+    ReserveGrowth(depth_by_priority_count_, depth_growth_);
     LeavePriorityLocked(from);
     ++depth_by_priority_count_[to];
     Report([&] { depth_by_priority_->Dec(from); });

@@ -19,11 +19,13 @@
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
 #include "kwq/delaying_queue.h"
+#include "kwq/internal/queue_metrics.h"
 #include "kwq/parallelize.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/timer.h"
 #include "kwq/workqueue.h"
+#include "testing/recording_metrics.h"
 #include "workqueue/internal.h"
 
 namespace {
@@ -318,6 +320,27 @@ TEST(QueueAllocTest, DueItemsWithoutRoomAreRetriedLaterNotAtOnce) {
   EXPECT_LT(q.Len(), static_cast<size_t>(1024 + kWaiting));
   clock.Advance(absl::Milliseconds(1));  // the retry, with memory
   EXPECT_EQ(q.Len(), static_cast<size_t>(1024 + kWaiting));
+}
+
+// The metrics recorder's count of items by priority grows through a reserve too: an
+// allocation that fails there is caught (a metric update is lost) and the map must stay
+// whole for the next call. A failed growth used to leave it corrupt, and its next use (at
+// the latest the recorder's destructor, which walks it) read past its arrays.
+TEST(QueueAllocTest, TheDepthByPriorityStaysWholeWhenItCannotGrow) {
+  testing::RecordedMetrics recorded;
+  testing::RecordingProvider provider(&recorded, /*refresh_gauges=*/false, /*by_priority=*/true);
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  {
+    internal::QueueMetricsRecorder recorder(&provider, "q", &clock, timers.get(), true);
+    for (int p = 0; p < 2000; ++p) {
+      FailAllocation(1);
+      recorder.OnAdd(static_cast<uint32_t>(p), p);
+      FailureUsed();
+      recorder.OnAdd(static_cast<uint32_t>(p), p);  // counted this time
+    }
+    for (int p = 0; p < 2000; p += 2) recorder.OnReprioritize(p, p + 1);
+  }  // the destructor takes every count it holds off the gauges
 }
 
 // A Done whose item was added again while in flight queues it without allocating (room

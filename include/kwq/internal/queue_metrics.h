@@ -12,9 +12,11 @@
 #define KWQ_INTERNAL_QUEUE_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -22,6 +24,7 @@
 #include "kwq/clock.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/internal/periodic_timer.h"
+#include "kwq/internal/safe_growth.h"
 #include "kwq/internal/spin_lock.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
@@ -94,7 +97,14 @@ class QueueMetricsRecorder {
   int64_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // and of delayed_
   // This queue's share of depth_by_priority_, by priority (no zero entries: a priority
   // whose items all left is forgotten).
-  absl::flat_hash_map<int, int64_t> depth_by_priority_count_ ABSL_GUARDED_BY(mu_);
+  // Grown through a reserve (kwq/internal/safe_growth.h): an allocation that fails here is
+  // caught, and the map must stay whole for the next call.
+  GrowthReserve depth_growth_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, int64_t, absl::Hash<int>, std::equal_to<int>,
+                      ReservingAllocator<std::pair<const int, int64_t>>>
+      depth_by_priority_count_ ABSL_GUARDED_BY(mu_){
+          0, absl::Hash<int>{}, std::equal_to<int>{},
+          ReservingAllocator<std::pair<const int, int64_t>>(&depth_growth_)};
 
   // Refreshes the in-flight gauges (when the provider gave any). Last: stopped first.
   std::optional<PeriodicTimer> refresh_;

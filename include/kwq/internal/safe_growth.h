@@ -20,8 +20,8 @@
 //
 // Why not grow out of place (a bigger set built, then swapped in): inserting every
 // element through the public interface measured 8-12 ns per key more on fifo_1t's adds
-// than Abseil's own growth. Internal: used by the key table and the limiters' failure
-// table.
+// than Abseil's own growth. Internal: used by the key table, the limiters' failure table
+// and the metrics recorder's depth by priority.
 
 #ifndef KWQ_INTERNAL_SAFE_GROWTH_H_
 #define KWQ_INTERNAL_SAFE_GROWTH_H_
@@ -89,11 +89,11 @@ class ReservingAllocator {
   GrowthReserve* reserve_;
 };
 
-// Call before inserting one element into `set` (a flat set whose allocator is a
+// Call before inserting one element into `set` (a flat set or map whose allocator is a
 // ReservingAllocator on `reserve`). Throws std::bad_alloc with nothing changed.
 template <typename Set>
 void ReserveGrowth(const Set& set, GrowthReserve& reserve) {
-  using Slot = typename Set::value_type;  // a flat set's slot is its element
+  using Slot = typename Set::slot_type;
   const size_t capacity = set.capacity();
   if (capacity > 16 && (set.size() + 1) * 32 <= capacity * 25) return;  // in place at most
   const size_t next = capacity == 0 ? 1 : 2 * capacity + 1;
