@@ -9,13 +9,19 @@
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <new>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
 #include "kwq/delaying_queue.h"
@@ -25,6 +31,7 @@
 #include "kwq/rate_limiter.h"
 #include "kwq/timer.h"
 #include "kwq/workqueue.h"
+#include "testing/eventually.h"
 #include "testing/recording_metrics.h"
 #include "workqueue/internal.h"
 
@@ -40,9 +47,21 @@ std::atomic<int> work_news{0};
 std::atomic<int> fail_countdown{0};
 // While above 0, every array allocation (new[]) throws and counts it down.
 std::atomic<int> array_failures_left{0};
+// While set, every allocation of this many bytes on a kwq worker thread throws.
+std::atomic<size_t> fail_on_workers_size{0};
+std::atomic<int> worker_failures{0};
+bool OnAWorker() {
+  char name[16] = {};
+  return pthread_getname_np(pthread_self(), name, sizeof(name)) == 0 &&
+         std::string_view(name).starts_with("kwq-worker");
+}
 }  // namespace
 
 void* operator new(std::size_t n) {
+  if (fail_on_workers_size.load() == n && OnAWorker()) {
+    worker_failures.fetch_add(1);
+    throw std::bad_alloc();
+  }
   if (fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) throw std::bad_alloc();
   if (n == sizeof(kwq::Work) && count_works.load()) work_news.fetch_add(1);
   if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
@@ -140,6 +159,39 @@ TEST(PostAllocTest, PostReusesTheMemoryOfWorksThatRan) {
   count_works = false;
   EXPECT_EQ(ran.load(), waves * kWave);
   EXPECT_LE(work_news.load(), bound) << "of " << waves * kWave << " posts";
+}
+
+// An idle worker that times out hands itself over to be joined, which allocates; without
+// memory it stays, idle, and goes when memory is back. The bad_alloc used to leave the
+// worker's thread function: std::terminate.
+TEST(WorkerAllocTest, AnIdleWorkerThatCannotBeReapedStays) {
+  auto runtime = *WorkqueueRuntime::Create({.idle_timeout = absl::Milliseconds(20)});
+  auto wq = *Workqueue::Create({.name = "reap", .runtime = runtime.get()});
+  const int cpu = runtime->topology().cpus()[0].cpu;
+  std::atomic<bool> open{false};
+  std::vector<std::unique_ptr<Work>> works;
+  for (int i = 0; i < 5; ++i) {
+    works.push_back(std::make_unique<Work>([&open] {
+      BlockingScope blocking;  // each blocked work makes the pool wake another worker
+      while (!open.load()) std::this_thread::yield();
+    }));
+    wq->QueueOn(cpu, works.back().get());
+  }
+  auto workers = [&] {
+    const std::string dump = runtime->Dump();
+    const size_t at = dump.find(absl::StrCat("cpu ", cpu, " cpus"));
+    const size_t w = dump.find("workers=", at);
+    return std::stoi(dump.substr(w + 8));
+  };
+  ASSERT_TRUE(testing::Eventually([&] { return workers() >= 5; }));
+  // The hand-over's first allocation: room for one pointer.
+  fail_on_workers_size = sizeof(std::unique_ptr<internal::Worker>);
+  open = true;
+  wq->Flush();
+  EXPECT_TRUE(testing::Eventually([&] { return worker_failures.load() > 0; }));
+  EXPECT_GE(workers(), 3);  // none could go
+  fail_on_workers_size = 0;
+  EXPECT_TRUE(testing::Eventually([&] { return workers() <= 2; }));
 }
 
 // ---- queues ----

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -405,8 +406,18 @@ void WorkerPool::WorkerMain(Worker* self) {
         auto it = std::find_if(workers_.begin(), workers_.end(),
                                [self](const auto& p) { return p.get() == self; });
         if (it != workers_.end()) {
+          // dead_ is about to be emptied, so handing this worker over allocates: first,
+          // and without memory the worker stays, idle (a bad_alloc here ended the
+          // process: it leaves the worker's thread function).
+          std::vector<std::unique_ptr<Worker>> next_dead;
+          try {
+            next_dead.reserve(1);
+          } catch (const std::bad_alloc&) {
+            continue;
+          }
           reaped.swap(dead_);  // only workers that entered dead_ before this one
-          dead_.push_back(std::move(*it));
+          next_dead.push_back(std::move(*it));
+          dead_.swap(next_dead);
           workers_.erase(it);
         }
         break;
