@@ -30,9 +30,11 @@
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/timer.h"
+#include "kwq/topology.h"
 #include "kwq/workqueue.h"
 #include "testing/eventually.h"
 #include "testing/recording_metrics.h"
+#include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
 
 namespace {
@@ -200,6 +202,29 @@ TEST(WorkerAllocTest, AnIdleWorkerThatCannotBeReapedStays) {
 void FailAllocation(int k) { fail_countdown = k; }
 // Whether an armed failure was used.
 bool FailureUsed() { return fail_countdown.exchange(0) == 0; }
+
+// Queueing on a NUMA node allocates nothing once the work's pending bit is taken (it may
+// make a worker, which copes with a failed allocation itself): it copied the node's CPU
+// list there, and a failure left the work pending for ever (never run, and its
+// destructor's check failed).
+TEST(WorkerAllocTest, QueueOnNodeCopesWithAFailedAllocation) {
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromXml(testing::kTwoSocketXml)});
+  auto wq = *Workqueue::Create({.name = "numa",
+                                .flags = kUnbound,
+                                .affinity_scope = AffinityScope::kNuma,
+                                .runtime = rt.get()});
+  std::atomic<int> ran{0};
+  Work work([&ran] { ran.fetch_add(1); });
+  for (int node : {0, 1, 0, 1}) {
+    FailAllocation(1);
+    bool queued = false;
+    EXPECT_NO_THROW(queued = wq->QueueOnNode(node, &work)) << "node " << node;
+    FailureUsed();
+    EXPECT_TRUE(queued);
+    wq->Flush(&work);
+  }
+  EXPECT_EQ(ran.load(), 4);
+}
 
 // The key table adds a chunk and grows its directory in one strongly exception-safe
 // step: whichever allocation fails, the table is as before. The directory's capacity was

@@ -195,10 +195,20 @@ PoolWorkqueue* WorkqueueCore::PwqFor(int cpu, int node) const {
   if (pwqs_.size() == 1) return pwqs_[0].get();  // ordered, or one pod: no CPU lookup
   const Topology& topo = *rt->topology;
   if (cpu < 0 && node >= 0 && topo.HasNumaNode(node)) {
+    // The calling CPU if it is on `node`, else the node's first. Read in place: this runs
+    // after the work's pending bit was taken, where an allocation that throws (a copy of
+    // the node's CPU list, once) left the work pending for ever.
     const int here = CurrentCpu();
-    const std::vector<int> node_cpus = topo.CpusOfNode(node);
-    cpu = std::find(node_cpus.begin(), node_cpus.end(), here) != node_cpus.end() ? here
-                                                                                 : node_cpus[0];
+    int first = -1;
+    for (const CpuInfo& c : topo.cpus()) {
+      if (c.numa_node != node) continue;
+      if (c.cpu == here) {
+        first = here;
+        break;
+      }
+      if (first < 0) first = c.cpu;
+    }
+    cpu = first;
   }
   if (cpu < 0 || cpu >= static_cast<int>(pwq_by_cpu_.size()) || pwq_by_cpu_[cpu] == nullptr) {
     cpu = CurrentCpu();  // no preference, or an unknown CPU: the local one
