@@ -21,7 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
 #include "kwq/delaying_queue.h"
@@ -33,6 +32,7 @@
 #include "kwq/topology.h"
 #include "kwq/workqueue.h"
 #include "testing/eventually.h"
+#include "testing/pool_workers.h"
 #include "testing/recording_metrics.h"
 #include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
@@ -179,12 +179,7 @@ TEST(WorkerAllocTest, AnIdleWorkerThatCannotBeReapedStays) {
     }));
     wq->QueueOn(cpu, works.back().get());
   }
-  auto workers = [&] {
-    const std::string dump = runtime->Dump();
-    const size_t at = dump.find(absl::StrCat("cpu ", cpu, " cpus"));
-    const size_t w = dump.find("workers=", at);
-    return std::stoi(dump.substr(w + 8));
-  };
+  auto workers = [&] { return testing::PoolWorkers(*runtime, cpu); };
   ASSERT_TRUE(testing::Eventually([&] { return workers() >= 5; }));
   // The hand-over's first allocation: room for one pointer.
   fail_on_workers_size = sizeof(std::unique_ptr<internal::Worker>);

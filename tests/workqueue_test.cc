@@ -23,6 +23,7 @@
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/pause_points.h"
+#include "testing/pool_workers.h"
 #include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
 
@@ -1188,12 +1189,7 @@ TEST_F(WorkqueueTest, IdleWorkersAreReaped) {
     }));
     wq->QueueOn(cpu, works.back().get());
   }
-  auto workers = [&] {
-    const std::string dump = runtime_->Dump();
-    const size_t at = dump.find(absl::StrCat("cpu ", cpu, " cpus"));
-    const size_t w = dump.find("workers=", at);
-    return std::stoi(dump.substr(w + 8));
-  };
+  auto workers = [&] { return testing::PoolWorkers(*runtime_, cpu); };
   ASSERT_TRUE(Eventually([&] { return workers() >= 5; }));
   gate.Open();
   wq->Flush();
