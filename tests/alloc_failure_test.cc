@@ -45,8 +45,11 @@ std::atomic<int> worker_allocations{-1};
 // Allocations of sizeof(kwq::Work) bytes, counted while `count_works` is set.
 std::atomic<bool> count_works{false};
 std::atomic<int> work_news{0};
-// When above 0, counts allocations down; the one that takes it to 0 throws.
+// When above 0, counts allocations of the thread that armed it (failing_thread) down; the
+// one that takes it to 0 throws. Other threads (workers the runtime starts when it
+// likes) are left alone.
 std::atomic<int> fail_countdown{0};
+thread_local bool failing_thread = false;
 // While above 0, every array allocation (new[]) throws and counts it down.
 std::atomic<int> array_failures_left{0};
 // While set, every allocation of this many bytes on a kwq worker thread throws.
@@ -64,7 +67,9 @@ void* operator new(std::size_t n) {
     worker_failures.fetch_add(1);
     throw std::bad_alloc();
   }
-  if (fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) throw std::bad_alloc();
+  if (failing_thread && fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) {
+    throw std::bad_alloc();
+  }
   if (n == sizeof(kwq::Work) && count_works.load()) work_news.fetch_add(1);
   if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
       work_allocations.fetch_add(1) == 1) {
@@ -193,8 +198,11 @@ TEST(WorkerAllocTest, AnIdleWorkerThatCannotBeReapedStays) {
 
 // ---- queues ----
 
-// Fails the `k`-th allocation from now (1: the next one).
-void FailAllocation(int k) { fail_countdown = k; }
+// Fails the `k`-th allocation of this thread from now (1: the next one).
+void FailAllocation(int k) {
+  failing_thread = true;
+  fail_countdown = k;
+}
 // Whether an armed failure was used.
 bool FailureUsed() { return fail_countdown.exchange(0) == 0; }
 
@@ -219,6 +227,72 @@ TEST(WorkerAllocTest, QueueOnNodeCopesWithAFailedAllocation) {
     wq->Flush(&work);
   }
   EXPECT_EQ(ran.load(), 4);
+}
+
+// A delayed work whose timer cannot be made is left as it was. QueueDelayed claimed the
+// work and then grew its set of timed works and made the timer, and ModDelayed took the
+// work from where it was pending first: a failure of either left it pending on no list,
+// for ever (never run; Cancel and Flush hung, and so did the workqueue's destructor).
+// Every allocation of each call is failed in turn, with the timer service's slots grown
+// by one each round so that some calls must grow them.
+TEST(WorkerAllocTest, ADelayedWorkWhoseTimerCannotBeMadeIsLeftAsItWas) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto rt = *WorkqueueRuntime::Create({.clock = &clock, .timers = timers.get()});
+  // One work at a time, so works queued behind a blocked one wait pending (parked).
+  auto wq = *Workqueue::Create({.name = "delayed", .max_active = 1, .runtime = rt.get()});
+  std::atomic<bool> open{false};
+  Work blocker([&open] {
+    while (!open.load()) std::this_thread::yield();
+  });
+  ASSERT_TRUE(wq->Queue(&blocker));
+  constexpr int kWorks = 24;
+  std::atomic<int> ran{0};
+  std::vector<std::unique_ptr<DelayedWork>> works;
+  std::vector<TimerId> fillers;
+  for (int i = 0; i < 2 * kWorks; ++i) {
+    works.push_back(std::make_unique<DelayedWork>([&ran] { ran.fetch_add(1); }));
+  }
+  // Tries `call` with its 1st, 2nd, ... allocation failing until it goes through;
+  // `check_failed` runs after each failure. Returns the failures seen.
+  auto each_failure = [](auto call, auto check_failed) {
+    int failures = 0;
+    for (int k = 1;; ++k) {
+      FailAllocation(k);
+      try {
+        call();
+      } catch (const std::bad_alloc&) {
+        ++failures;
+        check_failed();
+        continue;
+      }
+      EXPECT_FALSE(FailureUsed());
+      return failures;
+    }
+  };
+  int queue_failures = 0, mod_failures = 0;
+  for (int i = 0; i < kWorks; ++i) {
+    fillers.push_back(timers->ScheduleAfter(absl::Hours(5), [] {}));
+    // Not pending: a failure leaves it not pending.
+    DelayedWork* d = works[i].get();
+    queue_failures += each_failure([&] { EXPECT_TRUE(wq->QueueDelayed(d, absl::Hours(1))); },
+                                   [&] { ASSERT_FALSE(d->pending()); });
+    // Pending behind the blocker: a failure leaves it pending there.
+    DelayedWork* parked = works[kWorks + i].get();
+    ASSERT_TRUE(wq->QueueDelayed(parked, absl::ZeroDuration()));
+    fillers.push_back(timers->ScheduleAfter(absl::Hours(5), [] {}));
+    mod_failures += each_failure([&] { EXPECT_TRUE(wq->ModDelayed(parked, absl::Hours(2))); },
+                                 [&] { ASSERT_TRUE(parked->pending()); });
+  }
+  EXPECT_GT(queue_failures, 0);
+  EXPECT_GT(mod_failures, 0);
+  for (TimerId id : fillers) timers->Cancel(id);
+  open = true;
+  clock.Advance(absl::Hours(3));
+  wq->Flush();
+  // Each ran once: none was lost, none was left on two lists.
+  EXPECT_EQ(ran.load(), 2 * kWorks);
+  for (const auto& d : works) EXPECT_FALSE(d->pending());
 }
 
 // The key table adds a chunk and grows its directory in one strongly exception-safe

@@ -139,6 +139,10 @@ class DelayedWork {
   // Guarded by the owning workqueue's timer lock.
   TimerId timer_ = 0;
   int target_cpu_ = -1;
+  // Its place in the owning workqueue's list of works on a timer (intrusive, so putting
+  // a work on a timer allocates nothing once its timer exists).
+  DelayedWork* timed_prev_ = nullptr;
+  DelayedWork* timed_next_ = nullptr;
 };
 
 // Workqueue flags (WQ_*).
@@ -228,9 +232,12 @@ class Workqueue {
   // queue_work_node: a CPU of NUMA node `node` (unknown node: any CPU).
   bool QueueOnNode(int node, Work* work);
   // queue_delayed_work(_on): after `delay` (<= 0: now). False if already pending.
+  // Throws std::bad_alloc when its timer cannot be made, with the work left as it was.
   bool QueueDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
   // mod_delayed_work: (re)sets the delay whether or not it is pending. Returns true when
-  // it was pending before the call.
+  // it was pending before the call. Throws std::bad_alloc when its timer cannot be made,
+  // with the work left as it was (its timer is made before the work is taken from where
+  // it was pending, so nothing fails after that).
   bool ModDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
 
   // cancel_work: removes a pending instance. True when one was pending. Does not wait for

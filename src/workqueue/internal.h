@@ -25,7 +25,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "kwq/internal/mutex.h"
 #include "kwq/workqueue.h"
 
@@ -92,6 +91,8 @@ struct WorkAccess {
   static std::atomic<uint64_t>& running_seq(Work* w) { return w->running_seq_; }
   static TimerId& timer(DelayedWork* d) { return d->timer_; }
   static int& target_cpu(DelayedWork* d) { return d->target_cpu_; }
+  static DelayedWork*& timed_prev(DelayedWork* d) { return d->timed_prev_; }
+  static DelayedWork*& timed_next(DelayedWork* d) { return d->timed_next_; }
   static Work* work(DelayedWork* d) { return &d->work_; }
   static WorkqueueCore* core(Workqueue* wq) { return wq->core_.get(); }
   static RuntimeCore* core(WorkqueueRuntime* rt) { return rt->core_.get(); }
@@ -416,7 +417,10 @@ class WorkqueueCore {
   std::atomic<int> draining_{0};
 
   mutable Mutex timer_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  absl::flat_hash_set<DelayedWork*> timed_ ABSL_GUARDED_BY(timer_mu_);  // on a timer
+  // Delayed works on a timer of this workqueue, linked through the works themselves.
+  DelayedWork* timed_head_ ABSL_GUARDED_BY(timer_mu_) = nullptr;
+  void LinkTimedLocked(DelayedWork* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(timer_mu_);
+  void UnlinkTimedLocked(DelayedWork* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(timer_mu_);
   // For stats().queued, which counts calls: delayed works put on a timer, and those that
   // left it into a pool (already counted once, as they went on the timer).
   std::atomic<uint64_t> timer_armed_{0}, timer_entered_{0};

@@ -168,14 +168,14 @@ WorkqueueCore::~WorkqueueCore() {
       DelayedWork* d = nullptr;
       {
         MutexLock lock(&timer_mu_);
-        if (!timed_.empty()) d = *timed_.begin();
+        d = timed_head_;
       }
       if (d == nullptr) break;
       CancelSync(A::work(d));
     }
     Drain();
     MutexLock lock(&timer_mu_);
-    if (timed_.empty() && Queued() == 0) break;
+    if (timed_head_ == nullptr && Queued() == 0) break;
   }
   // A worker counting the last instance gone with a waiter does so under mu_ and then
   // signals cv_ (InstanceGone): wait for it to let go before the memory goes.
@@ -394,7 +394,7 @@ WorkqueueCore::TimerGrab WorkqueueCore::GrabFromTimer(Work* w, PoolWorkqueue* pw
   }
   SetWhere(w, WorkWhere::kNone);
   A::list(w) = nullptr;
-  owner_wq->timed_.erase(d);
+  owner_wq->UnlinkTimedLocked(d);
   return TimerGrab::kGrabbed;
 }
 
@@ -572,46 +572,94 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   Work* w = A::work(d);
   // As for Queue (checked before taking the work: a refused ModDelayed leaves it as it was).
   if (RefusedWhileDraining()) return false;
+  // Nothing may fail once the work is taken from where it was pending (ModDelayed): it
+  // would be pending on no list, for ever. So its timer is made first, parked (it never
+  // runs), and moved to the deadline once the work is ours. A work that was not pending
+  // gets its timer after the claim, which is undone if that throws.
+  TimerService& timers = *rt->timers;
+  TimerId parked = 0;
+  auto unpark = [&] {
+    if (parked != 0) timers.Cancel(parked);
+  };
   bool was_pending = false;
   if (modify) {
     for (;;) {
-      if (GrabPending(w)) {
-        was_pending = true;  // we hold its pending bit now
-        break;
+      if (Pending(w)) {
+        if (parked == 0) {
+          // May throw std::bad_alloc: nothing has changed.
+          parked = timers.Schedule(absl::InfiniteFuture(), [this, d] { TimerFired(d); });
+        }
+        if (GrabPending(w)) {
+          was_pending = true;  // we hold its pending bit now
+          break;
+        }
       }
-      if (A::state(w).load(std::memory_order_acquire) >= kCancelHoldUnit) return false;
+      if (A::state(w).load(std::memory_order_acquire) >= kCancelHoldUnit) {
+        unpark();
+        return false;
+      }
       if (TryClaimPending(w)) break;
     }
   } else if (!TryClaimPending(w)) {
     return false;
   }
   if (delay <= absl::ZeroDuration()) {
+    unpark();
     Enqueue(cpu, -1, w);
     return modify ? was_pending : true;
   }
-  {
-    MutexLock lock(&timer_mu_);
-    A::target_cpu(d) = cpu;
-    A::pwq(w).store(PwqFor(cpu, -1), std::memory_order_release);
-    A::list(w) = d;
-    timed_.insert(d);
-    timer_armed_.fetch_add(1, std::memory_order_relaxed);
-    A::timer(d) = rt->timers->ScheduleAfter(delay, [this, d] { TimerFired(d); });
-    SetWhere(w, WorkWhere::kTimer);
+  MutexLock lock(&timer_mu_);
+  if (parked != 0) {
+    // Cannot fail: the timer is pending (only this call knows its id).
+    timers.Reschedule(parked, timers.clock().Now() + delay);
+    A::timer(d) = parked;
+  } else {
+    try {
+      A::timer(d) = timers.ScheduleAfter(delay, [this, d] { TimerFired(d); });
+    } catch (...) {
+      ClearPending(w);  // it was not pending before this call: as it was
+      throw;
+    }
   }
+  // The timer may be due already: it runs TimerFired once timer_mu_ is free, and finds
+  // the work on its timer.
+  A::target_cpu(d) = cpu;
+  A::pwq(w).store(PwqFor(cpu, -1), std::memory_order_release);
+  A::list(w) = d;
+  LinkTimedLocked(d);
+  timer_armed_.fetch_add(1, std::memory_order_relaxed);
+  SetWhere(w, WorkWhere::kTimer);
   return modify ? was_pending : true;
+}
+
+void WorkqueueCore::LinkTimedLocked(DelayedWork* d) {
+  A::timed_prev(d) = nullptr;
+  A::timed_next(d) = timed_head_;
+  if (timed_head_ != nullptr) A::timed_prev(timed_head_) = d;
+  timed_head_ = d;
+}
+
+void WorkqueueCore::UnlinkTimedLocked(DelayedWork* d) {
+  DelayedWork* prev = std::exchange(A::timed_prev(d), nullptr);
+  DelayedWork* next = std::exchange(A::timed_next(d), nullptr);
+  if (prev != nullptr) {
+    A::timed_next(prev) = next;
+  } else {
+    timed_head_ = next;
+  }
+  if (next != nullptr) A::timed_prev(next) = prev;
 }
 
 void WorkqueueCore::TimerFired(DelayedWork* d) {
   Work* w = A::work(d);
   TestHook(HookPoint::kTimerWillQueue, w);
-  // Queued while timer_mu_ is held: the destructor, which looks at timed_ under it, sees
+  // Queued while timer_mu_ is held: the destructor, which looks at timed_head_ under it, sees
   // the work either still on its timer or already counted as queued (then it drains it).
   MutexLock lock(&timer_mu_);
   if (WhereOf(w) != WorkWhere::kTimer || A::list(w) != d) return;
   SetWhere(w, WorkWhere::kNone);
   A::list(w) = nullptr;
-  timed_.erase(d);
+  UnlinkTimedLocked(d);
   timer_entered_.fetch_add(1, std::memory_order_relaxed);
   TestHook(HookPoint::kTimerTookWork, w);
   Enqueue(A::target_cpu(d), -1, w);
