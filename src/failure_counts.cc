@@ -22,17 +22,26 @@ void FailureCounts::Reserve(uint32_t limit) {
   if (limit == 0) return;
   const size_t chunk = (limit - 1) / kChunk;
   while (chunks_.size() <= chunk) {
+    // Every allocation first, so that one that throws leaves the counts as they were (the
+    // directory's capacity was doubled before its allocation: after a failed one, readers
+    // of the next chunk read past the old directory's end).
     const size_t n = chunks_.size();
-    chunks_.push_back(std::make_unique<Entry[]>(kChunk));
+    auto entries = std::make_unique<Entry[]>(kChunk);
+    chunks_.reserve(n + 1);
     if (n == dir_capacity_) {
-      dir_capacity_ = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
-      auto dir = std::make_unique<Entry*[]>(dir_capacity_);
-      for (size_t i = 0; i <= n; ++i) dir[i] = chunks_[i].get();
+      const size_t capacity = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
+      auto dir = std::make_unique<Entry*[]>(capacity);
+      dirs_.reserve(dirs_.size() + 1);
+      for (size_t i = 0; i < n; ++i) dir[i] = chunks_[i].get();
+      dir[n] = entries.get();
+      chunks_.push_back(std::move(entries));
       dir_.store(dir.get(), std::memory_order_release);
       dirs_.push_back(std::move(dir));
+      dir_capacity_ = capacity;
     } else {
       // Not yet visible to readers: no slot of this chunk has been handed out.
-      dirs_.back()[n] = chunks_[n].get();
+      dirs_.back()[n] = entries.get();
+      chunks_.push_back(std::move(entries));
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -24,8 +25,10 @@
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
 #include "kwq/delaying_queue.h"
+#include "kwq/internal/failure_counts.h"
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/parallelize.h"
+#include "kwq/priority_queue.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/timer.h"
@@ -295,6 +298,34 @@ TEST(WorkerAllocTest, ADelayedWorkWhoseTimerCannotBeMadeIsLeftAsItWas) {
   for (const auto& d : works) EXPECT_FALSE(d->pending());
 }
 
+// The failure counts grow by chunks and a directory of them as the key table does, and
+// a failed growth changes nothing: the directory's capacity was doubled before its
+// allocation, so after a failed one the next chunk was read past the old directory's end
+// (a heap overflow under ASan).
+TEST(QueueAllocTest, FailureCountsThatCannotGrowAreUnchanged) {
+  FakeClock clock;
+  internal::FailureCounts counts(absl::InfiniteDuration(), &clock);
+  constexpr uint32_t kChunk = 4096;  // FailureCounts' entries per chunk
+  counts.Reserve(4 * kChunk);        // fills the first directory
+  counts.Record(4 * kChunk - 1, counts.Now(), /*busy=*/true);
+  int failures = 0;
+  for (int k = 1;; ++k) {
+    FailAllocation(k);
+    try {
+      counts.Reserve(5 * kChunk);
+    } catch (const std::bad_alloc&) {
+      ++failures;
+      continue;
+    }
+    ASSERT_FALSE(FailureUsed());
+    break;
+  }
+  EXPECT_GE(failures, 2);  // the chunk and the directory
+  counts.Reset(5 * kChunk - 1);
+  EXPECT_EQ(counts.Record(5 * kChunk - 1, counts.Now(), /*busy=*/true), 0);
+  EXPECT_EQ(counts.Record(4 * kChunk - 1, counts.Now(), /*busy=*/true), 1);
+}
+
 // The key table adds a chunk and grows its directory in one strongly exception-safe
 // step: whichever allocation fails, the table is as before. The directory's capacity was
 // doubled before its allocation, so after a failed one the next chunk was written past
@@ -508,6 +539,191 @@ TEST(QueueAllocTest, ADoneNeverAllocates) {
     ASSERT_FALSE(FailureUsed()) << "Done of " << i << " allocated";
   }
   EXPECT_EQ(q.Len(), static_cast<size_t>(kLeased + 1024));
+}
+
+// ---- priority queue ----
+
+using StringPQ = PriorityQueue<std::string>;
+
+// Allocations `f` makes on this thread.
+template <typename F>
+int AllocationsOf(F f) {
+  constexpr int kMany = 1 << 30;
+  FailAllocation(kMany);
+  f();
+  const int made = kMany - fail_countdown.exchange(0);
+  return made;
+}
+
+// A queue on `clock` whose items fall into groups by their first letter.
+std::unique_ptr<StringPQ> GroupedQueue(FakeClock& clock) {
+  StringPQ::Options options;
+  options.clock = &clock;
+  options.group = [](const std::string& s) { return s.empty() ? 0 : uint64_t(s[0]); };
+  return *StringPQ::Create(std::move(options));
+}
+
+// What a queue holds, as its counts and, with the clock moved an hour on, its items in
+// hand-out order (which takes them all out).
+struct Contents {
+  size_t len, depth, waiting;
+  std::vector<std::string> order;
+  bool operator==(const Contents&) const = default;
+};
+Contents Take(StringPQ& q, FakeClock& clock) {
+  Contents c{q.Len(), q.Depth(), q.Waiting(), {}};
+  clock.Advance(absl::Hours(1));
+  while (auto lease = q.TryGet()) c.order.push_back(lease->item());
+  return c;
+}
+
+// Every allocation of an add fails in turn, on a queue set up afresh each time: an add
+// that throws leaves the queue as it was (the same counts and the same items in the
+// same order as a queue that never saw it), and one that goes through leaves it as an
+// add without failures does. Before, the slot information, ready levels, groups and
+// heaps allocated after the add had marked the item waiting.
+TEST(PriorityQueueAllocTest, EveryAllocationOfAnAddFailsWhole) {
+  struct Case {
+    const char* name;
+    std::function<void(StringPQ&)> setup, op;
+  };
+  auto add = [](const char* item, AddOpts opts = {}) {
+    return [=](StringPQ& q) { q.Add(std::string(item), opts); };
+  };
+  auto both = [](std::function<void(StringPQ&)> a, std::function<void(StringPQ&)> b) {
+    return [=](StringPQ& q) {
+      a(q);
+      b(q);
+    };
+  };
+  auto many = [](StringPQ& q) {  // a full first chunk of the key table (4096 slots)
+    for (int i = 0; i < 4096; ++i) q.Add("m" + std::to_string(i));
+  };
+  const std::vector<Case> cases = {
+      {"new key, new priority and group", both(add("a1"), add("b1")), add("c1", {.priority = 7})},
+      {"raise of a ready item", both(both(add("a1"), add("a2")), add("b1")),
+       add("a2", {.priority = 5})},
+      {"delayed new key", add("a1"), add("z1", {.after = absl::Seconds(1)})},
+      {"raise of a delayed item", add("a1", {.after = absl::Seconds(5)}),
+       add("a1", {.priority = 3, .after = absl::Seconds(9)})},
+      {"delayed item made ready", add("a1", {.after = absl::Seconds(5)}),
+       add("a1", {.priority = 2})},
+      {"first rate-limited add", add("a1"), add("r1", {.rate_limited = true})},
+      {"new key past a full chunk", many, add("x1", {.priority = 1})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeClock ref_clock;
+    auto before = GroupedQueue(ref_clock);
+    c.setup(*before);
+    const Contents without = Take(*before, ref_clock);
+    FakeClock ref_clock2;
+    auto after = GroupedQueue(ref_clock2);
+    c.setup(*after);
+    c.op(*after);
+    const Contents with = Take(*after, ref_clock2);
+    int failures = 0;
+    for (int k = 1;; ++k) {
+      FakeClock clock;
+      auto q = GroupedQueue(clock);
+      c.setup(*q);
+      FailAllocation(k);
+      bool threw = false;
+      try {
+        c.op(*q);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      const bool used = FailureUsed();
+      const Contents got = Take(*q, clock);
+      if (threw) {
+        ++failures;
+        ASSERT_EQ(got, without) << "allocation " << k << " failed";
+      } else {
+        ASSERT_EQ(got, with) << "allocation " << k << " failed";
+        if (!used) break;  // past the add's last allocation
+      }
+    }
+    EXPECT_GT(failures, 0);
+  }
+}
+
+// Ending a lease and handing an item out allocate nothing, also when the lease's item
+// was added again meanwhile (at a new priority, in a group that did not exist): its
+// place was set aside by that add. Before, a Done could allocate in its lease's
+// destructor (std::terminate on failure). A delayed re-add may make the queue's timer;
+// that failure is borne, and the item still comes due.
+TEST(PriorityQueueAllocTest, NeitherGetNorDoneAllocates) {
+  FakeClock clock;
+  auto q = GroupedQueue(clock);
+  constexpr int kItems = 200;
+  for (int i = 0; i < kItems; ++i) q->Add("i" + std::to_string(i));
+  std::vector<StringPQ::Lease> leases;
+  for (int i = 0; i < kItems; ++i) {
+    FailAllocation(1);
+    auto lease = q->TryGet();
+    ASSERT_FALSE(FailureUsed()) << "Get " << i << " allocated";
+    ASSERT_TRUE(lease.has_value());
+    leases.push_back(std::move(*lease));
+  }
+  for (int i = 0; i < kItems; ++i) {  // owed runs, each at a priority of its own
+    const absl::Duration after = i % 2 == 0 ? absl::ZeroDuration() : absl::Seconds(i);
+    ASSERT_TRUE(q->Add("i" + std::to_string(i), {.priority = i, .after = after}));
+  }
+  for (size_t i = 0; i < leases.size(); ++i) {
+    FailAllocation(1);
+    leases[i].Done();  // a throw here would end the process
+    // A delayed re-add may make the queue's timer, whose failure is borne (see
+    // ADelayedItemWithoutATimerIsStillHandedOut); an immediate one allocates nothing.
+    const bool used = FailureUsed();
+    if (i % 2 == 0) {
+      ASSERT_FALSE(used) << "Done " << i << " allocated";
+    }
+  }
+  clock.Advance(absl::Hours(1));
+  int handed_out = 0;
+  for (;;) {
+    FailAllocation(1);
+    auto lease = q->TryGet();
+    ASSERT_FALSE(FailureUsed()) << "Get allocated";
+    if (!lease) break;
+    ++handed_out;
+    FailAllocation(1);
+    lease->Done();  // the key goes idle: listed among the idle keys
+    ASSERT_FALSE(FailureUsed()) << "Done of " << handed_out << " allocated";
+  }
+  EXPECT_EQ(handed_out, kItems);
+}
+
+// A delayed add whose timer cannot be made still goes through (the item waits), and a Get
+// asleep meanwhile hands it out once due: without a timer, sleeping Gets look for due
+// items themselves. Before, the add threw after marking the item delayed, and nothing
+// made it ready: the Get slept for ever.
+TEST(PriorityQueueAllocTest, ADelayedItemWithoutATimerIsStillHandedOut) {
+  FakeClock ref_clock;
+  auto ref = GroupedQueue(ref_clock);
+  const int allocations =
+      AllocationsOf([&] { ref->Add(std::string("a1"), {.after = absl::Seconds(1)}); });
+  FakeClock clock;
+  auto q = GroupedQueue(clock);
+  std::atomic<bool> got{false};
+  std::thread worker([&] {
+    if (auto lease = q->Get()) got = true;
+  });
+  FailAllocation(allocations);  // the last one: the timer's (a new timer service's first)
+  bool threw = false;
+  try {
+    q->Add(std::string("a1"), {.after = absl::Seconds(1)});
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  EXPECT_TRUE(FailureUsed());
+  EXPECT_FALSE(threw);
+  EXPECT_EQ(q->Waiting(), 1u);
+  clock.Advance(absl::Seconds(1));  // no timer fires
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); }));
+  q->ShutDown();
+  worker.join();
 }
 }  // namespace
 }  // namespace kwq

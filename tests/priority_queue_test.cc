@@ -179,6 +179,30 @@ TEST_F(PriorityQueueTest, ItemBackAtItsOldLevelGoesByItsNewReadyTime) {
   EXPECT_EQ(Drain(*q_), (Strings{"a", "c", "b"}));
 }
 
+// An item added again while in flight, at a priority no other item has, and a delayed
+// item at another, keep their places while many other priorities come and go (each
+// emptied group is forgotten once more than half are empty): the groups set aside for
+// them are not forgotten, and at the Done and when due they go in at their priorities.
+TEST_F(PriorityQueueTest, OwedPlacesSurviveGroupsComingAndGoing) {
+  q_->Add("owed");
+  auto lease = q_->Get();
+  ASSERT_TRUE(lease.has_value());
+  ASSERT_TRUE(q_->Add("owed", {.priority = 500}));
+  ASSERT_TRUE(q_->Add("later", {.priority = 400, .after = absl::Seconds(1)}));
+  // New priorities each round, more than the last: new groups, which reuse every group
+  // forgotten.
+  for (int round = 0, base = 1000; round < 3; ++round) {
+    const int n = 300 + 100 * round;
+    for (int i = 0; i < n; ++i) q_->Add("x" + std::to_string(i), {.priority = base++});
+    EXPECT_EQ(Drain(*q_).size(), static_cast<size_t>(n));
+  }
+  q_->Add("low", {.priority = -1});
+  q_->Add("high", {.priority = 450});
+  lease->Done();
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Drain(*q_), (Strings{"owed", "high", "later", "low"}));
+}
+
 TEST_F(PriorityQueueTest, IdleItemAddedAgainTakesTheNewPriority) {
   q_->Add("a", {.priority = 9});
   q_->TryGet()->Done();

@@ -73,6 +73,14 @@
 // Lease must not outlive its queue, and no call may be in progress when it is destroyed:
 // after ShutDownWithDrain returns true the queue may be destroyed once every other
 // ShutDownWithDrain call and every Get has returned.
+//
+// Out of memory: an add that cannot allocate throws std::bad_alloc before it changes
+// anything (a key it stored is erased again; in AddAll, the items before it stay added).
+// It sets aside everything its item will need later: room in every structure indexed by
+// slot, and a pinned place in its (priority, group), so that Get, a lease's Done and the
+// timer's firing allocate nothing, except the timer itself: a delayed item whose timer
+// cannot be made still waits, and sleeping Gets look for due items every millisecond
+// until a later arming makes one.
 
 #ifndef KWQ_PRIORITY_QUEUE_H_
 #define KWQ_PRIORITY_QUEUE_H_
@@ -83,7 +91,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <iterator>
@@ -113,6 +120,7 @@
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/internal/range_items.h"
 #include "kwq/internal/ready_levels.h"
+#include "kwq/internal/slot_fifo.h"
 #include "kwq/internal/spin.h"
 #include "kwq/internal/time_key.h"
 #include "kwq/metrics.h"
@@ -511,7 +519,12 @@ class PriorityQueue {
     int priority;        // while waiting: the largest of the adds since the last Get
     uint64_t group_key;  // Options::group(item), or 0
     int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
+    // While the slot is owed a place among the ready items (kDelayed, or kQueued and in
+    // flight): the group of (priority, group_key), pinned for it (ReadyLevels::Pin), so
+    // that linking it later cannot fail. Else kNoGroup.
+    uint32_t group = kNoGroup;
   };
+  static constexpr uint32_t kNoGroup = internal::ReadyLevels::kNoGroup;
 
   enum class WakeKind { kNone, kOne, kAll };
 
@@ -565,9 +578,12 @@ class PriorityQueue {
 
   // Starts keeping failure counts, at the first counted rate-limited add (a queue that
   // never rate-limits pays nothing for them).
+  // Throws std::bad_alloc with nothing changed.
   void StartCountingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    counts_ = std::make_unique<internal::FailureCounts>(counting_.idle_horizon, counting_.clock);
-    counts_->Reserve(table_.slot_limit());
+    auto counts =
+        std::make_unique<internal::FailureCounts>(counting_.idle_horizon, counting_.clock);
+    counts->Reserve(table_.slot_limit());
+    counts_ = std::move(counts);
   }
 
   // How far ahead an add looks, for NowForAddLocked: a counted rate-limited add learns
@@ -624,6 +640,8 @@ class PriorityQueue {
   }
 
   // Stores or merges one add. `now` is the clock (read when the add needs it).
+  // Out of memory: everything that allocates comes before the add changes anything (a
+  // key it stored is erased again), and throws std::bad_alloc.
   template <typename K>
   bool AddLocked(K&& item, const Prep& prep, int priority, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -639,17 +657,36 @@ class PriorityQueue {
       return false;
     }
     uint32_t slot = prep.counted ? SlotOfLocked(item, prep.hash) : table_.Find(item, prep.hash);
-    if (slot == Table::kNone) {
-      slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
-      if (counts_) counts_->Reset(slot);
-      if (slot >= info_.size()) info_.resize(table_.slot_limit());
-      info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
-    } else if (counts_ && !BusyLocked(slot)) {
+    const bool fresh = slot == Table::kNone;
+    if (fresh) slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
+    const uint8_t state = table_.state(slot);
+    // The group the add's link goes to, pinned (allocations, which may throw), and the
+    // pin it replaces.
+    uint32_t pinned = kNoGroup;
+    try {
+      if (fresh) {
+        ReserveSlotsLocked();
+        if (counts_) counts_->Reset(slot);
+        info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
+      }
+      if (prep.counted && !counts_) StartCountingLocked();
+      const SlotInfo& info = info_[slot];
+      if (!(state & (kQueued | kDelayed))) {
+        pinned = ready_.Pin(priority, info.group_key);
+      } else if (priority > info.priority) {  // a raise: a place at the new priority
+        const bool linked = (state & kQueued) && !(state & kProcessing);
+        pinned = ready_.Pin(priority, info.group_key, /*late=*/linked);
+      }
+    } catch (...) {
+      if (fresh) table_.Erase(slot);
+      throw;
+    }
+    // Nothing below allocates.
+    if (!fresh && counts_ && !BusyLocked(slot)) {
       counts_->EndIdle(slot);  // a count that lapsed while idle goes before the key is busy
     }
     absl::Duration after = prep.after;
     if (prep.counted) {
-      if (!counts_) StartCountingLocked();
       after = std::max(
           after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now(), BusyLocked(slot))));
     }
@@ -657,22 +694,24 @@ class PriorityQueue {
     if (!immediate && metrics_) metrics_->OnRetry();  // controller-runtime: adds that wait
     const int64_t due = immediate ? 0 : ReadyKey(now + after);
     SlotInfo& info = info_[slot];
-    const uint8_t state = table_.state(slot);
     if (state & kQueued) {  // waiting with no delay: keep its ready time, raise priority
-      if (priority > info.priority) {
+      if (pinned != kNoGroup) {
         if (metrics_) metrics_->OnReprioritize(info.priority, priority);
+        info.priority = priority;
         if (state & kProcessing) {
-          info.priority = priority;
+          ready_.Unpin(std::exchange(info.group, pinned));
         } else {
-          const int64_t seq = UnlinkLocked(slot);
-          info.priority = priority;
-          LinkLocked(slot, seq);
+          ready_.Link(slot, pinned, UnlinkLocked(slot));
+          ready_hint_.store(ready_.size(), std::memory_order_relaxed);
         }
       }
       return false;
     }
     if (state & kDelayed) {  // waiting for its time: earliest time, largest priority
-      info.priority = std::max(info.priority, priority);
+      if (pinned != kNoGroup) {
+        info.priority = priority;
+        ready_.Unpin(std::exchange(info.group, pinned));
+      }
       if (immediate) {
         if (!(state & kProcessing)) delayed_.Remove(slot);
         DelayedToQueuedLocked(slot);
@@ -687,6 +726,7 @@ class PriorityQueue {
     }
     // Not waiting: idle, or in flight and not added since its Get.
     info.priority = priority;
+    info.group = pinned;
     if (immediate) {
       table_.state(slot) |= kQueued;
       ++queued_;
@@ -704,6 +744,21 @@ class PriorityQueue {
       }
     }
     return true;
+  }
+
+  // Makes room, in every structure indexed by slot, for every slot the key table has (a
+  // key was just stored), so that moving a slot between them never allocates. Amortised:
+  // the table grows a chunk of slots at a time. Throws std::bad_alloc; what it grew stays
+  // grown, unused.
+  void ReserveSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t slots = table_.slot_limit();
+    if (info_.size() >= slots) return;
+    ready_.ReserveSlots(slots);
+    delayed_.Reserve(slots);
+    if (aging_) aged_.Reserve(slots);
+    idle_.ReserveFor(slots);  // each slot is listed at most once
+    if (counts_) counts_->Reserve(static_cast<uint32_t>(slots));
+    info_.resize(slots);  // last: it says the others are done
   }
 
   // kDelayed -> kQueued bookkeeping (the caller moves the slot between structures).
@@ -747,18 +802,13 @@ class PriorityQueue {
     }
   }
 
-  // Puts a kQueued slot that is not in flight into the ready structures.
+  // Puts a kQueued slot that is not in flight into the ready structures, into the group
+  // pinned for it. Allocates nothing.
   void MakeReadyLocked(uint32_t slot, absl::Time ready_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    LinkLocked(slot, static_cast<int64_t>(next_seq_++));
-    if (aging_) aged_.Push(slot, ReadyKey(ready_at));
-  }
-
-  // Puts `slot` into the ready items, in the group of its priority and group key,
-  // ordered by `seq`.
-  void LinkLocked(uint32_t slot, int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const SlotInfo& info = info_[slot];
-    ready_.Link(slot, info.priority, info.group_key, seq);
+    ready_.Link(slot, std::exchange(info_[slot].group, kNoGroup),
+                static_cast<int64_t>(next_seq_++));
     ready_hint_.store(ready_.size(), std::memory_order_relaxed);
+    if (aging_) aged_.Push(slot, ReadyKey(ready_at));
   }
 
   // Takes a ready `slot` out of the ready items (not out of aged_); returns its ready
@@ -814,6 +864,7 @@ class PriorityQueue {
           MakeReadyLocked(slot, now);
         } else if (shutting_down_) {  // a delayed re-add: dropped like delayed items
           state &= ~kDelayed;
+          ready_.Unpin(std::exchange(info_[slot].group, kNoGroup));
           --delayed_count_;
           if (metrics_) metrics_->OnDelayed(-1);
           KeepIdleLocked(slot);
@@ -884,13 +935,24 @@ class PriorityQueue {
   }
 
   // Blocks one Get on ready_cv_. Each Signal wakes exactly one blocked waiter, which
-  // then consumes one unit of signaled_.
+  // then consumes one unit of signaled_. While delayed items have no timer (it could not
+  // be made: out of memory, see ArmLocked), the wait ends every kNoTimerPoll, and the
+  // Get makes due items ready itself (PromoteIfNoneReadyLocked).
   void WaitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++waiters_;
-    ready_cv_.Wait(&mu_);
+    if (timer_ == 0 && !delayed_.empty() && !shutting_down_) {
+      ready_cv_.WaitFor(&mu_, kNoTimerPoll);
+    } else {
+      ready_cv_.Wait(&mu_);
+    }
     --waiters_;
     if (signaled_ > 0) --signaled_;
+    if (timer_ == 0 && !delayed_.empty() && !shutting_down_) {
+      ArmLocked();  // memory may be back
+      PromoteIfNoneReadyLocked();
+    }
   }
+  static constexpr absl::Duration kNoTimerPoll = absl::Milliseconds(1);
 
   // How to wake blocked Gets for `made_ready` newly ready items: as Queue's
   // NeedWakeLocked, one Signal per sleeping worker not yet signalled.
@@ -915,7 +977,10 @@ class PriorityQueue {
   }
 
   // Arms (or moves) the one timer to the earliest delayed ready time, if that is earlier
-  // than the time it is armed for (as DelayingQueue's).
+  // than the time it is armed for (as DelayingQueue's). Never throws: called where
+  // nothing may (a lease's Done, the timer's firing) and after an add has changed state.
+  // A timer that cannot be made (std::bad_alloc) leaves timer_ at 0: the next arming
+  // tries again, and meanwhile sleeping Gets look for due items every kNoTimerPoll.
   void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (delayed_.empty() || shutting_down_) return;
     const int64_t next = delayed_.TopKey();
@@ -925,8 +990,18 @@ class PriorityQueue {
       if (TimersLocked()->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
     }
-    armed_for_ = next;
-    timer_ = TimersLocked()->Schedule(FromKey(next), [this] { Fire(); });
+    try {
+      timer_ = TimersLocked()->Schedule(FromKey(next), [this] { Fire(); });
+      armed_for_ = next;
+      arm_failed_ = false;
+    } catch (const std::bad_alloc&) {
+      timer_ = 0;
+      if (!arm_failed_) {  // once, not at every retry (the Gets retry)
+        arm_failed_ = true;
+        signaled_ = waiters_;
+        ready_cv_.SignalAll();  // sleeping Gets start looking for due items themselves
+      }
+    }
   }
 
   // Timer callback: makes every due item ready, re-arms, and wakes workers. Unlike
@@ -966,6 +1041,7 @@ class PriorityQueue {
       const uint32_t slot = delayed_.TopId();
       delayed_.Pop();
       table_.state(slot) &= ~kDelayed;
+      ready_.Unpin(std::exchange(info_[slot].group, kNoGroup));
       --delayed_count_;
       if (metrics_) metrics_->OnDelayed(-1);
       KeepIdleLocked(slot);
@@ -997,8 +1073,9 @@ class PriorityQueue {
   TimerService* timers_ ABSL_GUARDED_BY(mu_);  // nullptr until the first delay: Default()
   Table table_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotInfo> info_ ABSL_GUARDED_BY(mu_);  // per slot
-  std::deque<uint32_t> idle_ ABSL_GUARDED_BY(mu_);   // kIdleListed slots, oldest first
-  size_t idle_floor_ ABSL_GUARDED_BY(mu_) = 0;       // see KeepIdleLocked
+  // kIdleListed slots, oldest first; room for every slot (ReserveSlotsLocked).
+  internal::SlotFifo idle_ ABSL_GUARDED_BY(mu_);
+  size_t idle_floor_ ABSL_GUARDED_BY(mu_) = 0;  // see KeepIdleLocked
 
   // The ready items, in serving order (kwq/internal/ready_levels.h).
   internal::ReadyLevels ready_ ABSL_GUARDED_BY(mu_);
@@ -1021,6 +1098,7 @@ class PriorityQueue {
   // The one timer, armed for armed_for_; 0 when none is pending.
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
+  bool arm_failed_ ABSL_GUARDED_BY(mu_) = false;  // the last arming could not make a timer
   // Set at construction; its methods are called with mu_ held.
   std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
 };

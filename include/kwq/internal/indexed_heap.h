@@ -21,8 +21,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
-#include <vector>
 
 #include "kwq/internal/check.h"
 #include "kwq/internal/pod_vector.h"
@@ -39,7 +37,14 @@ class IndexedHeap {
   size_t size() const { return heap_.size(); }
   bool Contains(uint32_t id) const { return id < pos_.size() && pos_[id] != kAbsent; }
 
-  // Adds `id` (which must be absent) with `key`.
+  // Makes room for every id below `ids`, so that pushing them allocates nothing and cannot
+  // throw. Throws std::bad_alloc (the heap unchanged).
+  void Reserve(size_t ids) {
+    heap_.Reserve(ids);
+    if (pos_.size() < ids) pos_.resize(ids, kAbsent);
+  }
+  // Adds `id` (which must be absent) with `key`. Allocates (and may throw std::bad_alloc,
+  // the heap unchanged) only when no room was reserved for it.
   void Push(uint32_t id, int64_t key) {
     if (id >= pos_.size()) pos_.resize(id + 1, kAbsent);
     heap_.push_back(Entry{key, id, NextSeq()});
@@ -103,15 +108,16 @@ class IndexedHeap {
       Renumber();
     return seq_++;
   }
-  // Gives the present entries sequence numbers 0..n-1 in (key, sequence) order.
+  // Gives the present entries sequence numbers 0..n-1 in (key, sequence) order. In place,
+  // allocating nothing (a push must not throw here): a sorted array is a valid heap.
   void Renumber() {
     const size_t n = heap_.size();
     KWQ_CHECK(n < UINT32_MAX / 2, "IndexedHeap: too many entries");
-    std::vector<uint32_t> order(n);
-    std::iota(order.begin(), order.end(), 0u);
-    std::sort(order.begin(), order.end(),
-              [this](uint32_t a, uint32_t b) { return Less(heap_[a], heap_[b]); });
-    for (uint32_t i = 0; i < n; ++i) heap_[order[i]].seq = i;
+    std::sort(heap_.begin(), heap_.end(), Less);
+    for (uint32_t i = 0; i < n; ++i) {
+      heap_[i].seq = i;
+      pos_[heap_[i].id] = i;
+    }
     seq_ = static_cast<uint32_t>(n);
   }
   static bool Less(const Entry& a, const Entry& b) {

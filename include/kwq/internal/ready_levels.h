@@ -14,28 +14,84 @@
 // away when dead entries outnumber live ones. Heap ids are group-local, so each heap's
 // position index is as large as its own peak, not the whole table. Empty groups and
 // levels are kept for reuse until more than half are empty (then swept, amortised O(1)).
+//
+// Out of memory: every Link is set aside first by a Pin, which may allocate (and throw
+// std::bad_alloc with nothing observable changed): it creates the group if need be and
+// makes room for the Link in the group's FIFO (and heap, for a Link out of sequence), in
+// the level heap and in the lists Unlink and Sweep write to, and keeps the group from
+// being swept until the Link uses the pin (or Unpin gives it back). Link, Unlink and
+// PopNext then allocate nothing, so the queue can link an item where nothing may throw (a
+// lease's Done, the timer's firing) and hand items out without allocating. The maps from
+// priority and group key grow through a reserve (kwq/internal/safe_growth.h).
 
 #ifndef KWQ_INTERNAL_READY_LEVELS_H_
 #define KWQ_INTERNAL_READY_LEVELS_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <functional>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "kwq/internal/check.h"
 #include "kwq/internal/indexed_heap.h"
+#include "kwq/internal/safe_growth.h"
+#include "kwq/internal/seq_ring.h"
 
 namespace kwq::internal {
 
 class ReadyLevels {
  public:
-  // Puts `slot` (not ready) into the group (priority, group_key), ordered by `seq`.
-  void Link(uint32_t slot, int priority, uint64_t group_key, int64_t seq) {
-    if (slot >= pos_.size()) pos_.resize(slot + 1);
-    const uint32_t g = GroupFor(priority, group_key);
+  static constexpr uint32_t kNoGroup = UINT32_MAX;
+
+  ReadyLevels() = default;
+  ReadyLevels(const ReadyLevels&) = delete;  // the maps' allocators point at the reserves
+  ReadyLevels& operator=(const ReadyLevels&) = delete;
+
+  // Makes room for the positions of every slot below `slots`. Throws std::bad_alloc with
+  // nothing changed.
+  void ReserveSlots(size_t slots) {
+    if (pos_.size() < slots) pos_.resize(slots);
+  }
+
+  // Sets aside one Link into the group of (priority, group_key), creating the group if
+  // need be; returns the group. `late`: the Link may carry an older ready sequence than
+  // the group's newest (a raised item keeps its place), which goes to the group's heap.
+  // Throws std::bad_alloc with nothing observable changed.
+  uint32_t Pin(int priority, uint64_t group_key, bool late = false) {
+    uint32_t g;
+    if (auto it = group_ids_.find(std::pair<int, uint64_t>(priority, group_key));
+        it != group_ids_.end()) {
+      g = it->second;
+    } else {
+      g = NewGroup(priority, group_key);
+    }
     Group& group = groups_[g];
+    group.fifo.Reserve(group.fifo.size() + group.pins + 1);
+    if (late) {
+      const size_t ids = group.slot_of.size() + 1;
+      group.late.Reserve(ids);
+      group.slot_of.reserve(ids);
+      group.free_ids.reserve(ids);  // Unlink gives ids back
+    }
+    ++group.pins;
+    return g;
+  }
+
+  // Gives back a pin of group `g` unused.
+  void Unpin(uint32_t g) {
+    KWQ_DCHECK(groups_[g].pins > 0, "ReadyLevels: Unpin without a pin");
+    --groups_[g].pins;
+  }
+
+  // Puts `slot` (not ready, below ReserveSlots' bound) into group `g`, ordered by `seq`,
+  // using one of the group's pins. Allocates nothing.
+  void Link(uint32_t slot, uint32_t g, int64_t seq) {
+    Group& group = groups_[g];
+    KWQ_DCHECK(group.pins > 0 && slot < pos_.size(), "ReadyLevels: Link without a Pin");
+    --group.pins;
     Position& pos = pos_[slot];
     pos.group = g;
     pos.seq = seq;
@@ -84,6 +140,7 @@ class ReadyLevels {
     --size_;
     if (--group.count == 0) {
       group.fifo.clear();
+      if (group.pins == 0) group.fifo.ReleaseIfEmpty();
       group.dead = 0;
       ++empty_groups_;
       if (!group.listed) {
@@ -97,12 +154,8 @@ class ReadyLevels {
         group.fifo.pop_front();
         --group.dead;
       }
-      if (group.dead > kMinDead && group.dead > group.count) {  // amortised O(1)
-        std::deque<Entry> live;
-        for (const Entry& e : group.fifo) {
-          if (Live(g, e)) live.push_back(e);
-        }
-        group.fifo.swap(live);
+      if (group.dead > kMinDead && group.dead > group.count) {          // amortised O(1)
+        group.fifo.Filter([&](const Entry& e) { return Live(g, e); });  // in place
         group.dead = 0;
       }
     }
@@ -150,25 +203,23 @@ class ReadyLevels {
     int64_t seq = -1;        // its ready sequence
   };
 
-  struct Entry {
-    int64_t seq;
-    uint32_t slot;
-  };
+  using Entry = SeqRing::Entry;
 
   // The ready items of one (priority, group key), by ready sequence.
   struct Group {
-    std::deque<Entry> fifo;         // increasing seq; the front is always live
+    SeqRing fifo;                   // increasing seq; the front is always live
     IndexedHeap late;               // local ids by ready sequence
     std::vector<uint32_t> slot_of;  // local id -> slot
     std::vector<uint32_t> free_ids;
     size_t count = 0;  // live items (fifo and late)
     size_t dead = 0;   // dead entries in fifo
+    size_t pins = 0;   // Links set aside (Pin): the group stays, with room for them
     int priority = 0;
     uint64_t key = 0;
     uint32_t level = kNone;
     uint32_t prev = kNone, next = kNone;  // the level's ring of non-empty groups
     bool live = false;                    // in group_ids_
-    bool listed = false;                  // in emptied_
+    bool listed = false;                  // in emptied_ (every live empty group is)
   };
 
   // One priority: its ring of non-empty groups (front is served next).
@@ -180,39 +231,57 @@ class ReadyLevels {
     bool live = false;  // in level_ids_
   };
 
-  // Finds or creates the group of (priority, key).
-  uint32_t GroupFor(int priority, uint64_t key) {
-    auto it = group_ids_.find(std::pair<int, uint64_t>(priority, key));
-    if (it != group_ids_.end()) return it->second;
+  // Creates the group of (priority, key), empty and listed in emptied_. Every allocation
+  // comes first, so one that throws changes nothing observable (a sweep may have run).
+  uint32_t NewGroup(int priority, uint64_t key) {
     if (empty_groups_ >= kMinEmptyGroups && empty_groups_ * 2 > group_ids_.size()) Sweep();
-    uint32_t level;
     auto lit = level_ids_.find(priority);
+    if (lit == level_ids_.end()) {
+      ReserveGrowth(level_ids_, level_growth_);
+      if (free_levels_.empty()) levels_.reserve(levels_.size() + 1);
+      const size_t levels = std::max(levels_.size(), levels_.capacity());
+      free_levels_.reserve(levels);  // Sweep gives levels back
+      level_heap_.Reserve(levels);
+    }
+    ReserveGrowth(group_ids_, group_growth_);
+    if (free_groups_.empty()) groups_.reserve(groups_.size() + 1);
+    const size_t groups = std::max(groups_.size(), groups_.capacity());
+    free_groups_.reserve(groups);  // Sweep gives groups back
+    emptied_.reserve(groups);      // each group is listed at most once
+    // Nothing below allocates.
+    uint32_t level;
     if (lit != level_ids_.end()) {
       level = lit->second;
     } else {
-      level = Allocate(free_levels_, levels_);
+      level = Take(free_levels_, levels_);
       levels_[level] = Level{.priority = priority, .live = true};
       level_ids_.emplace(priority, level);
     }
-    const uint32_t g = Allocate(free_groups_, groups_);
+    const uint32_t g = Take(free_groups_, groups_);
     Group& group = groups_[g];
+    group.fifo.clear();
     group.slot_of.clear();
     group.free_ids.clear();
     group.count = 0;
+    group.dead = 0;
+    group.pins = 0;
     group.priority = priority;
     group.key = key;
     group.level = level;
     group.prev = group.next = kNone;
     group.live = true;
+    group.listed = true;
+    emptied_.push_back(g);
     ++levels_[level].groups;
     group_ids_.emplace(std::pair<int, uint64_t>(priority, key), g);
     ++empty_groups_;
     return g;
   }
 
-  // An index taken from `free` if it has one, else a new element at the end of `items`.
+  // An index taken from `free` if it has one, else a new element at the end of `items`
+  // (whose room the caller reserved).
   template <typename Item>
-  static uint32_t Allocate(std::vector<uint32_t>& free, std::vector<Item>& items) {
+  static uint32_t Take(std::vector<uint32_t>& free, std::vector<Item>& items) {
     if (!free.empty()) {
       const uint32_t index = free.back();
       free.pop_back();
@@ -222,14 +291,23 @@ class ReadyLevels {
     return static_cast<uint32_t>(items.size() - 1);
   }
 
-  // Forgets every empty group, and every level left without groups. Amortised O(1): it
-  // runs when more than half the groups are empty, and visits only the groups that
-  // emptied since the last sweep (each listed once).
+  // Forgets every empty group that holds no pin, and every level left without groups.
+  // Amortised O(1): it runs when more than half the groups are empty, and visits only
+  // the groups listed in emptied_ (each at most once; pinned empty ones stay listed).
+  // Allocates nothing.
   void Sweep() {
+    size_t kept = 0;
     for (const uint32_t g : emptied_) {
       Group& group = groups_[g];
+      if (!group.live || group.count != 0) {
+        group.listed = false;
+        continue;
+      }
+      if (group.pins > 0) {
+        emptied_[kept++] = g;  // still empty and listed
+        continue;
+      }
       group.listed = false;
-      if (!group.live || group.count != 0) continue;
       group_ids_.erase(std::pair<int, uint64_t>(group.priority, group.key));
       group.live = false;
       free_groups_.push_back(g);
@@ -240,8 +318,8 @@ class ReadyLevels {
         free_levels_.push_back(group.level);
       }
     }
-    emptied_.clear();
-    empty_groups_ = 0;  // every empty group had emptied since the last sweep
+    emptied_.resize(kept);
+    empty_groups_ = kept;  // every empty group was listed
   }
 
   void RingAppend(Level& level, uint32_t g) {
@@ -287,15 +365,26 @@ class ReadyLevels {
     return group.slot_of[group.late.TopId()];
   }
 
+  using LevelIds = absl::flat_hash_map<int, uint32_t, absl::Hash<int>, std::equal_to<int>,
+                                       ReservingAllocator<std::pair<const int, uint32_t>>>;
+  using GroupKey = std::pair<int, uint64_t>;
+  using GroupIds =
+      absl::flat_hash_map<GroupKey, uint32_t, absl::Hash<GroupKey>, std::equal_to<GroupKey>,
+                          ReservingAllocator<std::pair<const GroupKey, uint32_t>>>;
+
   std::vector<Position> pos_;  // by slot
   std::vector<Level> levels_;
   std::vector<Group> groups_;
-  absl::flat_hash_map<int, uint32_t> level_ids_;
-  absl::flat_hash_map<std::pair<int, uint64_t>, uint32_t> group_ids_;
+  GrowthReserve level_growth_;  // before the maps, whose allocators point at them
+  GrowthReserve group_growth_;
+  LevelIds level_ids_{0, LevelIds::hasher(), LevelIds::key_equal(),
+                      LevelIds::allocator_type(&level_growth_)};
+  GroupIds group_ids_{0, GroupIds::hasher(), GroupIds::key_equal(),
+                      GroupIds::allocator_type(&group_growth_)};
   std::vector<uint32_t> free_levels_;
   std::vector<uint32_t> free_groups_;
-  size_t empty_groups_ = 0;        // live groups with no ready item
-  std::vector<uint32_t> emptied_;  // groups that emptied since a sweep
+  size_t empty_groups_ = 0;        // live groups with no ready item (all listed)
+  std::vector<uint32_t> emptied_;  // groups that emptied or were made since a sweep
   IndexedHeap level_heap_;         // non-empty levels by -priority
   size_t size_ = 0;                // ready slots
 };

@@ -69,6 +69,14 @@ class SlotFifo {
     head_ = 0;
   }
 
+  // Makes room for `n` slots in all, so that the FIFO can hold any `n` distinct slots
+  // without allocating: it never uses more words than it holds slots (a run of L >= 2
+  // slots is two words). For a FIFO that holds each slot at most once (the priority
+  // queue's idle keys). Throws std::bad_alloc (the FIFO unchanged) when it cannot.
+  void ReserveFor(size_t n) {
+    if (capacity_ < n) Reserve(n - count_);
+  }
+
   // Appends `slot` (< 2^31) at the back. Allocates (and may throw std::bad_alloc, the
   // FIFO unchanged) only when no room was reserved.
   void push_back(uint32_t slot) {
