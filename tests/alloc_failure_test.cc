@@ -58,16 +58,24 @@ std::atomic<int> array_failures_left{0};
 // While set, every allocation of this many bytes on a kwq worker thread throws.
 std::atomic<size_t> fail_on_workers_size{0};
 std::atomic<int> worker_failures{0};
-bool OnAWorker() {
+// While set, every allocation of this many bytes on a kwq rescuer thread throws.
+std::atomic<size_t> fail_on_rescuers_size{0};
+std::atomic<int> rescuer_failures{0};
+bool OnThreadNamed(std::string_view prefix) {
   char name[16] = {};
   return pthread_getname_np(pthread_self(), name, sizeof(name)) == 0 &&
-         std::string_view(name).starts_with("kwq-worker");
+         std::string_view(name).starts_with(prefix);
 }
+bool OnAWorker() { return OnThreadNamed("kwq-worker"); }
 }  // namespace
 
 void* operator new(std::size_t n) {
   if (fail_on_workers_size.load() == n && OnAWorker()) {
     worker_failures.fetch_add(1);
+    throw std::bad_alloc();
+  }
+  if (fail_on_rescuers_size.load() == n && OnThreadNamed("kwq-rescuer")) {
+    rescuer_failures.fetch_add(1);
     throw std::bad_alloc();
   }
   if (failing_thread && fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) {
@@ -197,6 +205,28 @@ TEST(WorkerAllocTest, AnIdleWorkerThatCannotBeReapedStays) {
   EXPECT_GE(workers(), 3);  // none could go
   fail_on_workers_size = 0;
   EXPECT_TRUE(testing::Eventually([&] { return workers() <= 2; }));
+}
+
+// A rescuer joins the list of rescuers at work in a pool without allocating on its
+// thread: the list was a vector, whose first push_back could throw there
+// (std::terminate).
+TEST(WorkerAllocTest, ARescuerAllocatesNothingToJoinAPool) {
+  std::atomic<bool> fail_spawn{false};
+  auto runtime =
+      *WorkqueueRuntime::Create({.fail_thread_creation = [&] { return fail_spawn.load(); }});
+  auto wq = *Workqueue::Create(
+      {.name = "reclaim", .flags = kUnbound | kMemReclaim, .runtime = runtime.get()});
+  fail_spawn = true;  // no worker can be made: the rescuer runs the work
+  fail_on_rescuers_size = sizeof(internal::Worker*);
+  std::atomic<bool> ran{false};
+  Work work([&ran] { ran = true; });
+  wq->Queue(&work);
+  EXPECT_TRUE(testing::Eventually([&] { return ran.load(); }));
+  wq->Flush();
+  fail_on_rescuers_size = 0;
+  fail_spawn = false;
+  EXPECT_EQ(rescuer_failures.load(), 0);
+  EXPECT_TRUE(testing::Eventually([&] { return wq->stats().rescued == 1u; }));
 }
 
 // ---- queues ----

@@ -426,6 +426,22 @@ TEST(FakeTimerTest, PeriodicTimerRunsEveryPeriodUntilStopped) {
   EXPECT_EQ(service->Pending(), 0u);
 }
 
+// A run that throws is dropped and the runs go on: the exception left the timer callback
+// (which ends the process on a real clock's service) before the timer was re-armed.
+TEST(FakeTimerTest, PeriodicTimerRunsOnAfterARunThrows) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  int runs = 0;
+  internal::PeriodicTimer timer(service.get(), absl::Seconds(1), [&] {
+    if (++runs == 1) throw std::runtime_error("flush failed");
+  });
+  EXPECT_NO_THROW(clock.Advance(absl::Seconds(1)));
+  EXPECT_EQ(runs, 1);
+  EXPECT_NO_THROW(clock.Advance(absl::Seconds(1)));
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(service->Pending(), 1u);
+}
+
 TEST(FakeTimerTest, PastTimerRunsOnNextAdvance) {
   FakeClock clock;
   auto service = *TimerService::Create({.clock = &clock});

@@ -12,6 +12,7 @@
 #include <latch>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1605,6 +1606,38 @@ TEST_F(FakeTimeWorkqueueTest, StallIsReportedWhenNoWorkerCanStart) {
   EXPECT_EQ(runtime_->stalls(), 1u);
   fail_spawn_ = false;
   clock_.Advance(absl::Milliseconds(10));  // the watchdog retries creating a worker
+  ASSERT_TRUE(Eventually([&] { return ran.load(); }));
+  wq->Flush();
+}
+
+// A watchdog pass that throws (here the stall reporter; an allocation in practice) is cut
+// short and the watchdog keeps running: the exception left the timer callback (which
+// ends the process on a real clock's service) before the watchdog was re-armed, so
+// nothing retried creating the worker and the work never ran.
+TEST(WorkqueueWatchdogTest, APassThatThrowsIsCutShortAndTheWatchdogRunsOn) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  std::atomic<bool> fail_spawn{true};
+  std::atomic<int> reports{0};
+  auto runtime =
+      *WorkqueueRuntime::Create({.clock = &clock,
+                                 .timers = timers.get(),
+                                 .stall_threshold = absl::Seconds(2),
+                                 .stall_reporter =
+                                     [&](const std::string&) {
+                                       reports.fetch_add(1);
+                                       throw std::runtime_error("reporter failed");
+                                     },
+                                 .fail_thread_creation = [&] { return fail_spawn.load(); }});
+  auto wq = *Workqueue::Create({.name = "stall", .flags = kUnbound, .runtime = runtime.get()});
+  std::atomic<bool> ran{false};
+  Work work([&] { ran = true; });
+  wq->Queue(&work);
+  EXPECT_NO_THROW(clock.Advance(absl::Milliseconds(10)));
+  EXPECT_NO_THROW(clock.Advance(absl::Seconds(3)));
+  EXPECT_EQ(reports.load(), 1);
+  fail_spawn = false;
+  EXPECT_NO_THROW(clock.Advance(absl::Milliseconds(10)));  // retries creating a worker
   ASSERT_TRUE(Eventually([&] { return ran.load(); }));
   wq->Flush();
 }

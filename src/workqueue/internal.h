@@ -128,6 +128,9 @@ class Worker {
   bool hog = false;      // marked CPU-intensive by the watchdog
   int blocking = 0;      // nesting of BlockingScope
   bool rescuer = false;  // I: a kMemReclaim rescuer borrowed by the pool
+  // P: the next rescuer at work in the pool (WorkerPool::rescuing_; a list through the
+  // rescuers, so that joining it allocates nothing on the rescuer's thread).
+  Worker* rescuing_next = nullptr;
 };
 
 // A pool of workers: per CPU (bound, normal or high priority) or per pod (unbound).
@@ -198,7 +201,7 @@ class WorkerPool {
   // can be found and cancelled like those scheduled to a worker in workers_. Several: the
   // kMemReclaim workqueues of one pool each have a rescuer, and Rescue drops the lock
   // while a work runs, so another may enter meanwhile.
-  std::vector<Worker*> rescuing_ ABSL_GUARDED_BY(mu_);
+  Worker* rescuing_ ABSL_GUARDED_BY(mu_) = nullptr;  // first of the list (rescuing_next)
   int nr_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int nr_running_ ABSL_GUARDED_BY(mu_) = 0;  // counted running workers (bound pools)
   int nr_creating_ ABSL_GUARDED_BY(mu_) = 0;
@@ -267,6 +270,12 @@ class RuntimeCore {
 
  private:
   void Watchdog();
+  // One watchdog pass over the pools (false, with *stopping set, when the runtime is
+  // stopping). Returns whether to re-arm: a busy pool, or work that came after the pass
+  // disarmed the watchdog. May throw (allocations, a stall reporter).
+  bool CheckPools(bool* stopping);
+  // Schedules the next watchdog pass; a failure disarms it instead (never throws).
+  void ArmWatchdogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watchdog_mu_);
 
   mutable Mutex mu_;
   // Per CPU (indexed by OS CPU number): normal and high-priority pools, created lazily.

@@ -237,7 +237,7 @@ PoolWorkqueue* WorkerPool::TryRemove(Work* w) {
     for (auto& worker : workers_) {
       if (take(worker.get())) return pwq;
     }
-    for (Worker* rescuer : rescuing_) {
+    for (Worker* rescuer = rescuing_; rescuer != nullptr; rescuer = rescuer->rescuing_next) {
       if (take(rescuer)) return pwq;
     }
   }
@@ -523,7 +523,8 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
   Worker* const outer = tls_worker;
   tls_worker = rescuer;
   MutexLock lock(&mu_);
-  rescuing_.push_back(rescuer);
+  rescuer->rescuing_next = rescuing_;
+  rescuing_ = rescuer;
   for (;;) {
     Work* found = nullptr;
     for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
@@ -547,7 +548,13 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
       for (Work* w = again; w != nullptr; w = Execute(rescuer, w)) ++ran;
     }
   }
-  std::erase(rescuing_, rescuer);
+  for (Worker** p = &rescuing_; *p != nullptr; p = &(*p)->rescuing_next) {
+    if (*p == rescuer) {
+      *p = rescuer->rescuing_next;
+      break;
+    }
+  }
+  rescuer->rescuing_next = nullptr;
   tls_worker = outer;
   return ran;
 }
@@ -682,15 +689,21 @@ void RuntimeCore::KickWatchdog() {
   }
   watch_epoch_.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&watchdog_mu_);
+  ArmWatchdogLocked();
+}
+
+void RuntimeCore::ArmWatchdogLocked() {
   const absl::Duration period =
       std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);
-  // Scheduling may throw (an allocation of the timer heap, a user's clock). Callers have
-  // queued their work already (Queue, Post): the throw must not reach them, and the
-  // watchdog must not stay marked armed with no timer (it would never run again). So it
-  // is disarmed, for the next kick to retry, and said once on stderr.
+  // Scheduling may throw (an allocation of the timer heap, a user's clock). A kick's
+  // caller has queued its work already (Queue, Post) and the watchdog's own re-arm runs
+  // on the timer thread: the throw must reach neither, and the watchdog must not stay
+  // marked armed with no timer (it would never run again). So it is disarmed, for the
+  // next kick to retry, and said once on stderr.
   try {
     watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
   } catch (...) {
+    watchdog_timer_ = 0;
     watchdog_armed_.store(false, std::memory_order_release);
     static std::atomic<bool> said{false};
     if (!said.exchange(true, std::memory_order_relaxed)) {
@@ -699,11 +712,14 @@ void RuntimeCore::KickWatchdog() {
   }
 }
 
-void RuntimeCore::Watchdog() {
+bool RuntimeCore::CheckPools(bool* stopping) {
   std::vector<WorkerPool*> pools;
   {
     MutexLock lock(&mu_);
-    if (stopping_) return;
+    if (stopping_) {
+      *stopping = true;
+      return false;
+    }
     for (auto& v : cpu_pools_) {
       for (auto& p : v) {
         if (p) pools.push_back(p.get());
@@ -714,18 +730,32 @@ void RuntimeCore::Watchdog() {
   const absl::Time now = clock->Now();
   bool busy = false;
   for (WorkerPool* p : pools) busy |= p->Check(now);
-  const absl::Duration period =
-      std::min(options.cpu_intensive_threshold, options.stall_threshold / 4);
+  if (busy) return true;
+  // Disarm, then look again: work that arrived after the pass above either is seen now,
+  // or its KickWatchdog comes after the disarm and arms the watchdog itself.
   MutexLock lock(&watchdog_mu_);
-  if (!busy) {
-    // Disarm, then look again: work that arrived after the pass above either is seen
-    // now, or its KickWatchdog comes after the disarm and arms the watchdog itself.
-    watchdog_timer_ = 0;
-    watchdog_armed_.store(false, std::memory_order_seq_cst);
-    for (WorkerPool* p : pools) busy |= p->Busy();
-    if (!busy || watchdog_armed_.exchange(true, std::memory_order_seq_cst)) return;
+  watchdog_timer_ = 0;
+  watchdog_armed_.store(false, std::memory_order_seq_cst);
+  for (WorkerPool* p : pools) busy |= p->Busy();
+  return busy && !watchdog_armed_.exchange(true, std::memory_order_seq_cst);
+}
+
+void RuntimeCore::Watchdog() {
+  // A timer callback must not throw (it would end the process): a pass that cannot
+  // allocate (its list of pools, a stall report) or whose stall reporter throws is cut
+  // short, and the watchdog looks again a period later.
+  bool stopping = false;
+  bool rearm;
+  try {
+    rearm = CheckPools(&stopping);
+  } catch (...) {
+    rearm = !stopping;
+    // Still armed unless the pass disarmed it (then a kick re-arms it).
+    if (rearm && !watchdog_armed_.load(std::memory_order_seq_cst)) rearm = false;
   }
-  watchdog_timer_ = timers->ScheduleAfter(period, [this] { Watchdog(); });
+  if (!rearm) return;
+  MutexLock lock(&watchdog_mu_);
+  ArmWatchdogLocked();
 }
 
 void RuntimeCore::ReportStall(const std::string& report) {

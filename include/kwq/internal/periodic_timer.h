@@ -6,6 +6,9 @@
 //
 // Thread safety: Stop (and the destructor) may be called from any thread except from
 // inside `fn`; after it returns, `fn` is not running and will not run again.
+// Out of memory: a run of `fn` that throws is dropped (the next comes a period later); a
+// re-arm that cannot allocate stops the runs (said once on stderr), rather than throw
+// from a timer callback, which would end the process.
 
 #ifndef KWQ_INTERNAL_PERIODIC_TIMER_H_
 #define KWQ_INTERNAL_PERIODIC_TIMER_H_
@@ -29,7 +32,8 @@ class PeriodicTimer {
   void Stop();
 
  private:
-  void Arm();
+  void Arm();  // may throw std::bad_alloc
+  void Run();  // the timer's callback: fn_, then Arm; never throws
 
   TimerService* const timers_;
   const absl::Duration period_;
