@@ -127,9 +127,12 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
 void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
   SpinLockHolder lock(&mu_);
   --depth_count_;
-  if (depth_by_priority_) LeavePriorityLocked(priority);
   if (depth_) Report([&] { depth_->Dec(); });
-  if (depth_by_priority_) Report([&] { depth_by_priority_->Dec(priority); });
+  // Only an item whose add was counted (its bookkeeping may have failed for memory) is
+  // taken off, so that the gauge comes back to 0 with the count.
+  if (depth_by_priority_ && LeavePriorityLocked(priority)) {
+    Report([&] { depth_by_priority_->Dec(priority); });
+  }
   const absl::Time now = NowOrUnknown();
   if (latency_ && slot < added_at_.size()) {
     const absl::Time added_at = added_at_[slot];
@@ -176,7 +179,7 @@ void QueueMetricsRecorder::OnReprioritize(int from, int to) noexcept {
     if (!depth_by_priority_ || from == to) return;
     SpinLockHolder lock(&mu_);
     ReserveGrowth(depth_by_priority_count_, depth_growth_);
-    LeavePriorityLocked(from);
+    if (!LeavePriorityLocked(from)) return;  // never counted: stays so
     ++depth_by_priority_count_[to];
     Report([&] { depth_by_priority_->Dec(from); });
     Report([&] { depth_by_priority_->Inc(to); });
@@ -185,11 +188,11 @@ void QueueMetricsRecorder::OnReprioritize(int from, int to) noexcept {
   }
 }
 
-void QueueMetricsRecorder::LeavePriorityLocked(int priority) {
+bool QueueMetricsRecorder::LeavePriorityLocked(int priority) {
   auto it = depth_by_priority_count_.find(priority);
-  if (it != depth_by_priority_count_.end() && --it->second == 0) {
-    depth_by_priority_count_.erase(it);
-  }
+  if (it == depth_by_priority_count_.end()) return false;
+  if (--it->second == 0) depth_by_priority_count_.erase(it);
+  return true;
 }
 
 void QueueMetricsRecorder::OnRetry() noexcept {

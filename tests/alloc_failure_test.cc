@@ -1,13 +1,7 @@
 // Running out of memory: ParallelizeUntil when making a helper fails, how often Post
 // allocates, and queues whose allocations fail part-way through an add. A binary of its
-// own: it replaces the global operator new, so that chosen allocations throw
-// std::bad_alloc once armed.
-
-// g++ sees an array new freed by free() once the replacements below are inlined: it is
-// this file's own malloc.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+// own: it replaces the global operator new (testing/failing_new.h), so that chosen
+// allocations throw std::bad_alloc once armed.
 
 #include <pthread.h>
 
@@ -35,12 +29,14 @@
 #include "kwq/topology.h"
 #include "kwq/workqueue.h"
 #include "testing/eventually.h"
+#include "testing/failing_new.h"
 #include "testing/pool_workers.h"
 #include "testing/recording_metrics.h"
 #include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
 
 namespace {
+using kwq::testing::OnThreadNamed;
 // Allocations of sizeof(kwq::Work) bytes seen since arming; -1: disarmed.
 std::atomic<int> work_allocations{-1};
 // Allocations of a worker (sizeof(internal::Worker)) seen since arming; -1: disarmed.
@@ -48,62 +44,33 @@ std::atomic<int> worker_allocations{-1};
 // Allocations of sizeof(kwq::Work) bytes, counted while `count_works` is set.
 std::atomic<bool> count_works{false};
 std::atomic<int> work_news{0};
-// When above 0, counts allocations of the thread that armed it (failing_thread) down; the
-// one that takes it to 0 throws. Other threads (workers the runtime starts when it
-// likes) are left alone.
-std::atomic<int> fail_countdown{0};
-thread_local bool failing_thread = false;
-// While above 0, every array allocation (new[]) throws and counts it down.
-std::atomic<int> array_failures_left{0};
 // While set, every allocation of this many bytes on a kwq worker thread throws.
 std::atomic<size_t> fail_on_workers_size{0};
 std::atomic<int> worker_failures{0};
 // While set, every allocation of this many bytes on a kwq rescuer thread throws.
 std::atomic<size_t> fail_on_rescuers_size{0};
 std::atomic<int> rescuer_failures{0};
-bool OnThreadNamed(std::string_view prefix) {
-  char name[16] = {};
-  return pthread_getname_np(pthread_self(), name, sizeof(name)) == 0 &&
-         std::string_view(name).starts_with(prefix);
-}
-bool OnAWorker() { return OnThreadNamed("kwq-worker"); }
-}  // namespace
 
-void* operator new(std::size_t n) {
-  if (fail_on_workers_size.load() == n && OnAWorker()) {
+// This binary's failures besides testing/failing_new.h's (its extra_failure).
+bool WorkqueueFailures(std::size_t n) {
+  if (fail_on_workers_size.load() == n && OnThreadNamed("kwq-worker")) {
     worker_failures.fetch_add(1);
-    throw std::bad_alloc();
+    return true;
   }
   if (fail_on_rescuers_size.load() == n && OnThreadNamed("kwq-rescuer")) {
     rescuer_failures.fetch_add(1);
-    throw std::bad_alloc();
-  }
-  if (failing_thread && fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) {
-    throw std::bad_alloc();
+    return true;
   }
   if (n == sizeof(kwq::Work) && count_works.load()) work_news.fetch_add(1);
   if (n == sizeof(kwq::Work) && work_allocations.load() >= 0 &&
       work_allocations.fetch_add(1) == 1) {
-    throw std::bad_alloc();
+    return true;
   }
-  if (n == sizeof(kwq::internal::Worker) && worker_allocations.load() >= 0 &&
-      worker_allocations.fetch_add(1) == 0) {
-    throw std::bad_alloc();
-  }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
+  return n == sizeof(kwq::internal::Worker) && worker_allocations.load() >= 0 &&
+         worker_allocations.fetch_add(1) == 0;
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-// The array forms too: under AddressSanitizer they would not reach the operator new above.
-void* operator new[](std::size_t n) {
-  if (array_failures_left.load() > 0 && array_failures_left.fetch_sub(1) > 0) {
-    throw std::bad_alloc();
-  }
-  return ::operator new(n);
-}
-void operator delete[](void* p) noexcept { ::operator delete(p); }
-void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
+[[maybe_unused]] const bool installed = (kwq::testing::extra_failure = &WorkqueueFailures, true);
+}  // namespace
 
 namespace kwq {
 
@@ -231,13 +198,9 @@ TEST(WorkerAllocTest, ARescuerAllocatesNothingToJoinAPool) {
 
 // ---- queues ----
 
-// Fails the `k`-th allocation of this thread from now (1: the next one).
-void FailAllocation(int k) {
-  failing_thread = true;
-  fail_countdown = k;
-}
-// Whether an armed failure was used.
-bool FailureUsed() { return fail_countdown.exchange(0) == 0; }
+using testing::AllocationsOf;
+using testing::FailAllocation;
+using testing::FailureUsed;
 
 // Queueing on a NUMA node allocates nothing once the work's pending bit is taken (it may
 // make a worker, which copes with a failed allocation itself): it copied the node's CPU
@@ -519,9 +482,9 @@ TEST(QueueAllocTest, DueItemsWithoutRoomAreRetriedLaterNotAtOnce) {
   constexpr int kWaiting = 3000;
   // Due newest key first: descending slots, one word each in the overflow list.
   for (int i = 0; i < kWaiting; ++i) q.AddAfter(i, absl::Milliseconds(1 + kWaiting - i));
-  array_failures_left = 1000;
+  testing::array_failures_left = 1000;
   clock.Advance(absl::Seconds(4));
-  const int failed = 1000 - std::max(0, array_failures_left.exchange(0));
+  const int failed = 1000 - std::max(0, testing::array_failures_left.exchange(0));
   EXPECT_GE(failed, 1);
   EXPECT_LE(failed, 3) << "the timer fired again at once after each failure";
   EXPECT_LT(q.Len(), static_cast<size_t>(1024 + kWaiting));
@@ -574,16 +537,6 @@ TEST(QueueAllocTest, ADoneNeverAllocates) {
 // ---- priority queue ----
 
 using StringPQ = PriorityQueue<std::string>;
-
-// Allocations `f` makes on this thread.
-template <typename F>
-int AllocationsOf(F f) {
-  constexpr int kMany = 1 << 30;
-  FailAllocation(kMany);
-  f();
-  const int made = kMany - fail_countdown.exchange(0);
-  return made;
-}
 
 // A queue on `clock` whose items fall into groups by their first letter.
 std::unique_ptr<StringPQ> GroupedQueue(FakeClock& clock) {

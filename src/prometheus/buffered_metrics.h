@@ -5,6 +5,11 @@
 // few relaxed loads and stores instead of prometheus-cpp's compare-and-swap loops and
 // histogram mutex, and never waits for a scrape (docs/benchmarks.md has the figures).
 // Internal to kwq::prometheus.
+//
+// Out of memory: a push that cannot allocate (a series' first push makes it) is retried
+// at the next flush, except a metric's last push, from its destructor, whose changes are
+// dropped (a destructor must not throw); the sets and maps grow through a reserve
+// (kwq/internal/safe_growth.h), so a failed insert leaves them whole.
 
 #ifndef KWQ_SRC_PROMETHEUS_BUFFERED_METRICS_H_
 #define KWQ_SRC_PROMETHEUS_BUFFERED_METRICS_H_
@@ -25,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/safe_growth.h"
 #include "kwq/metrics.h"
 #include "series.h"
 
@@ -34,7 +40,8 @@ namespace kwq::prometheus_internal {
 class Buffered {
  public:
   virtual ~Buffered() = default;
-  // Pushes what changed since the last push. Called by the Flusher, under its lock.
+  // Pushes what changed since the last push. Called by the Flusher, under its lock. May
+  // throw (std::bad_alloc); what it could not push is pushed by a later call.
   virtual void Push() = 0;
 };
 
@@ -42,24 +49,40 @@ class Buffered {
 // provider can still push its last changes). Thread-safe.
 class Flusher {
  public:
+  // Throws std::bad_alloc with nothing changed.
   void Add(Buffered* m) {
     internal::MutexLock lock(&mu_);
+    internal::ReserveGrowth(live_, growth_);
     live_.insert(m);
   }
-  // Pushes `m`'s last changes and forgets it.
+  // Pushes `m`'s last changes (dropped if that throws: destructors call this) and
+  // forgets it. Never throws.
   void Remove(Buffered* m) {
     internal::MutexLock lock(&mu_);
-    m->Push();
+    TryPush(m);
     live_.erase(m);
   }
+  // Pushes every metric's changes; one whose push throws is retried at the next flush.
+  // Never throws.
   void FlushAll() {
     internal::MutexLock lock(&mu_);
-    for (Buffered* m : live_) m->Push();
+    for (Buffered* m : live_) TryPush(m);
   }
 
  private:
+  using Live = absl::flat_hash_set<Buffered*, absl::Hash<Buffered*>, std::equal_to<Buffered*>,
+                                   internal::ReservingAllocator<Buffered*>>;
+  static void TryPush(Buffered* m) {
+    try {
+      m->Push();
+    } catch (...) {
+    }
+  }
+
   internal::Mutex mu_;
-  absl::flat_hash_set<Buffered*> live_ ABSL_GUARDED_BY(mu_);
+  internal::GrowthReserve growth_ ABSL_GUARDED_BY(mu_);  // before live_: its allocator's
+  Live live_ ABSL_GUARDED_BY(mu_){0, Live::hasher(), Live::key_equal(),
+                                  Live::allocator_type(&growth_)};
 };
 
 // What every buffered metric has: its series and its place in the Flusher. Subclasses
@@ -164,7 +187,7 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
   }
 
   BufferedHistogram(std::shared_ptr<Flusher> f, std::unique_ptr<Series<prometheus::Histogram>> s)
-      : BufferedBase(std::move(f), std::move(s)), bounds_(Bounds()) {
+      : BufferedBase(std::move(f), std::move(s)), bounds_(Bounds()), deltas_(kBounds + 1) {
     Register();
   }
   ~BufferedHistogram() override { Unregister(); }
@@ -178,14 +201,15 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
     Bump(sum_, seconds);
   }
 
+  // Allocates nothing here (the deltas' vector is the metric's own); marks the counts
+  // pushed only once ObserveMultiple has returned.
   void Push() override {
-    std::vector<double> deltas(kBounds + 1);
+    std::array<uint64_t, kBounds + 1> counts;
     bool any = false;
     for (int i = 0; i <= kBounds; ++i) {
-      const uint64_t c = counts_[i].load(std::memory_order_relaxed);
-      deltas[i] = static_cast<double>(c - pushed_counts_[i]);
-      any |= c != pushed_counts_[i];
-      pushed_counts_[i] = c;
+      counts[i] = counts_[i].load(std::memory_order_relaxed);
+      deltas_[i] = static_cast<double>(counts[i] - pushed_counts_[i]);
+      any |= counts[i] != pushed_counts_[i];
     }
     // Observe bumps a count and then the sum, and this reads them in the same order, so a
     // push may carry an observation's count without its value (or, read the other way
@@ -194,7 +218,8 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
     // must follow, even if no observation comes after it.
     const double sum = sum_.load(std::memory_order_relaxed);
     if (any || sum != pushed_sum_) {
-      series().ObserveMultiple(deltas, sum - pushed_sum_);
+      series().ObserveMultiple(deltas_, sum - pushed_sum_);
+      pushed_counts_ = counts;
       pushed_sum_ = sum;
     }
   }
@@ -205,6 +230,7 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
   std::atomic<double> sum_{0};
   std::array<uint64_t, kBounds + 1> pushed_counts_{};  // the Flusher's lock
   double pushed_sum_ = 0;                              // the Flusher's lock
+  std::vector<double> deltas_;                         // the Flusher's lock: Push's
 };
 
 // depth of a priority queue: one series per priority (label priority="<n>") for the first
@@ -230,6 +256,7 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
         make_series_(std::move(make_series)),
         max_series_(max_series),
         slots_(std::make_unique<Slot[]>(max_series + 1)) {
+    slot_of_.reserve(max_series);  // so that SlotOf, under a queue's Inc, never allocates
     flusher_->Add(this);
   }
   ~BufferedPriorityGauge() override { flusher_->Remove(this); }
@@ -265,6 +292,7 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
   // the placeholder's. Only priorities with their own slot are remembered, so a queue
   // whose priorities are computed (timestamps, hashes) does not grow a map entry per
   // priority ever used. Single writer.
+  // Allocates nothing: the map has room for max_series_ entries from the start.
   int SlotOf(int priority) {
     if (auto it = slot_of_.find(priority); it != slot_of_.end()) return it->second;
     const int used = used_.load(std::memory_order_relaxed);
@@ -272,9 +300,9 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
       overflowed_.store(true, std::memory_order_release);
       return max_series_;
     }
+    slot_of_.emplace(priority, used);
     slots_[used].priority = priority;
     used_.store(used + 1, std::memory_order_release);
-    slot_of_.emplace(priority, used);
     return used;
   }
   void Bump(int slot, int64_t by) {
@@ -288,7 +316,7 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
   const std::unique_ptr<Slot[]> slots_;    // max_series_ own slots, then the placeholder's
   std::atomic<int> used_{0};               // own slots handed out
   std::atomic<bool> overflowed_{false};    // a priority got the placeholder's slot
-  absl::flat_hash_map<int, int> slot_of_;  // the queue's only
+  absl::flat_hash_map<int, int> slot_of_;  // the queue's only; reserved for max_series_
 };
 
 }  // namespace kwq::prometheus_internal

@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/safe_growth.h"
 
 namespace kwq::prometheus_internal {
 
@@ -39,6 +40,9 @@ class SeriesUsers {
   M* Acquire(const std::shared_ptr<prometheus::Registry>& registry, prometheus::Family<M>& family,
              bool keep, const prometheus::Labels& labels, Args&&... args) {
     internal::MutexLock lock(&mu_);
+    // Room for the entry first: a series added and then not counted would never be
+    // removed (and a failed growth would leave the map corrupt, kwq/internal/safe_growth.h).
+    internal::ReserveGrowth(users_, growth_);
     M* series = &family.Add(labels, std::forward<Args>(args)...);
     auto [it, inserted] = users_.try_emplace(series);
     Users& users = it->second;
@@ -85,8 +89,13 @@ class SeriesUsers {
     sweep_at_ = std::max<size_t>(64, 2 * users_.size());
   }
 
+  using UsersMap =
+      absl::flat_hash_map<const void*, Users, absl::Hash<const void*>, std::equal_to<const void*>,
+                          internal::ReservingAllocator<std::pair<const void* const, Users>>>;
   internal::Mutex mu_;
-  absl::flat_hash_map<const void*, Users> users_ ABSL_GUARDED_BY(mu_);
+  internal::GrowthReserve growth_ ABSL_GUARDED_BY(mu_);  // before users_: its allocator's
+  UsersMap users_ ABSL_GUARDED_BY(mu_){0, UsersMap::hasher(), UsersMap::key_equal(),
+                                       UsersMap::allocator_type(&growth_)};
   size_t sweep_at_ ABSL_GUARDED_BY(mu_) = 64;
 };
 

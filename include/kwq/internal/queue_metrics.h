@@ -65,8 +65,9 @@ class QueueMetricsRecorder {
   void Refresh() noexcept;
 
  private:
-  // One item of `priority` left this queue's depth.
-  void LeavePriorityLocked(int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One item of `priority` left this queue's depth. Returns false (nothing changed) when
+  // no item of `priority` was counted: the add's bookkeeping failed for memory.
+  bool LeavePriorityLocked(int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // clock_->Now(), or kUnknown when the clock (a user's) throws: times read so are left
   // out of the latency and work-duration figures and the in-flight gauges.
   absl::Time NowOrUnknown() noexcept;
