@@ -542,6 +542,29 @@ TEST_F(DelayingQueueTest, ShutDownDropsWaitingItemsAndIgnoresAddAfter) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+// Items already due when the queue shuts down are queued and handed out, whether or not
+// the timer has moved them yet; the others are dropped. They were all dropped while the
+// timer was late (a callback of the same service, due just before, holds it up here),
+// so whether a due item ran depended on the timer thread.
+TEST_F(DelayingQueueTest, ShutDownQueuesItemsAlreadyDue) {
+  std::atomic<bool> holding{false}, release{false};
+  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
+    holding = true;
+    while (!release) std::this_thread::yield();
+  });
+  q_.AddAfter("due", absl::Seconds(1));
+  q_.AddAfter("later", absl::Seconds(2));
+  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+  const bool held = testing::Eventually([&] { return holding.load(); });
+  EXPECT_TRUE(held);
+  EXPECT_EQ(q_.Waiting(), 2u);  // one due, not moved
+  q_.ShutDown();
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(Ready(), std::vector<std::string>{"due"});
+  release = true;
+  advancer.join();
+}
+
 // A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its
 // address (no hash, no lookup): it runs again after its Done and its delay, once.
 TEST_F(DelayingQueueTest, AddAfterOfTheLeasedItemRunsItAgainAfterTheDelay) {

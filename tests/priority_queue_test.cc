@@ -384,6 +384,28 @@ TEST_F(PriorityQueueTest, GetsTakeADueItemTheTimerHasNotMoved) {
 // A TryGet that moves several due items takes one and wakes a sleeping Get for the rest:
 // the late timer, finding nothing left to move, wakes nobody (a first version of the
 // Gets' own promotion left the sleeper asleep with an item ready).
+// Delayed items already due when the queue shuts down are handed out, whether or not the
+// timer has moved them yet; the others are dropped. They were all dropped while the timer
+// was late (a callback of the same service, due just before, holds it up here).
+TEST_F(PriorityQueueTest, ShutDownHandsOutItemsAlreadyDue) {
+  std::atomic<bool> holding{false}, release{false};
+  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
+    holding = true;
+    while (!release) std::this_thread::yield();
+  });
+  q_->AddAfter("due", absl::Seconds(1));
+  q_->AddAfter("later", absl::Seconds(2));
+  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
+  const bool held = testing::Eventually([&] { return holding.load(); });
+  EXPECT_TRUE(held);
+  EXPECT_EQ(q_->Waiting(), 2u);  // one due, not moved
+  q_->ShutDown();
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(Drain(*q_), Strings{"due"});
+  release = true;
+  advancer.join();
+}
+
 TEST_F(PriorityQueueTest, AGetThatMovesDueItemsWakesASleeperForTheRest) {
   std::atomic<bool> holding{false}, release{false};
   timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {

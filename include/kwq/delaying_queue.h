@@ -37,7 +37,9 @@
 //     item waits until the clock enters the range. On a FakeClock moved by a fraction of a
 //     nanosecond, a ready time between two nanoseconds comes due at the next whole one
 //     (kwq/internal/time_key.h): move fake clocks by whole nanoseconds.
-//   - ShutDown drops waiting items (they were never queued) and then shuts the queue down.
+//   - ShutDown first queues the waiting items already due (as the timer would have, had
+//     it fired in time: whether they run does not depend on how late the timer thread
+//     is), drops the rest (they were never queued) and then shuts the queue down.
 //
 // Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)
 // beside the ready and in-flight ones, marked waiting, and a heap of slot numbers orders
@@ -166,12 +168,14 @@ class DelayingQueue {
   size_t InFlight() const { return queue_.InFlight(); }
   bool ShuttingDown() const { return queue_.ShuttingDown(); }
 
-  // Drops waiting items and shuts the queue down (Queue::ShutDown).
+  // Queues the waiting items already due, drops the others and shuts the queue down
+  // (Queue::ShutDown).
   void ShutDown() {
     StopWaiting();
     queue_.ShutDown();
   }
-  // Drops waiting items, then Queue::ShutDownWithDrain.
+  // Queues the waiting items already due, drops the others, then
+  // Queue::ShutDownWithDrain.
   bool ShutDownWithDrain() {
     StopWaiting();
     return queue_.ShutDownWithDrain();
@@ -443,8 +447,8 @@ class DelayingQueue {
     timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
   }
 
-  // Drops waiting items and stops the timer. After it returns no Fire is running and
-  // none will start.
+  // Queues the waiting items already due, drops the rest and stops the timer. After it
+  // returns no Fire is running and none will start.
   void StopWaiting() {
     TimerId timer;
     {
@@ -452,6 +456,11 @@ class DelayingQueue {
       stopping_ = true;
       timer = timer_;
       timer_ = 0;
+      try {
+        bool more;
+        queue_.PromoteDueLocked(ToKey(clock_->Now()), std::numeric_limits<size_t>::max(), &more);
+      } catch (...) {  // a user's clock that throws: the due items are dropped with the rest
+      }
       queue_.DropWaitingLocked();
       PublishLocked();
     }

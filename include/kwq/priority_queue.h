@@ -30,8 +30,9 @@
 //     when its lease ends, once (level-triggered: a change made during processing is
 //     never lost).
 //   - Get blocks until an item is ready or the queue is shut down and nothing is ready.
-//     After ShutDown, adds are ignored, delayed items are dropped (they were never
-//     ready), and Get keeps returning ready items until none are left.
+//     After ShutDown, adds are ignored, delayed items already due are ready (as if the
+//     timer had fired in time) and the others dropped (they were never ready), and Get
+//     keeps returning ready items until none are left.
 //   - ShutDownWithDrain waits until every queued and in-flight item is Done (as
 //     Queue::ShutDownWithDrain; controller-runtime has no drain), waking every blocked
 //     Get; a ShutDown() from another thread ends the wait early.
@@ -441,10 +442,10 @@ class PriorityQueue {
     return in_flight_;
   }
 
-  // Stops accepting adds, drops delayed items (an in-flight item's delayed re-add is
-  // dropped at its Done), stops the timer (waiting for a firing in progress) and wakes
-  // every blocked Get. Ready items, and in-flight items added again with no delay, are
-  // still handed out. Ends a ShutDownWithDrain wait in progress. Idempotent.
+  // Stops accepting adds, makes the delayed items already due ready and drops the others
+  // (an in-flight item's delayed re-add is dropped at its Done), stops the timer (waiting for a
+  // firing in progress) and wakes every blocked Get. Ready items, and in-flight items added again
+  // with no delay, are still handed out. Ends a ShutDownWithDrain wait in progress. Idempotent.
   void ShutDown() {
     PendingTimer timer;
     {
@@ -461,7 +462,7 @@ class PriorityQueue {
   // ShutDown (without aborting other drains), then blocks until every queued and
   // in-flight item is Done. Returns true when the queue drained, false when a ShutDown()
   // from another thread ended the wait. Workers must keep calling Get to drain queued
-  // items. Delayed items are dropped, not waited for.
+  // items. Delayed items not yet due are dropped, not waited for.
   bool ShutDownWithDrain() {
     PendingTimer timer;
     uint64_t aborts;
@@ -1030,10 +1031,17 @@ class PriorityQueue {
     }
   };
 
-  // Starts the shutdown: no more adds, delayed items dropped. Returns the pending timer,
-  // which the caller cancels with CancelSync after releasing mu_ (a running Fire needs
-  // mu_ to finish).
+  // Starts the shutdown: no more adds; delayed items already due made ready (as the
+  // timer would have, had it fired in time), the others dropped. Returns the pending
+  // timer, which the caller cancels with CancelSync after releasing mu_ (a running Fire
+  // needs mu_ to finish).
   PendingTimer StopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!shutting_down_ && !delayed_.empty()) {
+      try {
+        PromoteDueLocked(clock_->Now());
+      } catch (...) {  // a user's clock that throws: the due items are dropped with the rest
+      }
+    }
     shutting_down_ = true;
     const PendingTimer timer{timers_, timer_};
     timer_ = 0;
