@@ -1417,6 +1417,32 @@ TEST_F(FakeTimeWorkqueueTest, ModDelayedMovesTheTimer) {
   EXPECT_EQ(runs.load(), 1);  // the first timer was replaced, not kept
 }
 
+// ModDelayed of a work on its own workqueue's timer moves that timer (the kernel's
+// mod_timer), later as well as earlier: one timer throughout, none parked or left behind,
+// and the work runs once, at the last time set. Counted as a queueing each time, as when
+// the timer was replaced.
+TEST_F(FakeTimeWorkqueueTest, ModDelayedOfAWorkOnItsTimerMovesThatTimer) {
+  auto wq = *Workqueue::Create({.name = "mod-own", .flags = kUnbound, .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::Seconds(2)));
+  const size_t timers = timers_->Pending();
+  EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(10)));  // later
+  EXPECT_EQ(timers_->Pending(), timers);
+  clock_.Advance(absl::Seconds(5));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 0);
+  EXPECT_TRUE(wq->ModDelayed(&dwork, absl::Seconds(1)));  // earlier
+  EXPECT_EQ(timers_->Pending(), timers);
+  EXPECT_EQ(wq->stats().queued, 3u);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  clock_.Advance(absl::Seconds(10));
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_FALSE(dwork.pending());
+}
+
 // ModDelayed of a delayed work already queued (its timer fired, or it was queued with no
 // delay) takes it out and puts it back on a timer with the new delay, from both places it
 // can wait: parked over max_active (ordered) and in a busy CPU pool's worklist (bound).

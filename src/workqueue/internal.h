@@ -429,6 +429,10 @@ class WorkqueueCore {
   // Delayed works on a timer of this workqueue, linked through the works themselves.
   DelayedWork* timed_head_ ABSL_GUARDED_BY(timer_mu_) = nullptr;
   void LinkTimedLocked(DelayedWork* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(timer_mu_);
+  // ModDelayed of a work on this workqueue's own timer: moves that timer (the kernel's
+  // mod_timer), allocating nothing. False (nothing changed) when the work is elsewhere,
+  // its timer is firing, or a CancelSync holds it: the caller takes the general path.
+  bool MoveOwnTimer(DelayedWork* d, absl::Duration delay, int cpu) ABSL_LOCKS_EXCLUDED(timer_mu_);
   void UnlinkTimedLocked(DelayedWork* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(timer_mu_);
   // For stats().queued, which counts calls: delayed works put on a timer, and those that
   // left it into a pool (already counted once, as they went on the timer).

@@ -581,6 +581,8 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   auto unpark = [&] {
     if (parked != 0) timers.Cancel(parked);
   };
+  // The usual debounce, a work already on this workqueue's timer: its timer moves.
+  if (modify && delay > absl::ZeroDuration() && MoveOwnTimer(d, delay, cpu)) return true;
   bool was_pending = false;
   if (modify) {
     for (;;) {
@@ -630,6 +632,28 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   timer_armed_.fetch_add(1, std::memory_order_relaxed);
   SetWhere(w, WorkWhere::kTimer);
   return modify ? was_pending : true;
+}
+
+bool WorkqueueCore::MoveOwnTimer(DelayedWork* d, absl::Duration delay, int cpu) {
+  Work* w = A::work(d);
+  if (WhereOf(w) != WorkWhere::kTimer) return false;
+  MutexLock lock(&timer_mu_);
+  // A work goes on a timer, and leaves it, only under its workqueue's timer lock: on a
+  // timer, with this workqueue's pwq, it is on this workqueue's timer until we let go.
+  // A CancelSync in progress takes the general path (as before this shortcut).
+  if (WhereOf(w) != WorkWhere::kTimer || A::list(w) != d ||
+      A::state(w).load(std::memory_order_acquire) >= kCancelHoldUnit) {
+    return false;
+  }
+  PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
+  if (pwq == nullptr || pwq->wq != this) return false;
+  TimerService& timers = *rt->timers;
+  // False while the timer fires (its TimerFired waits for timer_mu_): the general path.
+  if (!timers.Reschedule(A::timer(d), timers.clock().Now() + delay)) return false;
+  A::target_cpu(d) = cpu;
+  A::pwq(w).store(PwqFor(cpu, -1), std::memory_order_release);
+  timer_armed_.fetch_add(1, std::memory_order_relaxed);  // counted as a new arming, as before
+  return true;
 }
 
 void WorkqueueCore::LinkTimedLocked(DelayedWork* d) {

@@ -2,7 +2,8 @@
 // and wq_tiny through boost::asio::thread_pool and oneTBB task_arena when those optional
 // packages were found at configure time (otherwise those scenarios print skipped=1).
 // Also wq_percpu / wq_unbound_mp (one producer per CPU; not in SCENARIOS.md): how the
-// pools scale with the CPU count (bench/scaling.sh).
+// pools scale with the CPU count (bench/scaling.sh); and wq_mod_delayed (not in
+// SCENARIOS.md): the cost of mod_delayed_work on a pending work.
 
 #include <algorithm>
 #include <atomic>
@@ -215,13 +216,35 @@ std::string WqLatency(int64_t n) {
                          lat_us[n * 99 / 100], lat_us.back(), n);
 }
 
+// mod_delayed_work as a debounce: one thread moves the timers of 1,000 delayed works,
+// pending an hour out, n times in turn (each call takes the work off its timer and puts
+// it on a new one); then cancels them. ns per ModDelayed.
+std::string WqModDelayed(int64_t n) {
+  auto wq = *Workqueue::Create({.name = "wq_mod_delayed", .flags = kUnbound});
+  constexpr int kWorks = 1000;
+  std::vector<std::unique_ptr<DelayedWork>> works;
+  for (int i = 0; i < kWorks; ++i) works.push_back(std::make_unique<DelayedWork>([] {}));
+  for (auto& d : works) wq->QueueDelayed(d.get(), absl::Hours(1));
+  int64_t moved = 0;
+  Stopwatch sw;
+  for (int64_t i = 0; i < n; ++i) moved += wq->ModDelayed(works[i % kWorks].get(), absl::Hours(1));
+  const absl::Duration d = sw.Elapsed();
+  for (auto& w : works) wq->CancelSync(w.get());
+  Check(moved == n, "a ModDelayed found its work not pending");
+  return absl::StrFormat("ns_per_mod=%.1f n=%d", absl::ToDoubleNanoseconds(d) / n, n);
+}
+
 }  // namespace
 
 std::vector<Scenario> WorkqueueScenarios() {
   return {
-      {"wq_tiny", 1'000'000, WqTiny},        {"wq_tiny_asio", 1'000'000, WqTinyAsio},
-      {"wq_tiny_tbb", 1'000'000, WqTinyTbb}, {"wq_latency", 10'000, WqLatency},
-      {"wq_percpu", 4'000'000, WqPerCpu},    {"wq_unbound_mp", 4'000'000, WqUnboundMp},
+      {"wq_tiny", 1'000'000, WqTiny},
+      {"wq_tiny_asio", 1'000'000, WqTinyAsio},
+      {"wq_tiny_tbb", 1'000'000, WqTinyTbb},
+      {"wq_latency", 10'000, WqLatency},
+      {"wq_percpu", 4'000'000, WqPerCpu},
+      {"wq_unbound_mp", 4'000'000, WqUnboundMp},
+      {"wq_mod_delayed", 1'000'000, WqModDelayed},
   };
 }
 
