@@ -106,9 +106,11 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
   if (depth_) Report([&] { depth_->Inc(); });
   if (depth_by_priority_) {
     try {
+      // The gauge first: an Inc that throws (a user's metric) leaves the item uncounted
+      // in both, and its Get takes nothing off (LeavePriorityLocked).
       ReserveGrowth(depth_by_priority_count_, depth_growth_);
-      ++depth_by_priority_count_[priority];
       depth_by_priority_->Inc(priority);
+      ++depth_by_priority_count_[priority];  // cannot fail: room reserved
     } catch (...) {
       MetricThrew();
     }

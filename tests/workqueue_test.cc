@@ -1777,6 +1777,32 @@ bool Parked(Work* w) {
          internal::WorkWhere::kInactive;
 }
 
+// ModDelayed reads the clock before it takes the work from where it waits: a clock that
+// throws (a user's) leaves the work as it was. The clock was read after the work was
+// taken, and the throw left it pending on no list (Cancel, Flush and the destructor then
+// spun), with a parked timer leaked.
+TEST(WorkqueueDelayedTest, AModDelayedWhoseClockThrowsLeavesTheWorkAsItWas) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto runtime = *WorkqueueRuntime::Create({.clock = &clock, .timers = timers.get()});
+  auto wq = *Workqueue::Create({.name = "mod-clock", .flags = kOrdered, .runtime = runtime.get()});
+  HeldWork held;
+  ASSERT_TRUE(wq->Queue(&held.work));
+  std::atomic<int> runs{0};
+  DelayedWork dwork([&] { ++runs; });
+  ASSERT_TRUE(wq->QueueDelayed(&dwork, absl::ZeroDuration()));  // parked behind `held`
+  ASSERT_TRUE(Parked(&dwork.work()));
+  const size_t pending_timers = timers->Pending();
+  clock.ThrowNext(1);
+  EXPECT_THROW(wq->ModDelayed(&dwork, absl::Seconds(5)), std::runtime_error);
+  EXPECT_TRUE(Parked(&dwork.work()));  // still waiting where it was
+  EXPECT_EQ(timers->Pending(), pending_timers);
+  held.gate.Open();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
 // Two kMemReclaim workqueues rescuing one pool at once: an instance scheduled to the first
 // rescuer (queued while that rescuer ran it) stays cancellable while the second rescuer
 // is in the pool. The pool kept only the latest rescuer, so Cancel could not find the

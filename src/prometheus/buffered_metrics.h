@@ -21,6 +21,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -264,20 +265,29 @@ class BufferedPriorityGauge final : public PriorityGaugeMetric, Buffered {
   void Inc(int priority) override { Bump(SlotOf(priority), 1); }
   void Dec(int priority) override { Bump(SlotOf(priority), -1); }
 
+  // A slot whose series cannot be made is skipped (and retried at the next push), the
+  // others pushed; the first such failure is rethrown at the end.
   void Push() override {
     const int used = used_.load(std::memory_order_acquire);
+    std::exception_ptr failed;
     for (int i = 0; i <= max_series_; ++i) {
       if (i >= used && i != max_series_) continue;  // not handed out yet
       if (i == max_series_ && !overflowed_.load(std::memory_order_acquire)) continue;
       Slot& slot = slots_[i];
       const int64_t v = slot.value.load(std::memory_order_relaxed);
       if (slot.series == nullptr) {
-        slot.series = make_series_(i == max_series_ ? std::string(kPlaceholder)
-                                                    : std::to_string(slot.priority));
+        try {
+          slot.series = make_series_(i == max_series_ ? std::string(kPlaceholder)
+                                                      : std::to_string(slot.priority));
+        } catch (...) {
+          if (!failed) failed = std::current_exception();
+          continue;
+        }
       }
       if (v != slot.pushed) (**slot.series).Increment(static_cast<double>(v - slot.pushed));
       slot.pushed = v;
     }
+    if (failed) std::rethrow_exception(failed);
   }
 
  private:

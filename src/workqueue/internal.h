@@ -270,10 +270,9 @@ class RuntimeCore {
 
  private:
   void Watchdog();
-  // One watchdog pass over the pools (false, with *stopping set, when the runtime is
-  // stopping). Returns whether to re-arm: a busy pool, or work that came after the pass
-  // disarmed the watchdog. May throw (allocations, a stall reporter).
-  bool CheckPools(bool* stopping);
+  // One watchdog pass over the pools, which it lists in *pools: returns whether one is
+  // busy (false when the runtime is stopping). May throw (allocations, a stall reporter).
+  bool CheckPools(std::vector<WorkerPool*>* pools);
   // Schedules the next watchdog pass; a failure disarms it instead (never throws).
   void ArmWatchdogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watchdog_mu_);
 
@@ -432,7 +431,7 @@ class WorkqueueCore {
   // ModDelayed of a work on this workqueue's own timer: moves that timer (the kernel's
   // mod_timer), allocating nothing. False (nothing changed) when the work is elsewhere,
   // its timer is firing, or a CancelSync holds it: the caller takes the general path.
-  bool MoveOwnTimer(DelayedWork* d, absl::Duration delay, int cpu) ABSL_LOCKS_EXCLUDED(timer_mu_);
+  bool MoveOwnTimer(DelayedWork* d, absl::Time deadline, int cpu) ABSL_LOCKS_EXCLUDED(timer_mu_);
   void UnlinkTimedLocked(DelayedWork* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(timer_mu_);
   // For stats().queued, which counts calls: delayed works put on a timer, and those that
   // left it into a pool (already counted once, as they went on the timer).

@@ -712,49 +712,46 @@ void RuntimeCore::ArmWatchdogLocked() {
   }
 }
 
-bool RuntimeCore::CheckPools(bool* stopping) {
-  std::vector<WorkerPool*> pools;
+bool RuntimeCore::CheckPools(std::vector<WorkerPool*>* pools) {
   {
     MutexLock lock(&mu_);
-    if (stopping_) {
-      *stopping = true;
-      return false;
-    }
+    if (stopping_) return false;
     for (auto& v : cpu_pools_) {
       for (auto& p : v) {
-        if (p) pools.push_back(p.get());
+        if (p) pools->push_back(p.get());
       }
     }
-    for (auto& p : unbound_pools_) pools.push_back(p.get());
+    for (auto& p : unbound_pools_) pools->push_back(p.get());
   }
   const absl::Time now = clock->Now();
   bool busy = false;
-  for (WorkerPool* p : pools) busy |= p->Check(now);
-  if (busy) return true;
-  // Disarm, then look again: work that arrived after the pass above either is seen now,
-  // or its KickWatchdog comes after the disarm and arms the watchdog itself.
-  MutexLock lock(&watchdog_mu_);
-  watchdog_timer_ = 0;
-  watchdog_armed_.store(false, std::memory_order_seq_cst);
-  for (WorkerPool* p : pools) busy |= p->Busy();
-  return busy && !watchdog_armed_.exchange(true, std::memory_order_seq_cst);
+  for (WorkerPool* p : *pools) busy |= p->Check(now);
+  return busy;
 }
 
 void RuntimeCore::Watchdog() {
   // A timer callback must not throw (it would end the process): a pass that cannot
   // allocate (its list of pools, a stall report) or whose stall reporter throws is cut
   // short, and the watchdog looks again a period later.
-  bool stopping = false;
-  bool rearm;
+  std::vector<WorkerPool*> pools;
+  bool busy;
   try {
-    rearm = CheckPools(&stopping);
+    busy = CheckPools(&pools);
   } catch (...) {
-    rearm = !stopping;
-    // Still armed unless the pass disarmed it (then a kick re-arms it).
-    if (rearm && !watchdog_armed_.load(std::memory_order_seq_cst)) rearm = false;
+    busy = true;
   }
-  if (!rearm) return;
   MutexLock lock(&watchdog_mu_);
+  if (!busy) {  // (also when the runtime is stopping: no pools listed)
+    // Disarm, then look again: work that arrived after the pass above either is seen
+    // now, or its KickWatchdog comes after the disarm and arms the watchdog itself. All
+    // under watchdog_mu_ through the re-arm: the runtime's destructor reads
+    // watchdog_timer_ under it, so it either sees this timer (and waits for this
+    // callback) or the one re-armed here.
+    watchdog_timer_ = 0;
+    watchdog_armed_.store(false, std::memory_order_seq_cst);
+    for (WorkerPool* p : pools) busy |= p->Busy();
+    if (!busy || watchdog_armed_.exchange(true, std::memory_order_seq_cst)) return;
+  }
   ArmWatchdogLocked();
 }
 

@@ -573,21 +573,24 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   // As for Queue (checked before taking the work: a refused ModDelayed leaves it as it was).
   if (RefusedWhileDraining()) return false;
   // Nothing may fail once the work is taken from where it was pending (ModDelayed): it
-  // would be pending on no list, for ever. So its timer is made first, parked (it never
-  // runs), and moved to the deadline once the work is ours. A work that was not pending
-  // gets its timer after the claim, which is undone if that throws.
+  // would be pending on no list, for ever. So the deadline is read first (a user's clock
+  // may throw), and the timer is made first, parked (it never runs), and moved to the
+  // deadline once the work is ours. A work that was not pending gets its timer after the
+  // claim, which is undone if that throws.
   TimerService& timers = *rt->timers;
+  const bool timed = delay > absl::ZeroDuration();
+  const absl::Time deadline = timed ? timers.clock().Now() + delay : absl::InfinitePast();
   TimerId parked = 0;
   auto unpark = [&] {
     if (parked != 0) timers.Cancel(parked);
   };
   // The usual debounce, a work already on this workqueue's timer: its timer moves.
-  if (modify && delay > absl::ZeroDuration() && MoveOwnTimer(d, delay, cpu)) return true;
+  if (modify && timed && MoveOwnTimer(d, deadline, cpu)) return true;
   bool was_pending = false;
   if (modify) {
     for (;;) {
       if (Pending(w)) {
-        if (parked == 0) {
+        if (timed && parked == 0) {
           // May throw std::bad_alloc: nothing has changed.
           parked = timers.Schedule(absl::InfiniteFuture(), [this, d] { TimerFired(d); });
         }
@@ -605,19 +608,18 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   } else if (!TryClaimPending(w)) {
     return false;
   }
-  if (delay <= absl::ZeroDuration()) {
-    unpark();
+  if (!timed) {
     Enqueue(cpu, -1, w);
     return modify ? was_pending : true;
   }
   MutexLock lock(&timer_mu_);
   if (parked != 0) {
     // Cannot fail: the timer is pending (only this call knows its id).
-    timers.Reschedule(parked, timers.clock().Now() + delay);
+    timers.Reschedule(parked, deadline);
     A::timer(d) = parked;
   } else {
     try {
-      A::timer(d) = timers.ScheduleAfter(delay, [this, d] { TimerFired(d); });
+      A::timer(d) = timers.Schedule(deadline, [this, d] { TimerFired(d); });
     } catch (...) {
       ClearPending(w);  // it was not pending before this call: as it was
       throw;
@@ -634,7 +636,7 @@ bool WorkqueueCore::QueueDelayed(DelayedWork* d, absl::Duration delay, int cpu, 
   return modify ? was_pending : true;
 }
 
-bool WorkqueueCore::MoveOwnTimer(DelayedWork* d, absl::Duration delay, int cpu) {
+bool WorkqueueCore::MoveOwnTimer(DelayedWork* d, absl::Time deadline, int cpu) {
   Work* w = A::work(d);
   if (WhereOf(w) != WorkWhere::kTimer) return false;
   MutexLock lock(&timer_mu_);
@@ -649,7 +651,7 @@ bool WorkqueueCore::MoveOwnTimer(DelayedWork* d, absl::Duration delay, int cpu) 
   if (pwq == nullptr || pwq->wq != this) return false;
   TimerService& timers = *rt->timers;
   // False while the timer fires (its TimerFired waits for timer_mu_): the general path.
-  if (!timers.Reschedule(A::timer(d), timers.clock().Now() + delay)) return false;
+  if (!timers.Reschedule(A::timer(d), deadline)) return false;
   A::target_cpu(d) = cpu;
   A::pwq(w).store(PwqFor(cpu, -1), std::memory_order_release);
   timer_armed_.fetch_add(1, std::memory_order_relaxed);  // counted as a new arming, as before
