@@ -1,7 +1,8 @@
 // PriorityQueue microbenchmarks: a backlog of 1,000,000 items with random priorities in
 // [0, 10) drained by two workers (ns per item, the add and drain phases apart), and the
 // single-thread Add + Get + Done cycle, on an otherwise empty queue and behind a backlog
-// of 1,000,000 ready items. The FIFO Queue runs the same backlog for comparison.
+// of 1,000,000 ready items. The FIFO Queue runs the same backlog for comparison. And
+// adds whose priorities are all distinct (a level and group each).
 
 #include <chrono>
 #include <cstdint>
@@ -161,6 +162,35 @@ void BM_PriorityQueue_RateLimitedReconcile1M(benchmark::State& state) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_PriorityQueue_RateLimitedReconcile1M)->Unit(benchmark::kMillisecond)->Iterations(1);
+
+// Items with a priority each (timestamps, hashes as priorities): `n` adds, each to a
+// level and group of its own, ready (mode 0) or delayed an hour (mode 1, each pinning
+// its group until due), then dropped by a shutdown. ns per add: should not grow with n
+// (a review found both cases quadratic: exact vector reserves, and sweeps that rescanned
+// the pinned groups on every new group).
+void BM_PriorityQueue_DistinctPriorities(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool delayed = state.range(1) != 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto q = *PriorityQueue<int64_t>::Create();
+    state.ResumeTiming();
+    for (int64_t i = 0; i < n; ++i) {
+      q->Add(i, {.priority = static_cast<int>(i),
+                 .after = delayed ? absl::Hours(1) : absl::ZeroDuration()});
+    }
+    state.PauseTiming();
+    q.reset();
+    state.ResumeTiming();
+  }
+  state.counters["ns/add"] =
+      benchmark::Counter(static_cast<double>(n) * state.iterations(),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_PriorityQueue_DistinctPriorities)
+    ->ArgNames({"n", "delayed"})
+    ->ArgsProduct({{10'000, 80'000}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kwq

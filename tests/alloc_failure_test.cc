@@ -631,6 +631,29 @@ TEST(PriorityQueueAllocTest, EveryAllocationOfAnAddFailsWhole) {
   }
 }
 
+// An add that fails for memory does not take the caller's item: the key is moved in only
+// once nothing else can fail. It was moved into the key table first, and erased with the
+// add.
+TEST(PriorityQueueAllocTest, AFailedAddLeavesTheCallersItem) {
+  FakeClock clock;
+  auto q = GroupedQueue(clock);
+  int failures = 0;
+  for (int k = 1;; ++k) {
+    std::string item(40, 'x');  // longer than the short-string buffer: a move takes it
+    FailAllocation(k);
+    try {
+      q->Add(std::move(item), {.priority = 3});
+    } catch (const std::bad_alloc&) {
+      ++failures;
+      ASSERT_EQ(item, std::string(40, 'x')) << "allocation " << k;
+      continue;
+    }
+    if (!FailureUsed()) break;
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_EQ(q->Len(), 1u);
+}
+
 // Ending a lease and handing an item out allocate nothing, also when the lease's item
 // was added again meanwhile (at a new priority, in a group that did not exist): its
 // place was set aside by that add. Before, a Done could allocate in its lease's

@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -201,6 +202,42 @@ TEST_F(PriorityQueueTest, OwedPlacesSurviveGroupsComingAndGoing) {
   lease->Done();
   clock_.Advance(absl::Seconds(1));
   EXPECT_EQ(Drain(*q_), (Strings{"owed", "high", "later", "low"}));
+}
+
+// A counting limiter (one the queue keeps the failure counts for) whose WhenCounted
+// throws: the add does not happen. A new key was left stored, never listed idle (so never
+// erased), and the group pinned for it was never given back.
+TEST_F(PriorityQueueTest, AnAddWhoseLimiterThrowsDoesNotHappen) {
+  struct Throwing : RateLimiter<std::string> {
+    explicit Throwing(Clock* c) : clock(c) {}
+    Clock* clock;
+    bool throw_next = false;
+    absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
+    void Forget(const std::string&) override {}
+    int NumRequeues(const std::string&) override { return 0; }
+    FailureCounting Counting() const override {
+      return {.by_count = true, .reports_count = true, .clock = clock};
+    }
+    absl::Duration WhenCounted(int64_t) override {
+      if (std::exchange(throw_next, false)) throw std::runtime_error("limiter failed");
+      return absl::ZeroDuration();
+    }
+  };
+  PQ::Options options = Opts();
+  auto limiter = std::make_unique<Throwing>(&clock_);
+  Throwing* throwing = limiter.get();
+  options.rate_limiter = std::move(limiter);
+  auto q = Make(std::move(options));
+  throwing->throw_next = true;
+  EXPECT_THROW(q->AddRateLimited("new"), std::runtime_error);
+  EXPECT_EQ(internal::QueuePeer::StoredKeys(*q), 0u);
+  EXPECT_EQ(q->Len(), 0u);
+  ASSERT_TRUE(q->Add("old", {.priority = 1}));
+  throwing->throw_next = true;
+  EXPECT_THROW(q->AddRateLimited("old"), std::runtime_error);  // known and queued: as it was
+  EXPECT_EQ(q->Len(), 1u);
+  EXPECT_TRUE(q->AddRateLimited("new"));
+  EXPECT_EQ(Drain(*q), (Strings{"old", "new"}));
 }
 
 TEST_F(PriorityQueueTest, IdleItemAddedAgainTakesTheNewPriority) {

@@ -583,7 +583,9 @@ class PriorityQueue {
   void StartCountingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto counts =
         std::make_unique<internal::FailureCounts>(counting_.idle_horizon, counting_.clock);
-    counts->Reserve(table_.slot_limit());
+    // Every slot the per-slot structures have room for (ReserveSlotsLocked), so that the
+    // slot of the key an add is about to store is covered too.
+    counts->Reserve(static_cast<uint32_t>(std::max<size_t>(table_.slot_limit(), info_.size())));
     counts_ = std::move(counts);
   }
 
@@ -641,8 +643,10 @@ class PriorityQueue {
   }
 
   // Stores or merges one add. `now` is the clock (read when the add needs it).
-  // Out of memory: everything that allocates comes before the add changes anything (a
-  // key it stored is erased again), and throws std::bad_alloc.
+  // Out of memory: everything that allocates comes before the add changes anything, and
+  // throws std::bad_alloc; the item is moved in only once nothing else can fail for
+  // memory. A counting limiter whose WhenCounted throws undoes the add (not the failure
+  // it counted).
   template <typename K>
   bool AddLocked(K&& item, const Prep& prep, int priority, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -659,37 +663,43 @@ class PriorityQueue {
     }
     uint32_t slot = prep.counted ? SlotOfLocked(item, prep.hash) : table_.Find(item, prep.hash);
     const bool fresh = slot == Table::kNone;
-    if (fresh) slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
-    const uint8_t state = table_.state(slot);
-    // The group the add's link goes to, pinned (allocations, which may throw), and the
-    // pin it replaces.
+    const uint8_t state = fresh ? 0 : table_.state(slot);
+    // Every allocation first (each may throw std::bad_alloc): room for the key's slot in
+    // the per-slot structures, the failure counts, and the group the add's link goes to,
+    // pinned (ReadyLevels::Pin) with the pin it replaces given back later. Then the key is
+    // stored (its move is the last step that can fail, so a caller's item is not taken
+    // by an add that fails).
+    if (fresh) ReserveSlotsLocked(table_.slot_limit_after_insert());
+    if (prep.counted && !counts_) StartCountingLocked();
     uint32_t pinned = kNoGroup;
-    try {
-      if (fresh) {
-        ReserveSlotsLocked();
-        if (counts_) counts_->Reset(slot);
-        info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
-      }
-      if (prep.counted && !counts_) StartCountingLocked();
-      const SlotInfo& info = info_[slot];
-      if (!(state & (kQueued | kDelayed))) {
-        pinned = ready_.Pin(priority, info.group_key);
-      } else if (priority > info.priority) {  // a raise: a place at the new priority
-        const bool linked = (state & kQueued) && !(state & kProcessing);
-        pinned = ready_.Pin(priority, info.group_key, /*late=*/linked);
-      }
-    } catch (...) {
-      if (fresh) table_.Erase(slot);
-      throw;
+    if (fresh || !(state & (kQueued | kDelayed))) {
+      pinned = ready_.Pin(priority, fresh ? prep.group : info_[slot].group_key);
+    } else if (priority > info_[slot].priority) {  // a raise: a place at the new priority
+      const bool linked = (state & kQueued) && !(state & kProcessing);
+      pinned = ready_.Pin(priority, info_[slot].group_key, /*late=*/linked);
     }
-    // Nothing below allocates.
-    if (!fresh && counts_ && !BusyLocked(slot)) {
+    if (fresh) {
+      try {
+        slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
+      } catch (...) {
+        ready_.Unpin(pinned);  // a fresh key always pinned
+        throw;
+      }
+      if (counts_) counts_->Reset(slot);  // room reserved: cannot fail
+      info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
+    } else if (counts_ && !BusyLocked(slot)) {
       counts_->EndIdle(slot);  // a count that lapsed while idle goes before the key is busy
     }
     absl::Duration after = prep.after;
     if (prep.counted) {
-      after = std::max(
-          after, limiter_->WhenCounted(counts_->Record(slot, counts_->Now(), BusyLocked(slot))));
+      const int64_t failures = counts_->Record(slot, counts_->Now(), BusyLocked(slot));
+      try {
+        after = std::max(after, limiter_->WhenCounted(failures));
+      } catch (...) {  // a limiter of the user's: the add does not happen (the failure counts)
+        if (pinned != kNoGroup) ready_.Unpin(pinned);
+        if (fresh) table_.Erase(slot);
+        throw;
+      }
     }
     const bool immediate = after <= absl::ZeroDuration();
     if (!immediate && metrics_) metrics_->OnRetry();  // controller-runtime: adds that wait
@@ -747,13 +757,13 @@ class PriorityQueue {
     return true;
   }
 
-  // Makes room, in every structure indexed by slot, for every slot the key table has (a
-  // key was just stored), so that moving a slot between them never allocates. Amortised:
-  // the table grows a chunk of slots at a time. Throws std::bad_alloc; what it grew stays
-  // grown, unused.
-  void ReserveSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t slots = table_.slot_limit();
-    if (info_.size() >= slots) return;
+  // Makes room, in every structure indexed by slot, for slots below `limit` (rounded up
+  // to a chunk of 4,096), so that moving a slot between them never allocates. Throws
+  // std::bad_alloc; what it grew stays grown, unused.
+  void ReserveSlotsLocked(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (info_.size() >= limit) return;
+    constexpr size_t kChunk = 4096;
+    const size_t slots = (limit + kChunk - 1) / kChunk * kChunk;
     ready_.ReserveSlots(slots);
     delayed_.Reserve(slots);
     if (aging_) aged_.Reserve(slots);

@@ -141,6 +141,8 @@ class KeyTable {
   size_t size() const { return index_.size(); }
   // One past the highest slot number ever used (for per-slot side arrays).
   uint32_t slot_limit() const { return limit_; }
+  // slot_limit() once the next Insert has taken its slot (a free one, or a new one).
+  uint32_t slot_limit_after_insert() const { return free_.empty() ? limit_ + 1 : limit_; }
 
   static constexpr uint8_t kLive = 0x80;
 

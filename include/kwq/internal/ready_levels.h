@@ -27,6 +27,7 @@
 #ifndef KWQ_INTERNAL_READY_LEVELS_H_
 #define KWQ_INTERNAL_READY_LEVELS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -73,17 +74,18 @@ class ReadyLevels {
     if (late) {
       const size_t ids = group.slot_of.size() + 1;
       group.late.Reserve(ids);
-      group.slot_of.reserve(ids);
-      group.free_ids.reserve(ids);  // Unlink gives ids back
+      GrowFor(group.slot_of, ids);
+      GrowFor(group.free_ids, ids);  // Unlink gives ids back
     }
-    ++group.pins;
+    if (group.pins++ == 0 && group.count == 0) --empty_groups_;  // in use now
     return g;
   }
 
   // Gives back a pin of group `g` unused.
   void Unpin(uint32_t g) {
-    KWQ_DCHECK(groups_[g].pins > 0, "ReadyLevels: Unpin without a pin");
-    --groups_[g].pins;
+    Group& group = groups_[g];
+    KWQ_DCHECK(group.pins > 0, "ReadyLevels: Unpin without a pin");
+    if (--group.pins == 0 && group.count == 0) BecameEmpty(g);
   }
 
   // Puts `slot` (not ready, below ReserveSlots' bound) into group `g`, ordered by `seq`,
@@ -112,8 +114,7 @@ class ReadyLevels {
       pos.local = local;
     }
     Level& level = levels_[group.level];
-    if (group.count++ == 0) {
-      --empty_groups_;
+    if (group.count++ == 0) {  // pinned until now: not counted empty
       RingAppend(level, g);
       if (level.count == 0) level_heap_.Push(group.level, -static_cast<int64_t>(level.priority));
     }
@@ -140,12 +141,10 @@ class ReadyLevels {
     --size_;
     if (--group.count == 0) {
       group.fifo.clear();
-      if (group.pins == 0) group.fifo.ReleaseIfEmpty();
       group.dead = 0;
-      ++empty_groups_;
-      if (!group.listed) {
-        group.listed = true;
-        emptied_.push_back(g);
+      if (group.pins == 0) {
+        group.fifo.ReleaseIfEmpty();
+        BecameEmpty(g);
       }
       RingRemove(level, g);
       if (level.count == 0) level_heap_.Remove(group.level);
@@ -219,7 +218,7 @@ class ReadyLevels {
     uint32_t level = kNone;
     uint32_t prev = kNone, next = kNone;  // the level's ring of non-empty groups
     bool live = false;                    // in group_ids_
-    bool listed = false;                  // in emptied_ (every live empty group is)
+    bool listed = false;  // in emptied_ (every live group with no items and no pins is)
   };
 
   // One priority: its ring of non-empty groups (front is served next).
@@ -231,23 +230,23 @@ class ReadyLevels {
     bool live = false;  // in level_ids_
   };
 
-  // Creates the group of (priority, key), empty and listed in emptied_. Every allocation
+  // Creates the group of (priority, key), empty (and so listed in emptied_). Every allocation
   // comes first, so one that throws changes nothing observable (a sweep may have run).
   uint32_t NewGroup(int priority, uint64_t key) {
     if (empty_groups_ >= kMinEmptyGroups && empty_groups_ * 2 > group_ids_.size()) Sweep();
     auto lit = level_ids_.find(priority);
     if (lit == level_ids_.end()) {
       ReserveGrowth(level_ids_, level_growth_);
-      if (free_levels_.empty()) levels_.reserve(levels_.size() + 1);
-      const size_t levels = std::max(levels_.size(), levels_.capacity());
-      free_levels_.reserve(levels);  // Sweep gives levels back
+      if (free_levels_.empty()) GrowFor(levels_, levels_.size() + 1);
+      const size_t levels = levels_.capacity();
+      GrowFor(free_levels_, levels);  // Sweep gives levels back
       level_heap_.Reserve(levels);
     }
     ReserveGrowth(group_ids_, group_growth_);
-    if (free_groups_.empty()) groups_.reserve(groups_.size() + 1);
-    const size_t groups = std::max(groups_.size(), groups_.capacity());
-    free_groups_.reserve(groups);  // Sweep gives groups back
-    emptied_.reserve(groups);      // each group is listed at most once
+    if (free_groups_.empty()) GrowFor(groups_, groups_.size() + 1);
+    const size_t groups = groups_.capacity();
+    GrowFor(free_groups_, groups);  // Sweep gives groups back
+    GrowFor(emptied_, groups);      // each group is listed at most once
     // Nothing below allocates.
     uint32_t level;
     if (lit != level_ids_.end()) {
@@ -270,12 +269,30 @@ class ReadyLevels {
     group.level = level;
     group.prev = group.next = kNone;
     group.live = true;
-    group.listed = true;
-    emptied_.push_back(g);
+    group.listed = false;
     ++levels_[level].groups;
     group_ids_.emplace(std::pair<int, uint64_t>(priority, key), g);
-    ++empty_groups_;
+    BecameEmpty(g);  // until its first pin
     return g;
+  }
+
+  // A live group that now holds neither items nor pins: counted, and listed for Sweep.
+  // Allocates nothing (emptied_ has room for every group).
+  void BecameEmpty(uint32_t g) {
+    Group& group = groups_[g];
+    ++empty_groups_;
+    if (!group.listed) {
+      group.listed = true;
+      emptied_.push_back(g);
+    }
+  }
+
+  // Makes room for at least `n` elements, growing geometrically (std::vector::reserve
+  // takes exactly what it is asked for: reserving one more each time copied everything
+  // each time).
+  template <typename V>
+  static void GrowFor(V& v, size_t n) {
+    if (v.capacity() < n) v.reserve(std::max({n, 2 * v.capacity(), size_t{8}}));
   }
 
   // An index taken from `free` if it has one, else a new element at the end of `items`
@@ -291,23 +308,15 @@ class ReadyLevels {
     return static_cast<uint32_t>(items.size() - 1);
   }
 
-  // Forgets every empty group that holds no pin, and every level left without groups.
+  // Forgets every empty group (no items, no pins), and every level left without groups.
   // Amortised O(1): it runs when more than half the groups are empty, and visits only
-  // the groups listed in emptied_ (each at most once; pinned empty ones stay listed).
-  // Allocates nothing.
+  // the groups listed in emptied_ (each at most once; one in use again is unlisted, and
+  // listed again when it empties). Allocates nothing.
   void Sweep() {
-    size_t kept = 0;
     for (const uint32_t g : emptied_) {
       Group& group = groups_[g];
-      if (!group.live || group.count != 0) {
-        group.listed = false;
-        continue;
-      }
-      if (group.pins > 0) {
-        emptied_[kept++] = g;  // still empty and listed
-        continue;
-      }
       group.listed = false;
+      if (!group.live || group.count != 0 || group.pins != 0) continue;
       group_ids_.erase(std::pair<int, uint64_t>(group.priority, group.key));
       group.live = false;
       free_groups_.push_back(g);
@@ -318,8 +327,8 @@ class ReadyLevels {
         free_levels_.push_back(group.level);
       }
     }
-    emptied_.resize(kept);
-    empty_groups_ = kept;  // every empty group was listed
+    emptied_.clear();
+    empty_groups_ = 0;  // every empty group was listed
   }
 
   void RingAppend(Level& level, uint32_t g) {
@@ -383,7 +392,7 @@ class ReadyLevels {
                       GroupIds::allocator_type(&group_growth_)};
   std::vector<uint32_t> free_levels_;
   std::vector<uint32_t> free_groups_;
-  size_t empty_groups_ = 0;        // live groups with no ready item (all listed)
+  size_t empty_groups_ = 0;        // live groups with no items and no pins (all listed)
   std::vector<uint32_t> emptied_;  // groups that emptied or were made since a sweep
   IndexedHeap level_heap_;         // non-empty levels by -priority
   size_t size_ = 0;                // ready slots
