@@ -236,7 +236,9 @@ TEST(WorkerAllocTest, ADelayedWorkWhoseTimerCannotBeMadeIsLeftAsItWas) {
   auto timers = *TimerService::Create({.clock = &clock});
   auto rt = *WorkqueueRuntime::Create({.clock = &clock, .timers = timers.get()});
   // One work at a time, so works queued behind a blocked one wait pending (parked).
-  auto wq = *Workqueue::Create({.name = "delayed", .max_active = 1, .runtime = rt.get()});
+  // Ordered: a bound workqueue's max_active is per CPU, and a work queued from another CPU
+  // than the blocker's ran at once.
+  auto wq = *Workqueue::Create({.name = "delayed", .flags = kOrdered, .runtime = rt.get()});
   std::atomic<bool> open{false};
   Work blocker([&open] {
     while (!open.load()) std::this_thread::yield();
