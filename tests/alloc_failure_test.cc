@@ -409,6 +409,43 @@ TEST(QueueAllocTest, EveryAllocationOfAFailureTableInsertFailsWhole) {
   for (int item = 0; item < 5000; ++item) ASSERT_EQ(limiter->NumRequeues(item), 1) << item;
 }
 
+// An add of a new key that fails for memory has not taken the caller's item: the key is
+// moved in only once the room the add needs next (the ready list's push, the failure
+// count) is made. It was moved into the key table first, and the overflow list's growth
+// then threw.
+TEST(QueueAllocTest, AFailedAddLeavesTheCallersItem) {
+  Queue<std::string> q;
+  constexpr int kNew = 1500;
+  constexpr int kOld = 2 * kNew;  // idle keys, re-added two before each new one
+  for (int i = 0; i < kOld; ++i) q.Add("old" + std::to_string(i));
+  while (auto lease = q.TryGet()) {
+  }
+  int failures = 0;
+  for (int i = 0; i < kNew; ++i) {  // past the ring (1,024): the overflow list grows
+    // Two old keys' slots (descending) before each new one (ascending): no two slots in a
+    // row are consecutive, so each takes a word of the overflow list, and the list's
+    // doublings fall on new keys' adds too.
+    q.Add("old" + std::to_string(kOld - 1 - 2 * i));
+    q.Add("old" + std::to_string(kOld - 2 - 2 * i));
+    for (int k = 1;; ++k) {
+      std::string item = std::string(40, 'k') + std::to_string(i);  // not a short string
+      const std::string copy = item;
+      FailAllocation(k);
+      try {
+        q.Add(std::move(item));
+      } catch (const std::bad_alloc&) {
+        ++failures;
+        ASSERT_EQ(item, copy) << "allocation " << k << " of key " << i;
+        continue;
+      }
+      FailureUsed();
+      break;
+    }
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_EQ(q.Len(), static_cast<size_t>(kOld + kNew));
+}
+
 // An add that cannot allocate room in the ready order throws before it changes
 // anything: the key is not marked queued, and adding it again later works. The overflow
 // list's size was counted before its allocation, so the list handed out a slot it did

@@ -212,6 +212,7 @@ class DelayingQueue {
         if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now(), queue_.Busy(slot)));
         return;
       }
+      queue_.ReserveWaitingLocked();  // before the key is moved in (it may wait)
       queue_.RecordRetryLocked();
       bool fresh = false;
       if (slot == Table::kNone) {

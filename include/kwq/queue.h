@@ -441,10 +441,18 @@ class Queue {
   // its Done), which is earlier: one entry per item, the earliest ready time wins.
   template <typename K>
   bool AddWaitingLocked(K&& item, uint32_t hash, int64_t ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ReserveWaitingLocked();  // before the key is moved in (FindOrInsertLocked)
     bool fresh = false;
     const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
     if (slot == Table::kNone) return false;
     return SetWaitingLocked(slot, fresh, ready);
+  }
+
+  // Room in waiting_ for one more waiting item, whichever slot (up to the next insert's),
+  // so that making an item wait cannot fail once its key is stored. Throws
+  // std::bad_alloc with nothing changed.
+  void ReserveWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    waiting_.ReserveOneMore(table_.slot_limit_after_insert());
   }
 
   // AddWaitingLocked for a live slot (`fresh`: inserted by this caller, unseen by others).
@@ -844,6 +852,11 @@ class Queue {
               std::max(2 * kMaxIdle, evict_floor_.load(std::memory_order_relaxed) + kEvictBatch)) {
         EvictLocked(kEvictBatch * kEvictScan, 2 * kMaxIdle);
       }
+      // Room for what the add does next, before the key is moved in (the last step that
+      // can fail for memory), so that an add that throws std::bad_alloc has not taken the
+      // caller's item: the push, and the new slot's failure count.
+      ReservePushLocked();
+      if (counts_) counts_->Reserve(table_.slot_limit_after_insert());
       slot = table_.Insert(std::forward<K>(item), hash, 0);
       stored_.store(static_cast<int64_t>(table_.size()), std::memory_order_relaxed);
       if (counts_) counts_->Reset(slot);

@@ -43,6 +43,12 @@ class IndexedHeap {
     heap_.Reserve(ids);
     if (pos_.size() < ids) pos_.resize(ids, kAbsent);
   }
+  // Makes room for one more entry, of any id below `ids`, so that its Push allocates
+  // nothing. Throws std::bad_alloc (the heap unchanged).
+  void ReserveOneMore(size_t ids) {
+    heap_.Reserve(heap_.size() + 1);
+    if (pos_.size() < ids) pos_.resize(ids, kAbsent);
+  }
   // Adds `id` (which must be absent) with `key`. Allocates (and may throw std::bad_alloc,
   // the heap unchanged) only when no room was reserved for it.
   void Push(uint32_t id, int64_t key) {
