@@ -76,12 +76,13 @@
 // ShutDownWithDrain call and every Get has returned.
 //
 // Out of memory: an add that cannot allocate throws std::bad_alloc before it changes
-// anything (a key it stored is erased again; in AddAll, the items before it stay added).
-// It sets aside everything its item will need later: room in every structure indexed by
-// slot, and a pinned place in its (priority, group), so that Get, a lease's Done and the
-// timer's firing allocate nothing, except the timer itself: a delayed item whose timer
-// cannot be made still waits, and sleeping Gets look for due items every millisecond
-// until a later arming makes one.
+// anything, and before it moves the caller's item in (in AddAll, the items before it
+// stay added). It sets aside what its item will need later: room in every structure
+// indexed by slot and, unless the item is delayed, a pinned place in its (priority,
+// group), so that a lease's Done allocates nothing. A delayed item pins its place when it
+// comes due; if that cannot allocate, the item stays waiting and the timer tries again
+// 1 ms later. A delayed item whose timer cannot be made still waits, and sleeping Gets
+// look for due items every millisecond until a later arming makes one.
 
 #ifndef KWQ_PRIORITY_QUEUE_H_
 #define KWQ_PRIORITY_QUEUE_H_
@@ -520,9 +521,10 @@ class PriorityQueue {
     int priority;        // while waiting: the largest of the adds since the last Get
     uint64_t group_key;  // Options::group(item), or 0
     int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
-    // While the slot is owed a place among the ready items (kDelayed, or kQueued and in
+    // While the slot is owed a place among the ready items with no delay (kQueued and in
     // flight): the group of (priority, group_key), pinned for it (ReadyLevels::Pin), so
-    // that linking it later cannot fail. Else kNoGroup.
+    // that linking it at the Done cannot fail. Else kNoGroup: a delayed item pins its
+    // group only when it comes due (TryPinLocked), so a delayed add makes no group.
     uint32_t group = kNoGroup;
   };
   static constexpr uint32_t kNoGroup = internal::ReadyLevels::kNoGroup;
@@ -671,18 +673,24 @@ class PriorityQueue {
     // by an add that fails).
     if (fresh) ReserveSlotsLocked(table_.slot_limit_after_insert());
     if (prep.counted && !counts_) StartCountingLocked();
+    // A delayed add pins nothing (its item pins when it comes due); one that may be
+    // immediate pins, and gives the pin back if the limiter delays it after all.
     uint32_t pinned = kNoGroup;
-    if (fresh || !(state & (kQueued | kDelayed))) {
-      pinned = ready_.Pin(priority, fresh ? prep.group : info_[slot].group_key);
-    } else if (priority > info_[slot].priority) {  // a raise: a place at the new priority
-      const bool linked = (state & kQueued) && !(state & kProcessing);
-      pinned = ready_.Pin(priority, info_[slot].group_key, /*late=*/linked);
+    const bool maybe_now = prep.after <= absl::ZeroDuration();
+    if (state & kQueued) {
+      if (priority > info_[slot].priority) {  // a raise: a place at the new priority
+        const bool linked = !(state & kProcessing);
+        pinned = ready_.Pin(priority, info_[slot].group_key, /*late=*/linked);
+      }
+    } else if (maybe_now) {  // idle, in flight, or delayed: it may become ready (or owed)
+      const int p = (state & kDelayed) ? std::max(priority, info_[slot].priority) : priority;
+      pinned = ready_.Pin(p, fresh ? prep.group : info_[slot].group_key);
     }
     if (fresh) {
       try {
         slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
       } catch (...) {
-        ready_.Unpin(pinned);  // a fresh key always pinned
+        if (pinned != kNoGroup) ready_.Unpin(pinned);
         throw;
       }
       if (counts_) counts_->Reset(slot);  // room reserved: cannot fail
@@ -702,6 +710,10 @@ class PriorityQueue {
       }
     }
     const bool immediate = after <= absl::ZeroDuration();
+    if (!immediate && !(state & kQueued) && pinned != kNoGroup) {  // delayed after all
+      ready_.Unpin(pinned);
+      pinned = kNoGroup;
+    }
     if (!immediate && metrics_) metrics_->OnRetry();  // controller-runtime: adds that wait
     const int64_t due = immediate ? 0 : ReadyKey(now + after);
     SlotInfo& info = info_[slot];
@@ -719,11 +731,9 @@ class PriorityQueue {
       return false;
     }
     if (state & kDelayed) {  // waiting for its time: earliest time, largest priority
-      if (pinned != kNoGroup) {
-        info.priority = priority;
-        ready_.Unpin(std::exchange(info.group, pinned));
-      }
+      info.priority = std::max(info.priority, priority);
       if (immediate) {
+        info.group = pinned;  // pinned at the larger priority
         if (!(state & kProcessing)) delayed_.Remove(slot);
         DelayedToQueuedLocked(slot);
         if (!(state & kProcessing)) MakeReadyLocked(slot, now);
@@ -799,19 +809,40 @@ class PriorityQueue {
   }
 
   // Makes every delayed item due at `now` ready, in ready-time order, with its ready
-  // time as the time it became ready.
+  // time as the time it became ready. Never throws: an item whose group cannot be made
+  // (out of memory) stays delayed, with the rest, and the timer tries again
+  // kStarvedRetry later (ArmLocked), not at once.
   void PromoteDueLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t now_key = ToKey(now);
+    promote_starved_ = false;
     // kNeverKey never comes due, also once `now` saturates to it (past year 2262).
     while (!delayed_.empty() && delayed_.TopKey() <= now_key &&
            delayed_.TopKey() != internal::kNeverKey) {
       const uint32_t slot = delayed_.TopId();
+      if (!TryPinLocked(slot)) {
+        promote_starved_ = true;
+        starved_retry_ = now_key + absl::ToInt64Nanoseconds(kStarvedRetry);
+        return;
+      }
       const absl::Time due = FromKey(delayed_.TopKey());
       delayed_.Pop();
       DelayedToQueuedLocked(slot);
       MakeReadyLocked(slot, due);
     }
   }
+
+  // Pins the group of a delayed slot about to become ready (its info_.group). False,
+  // with nothing changed, when the group cannot be made for want of memory.
+  bool TryPinLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SlotInfo& info = info_[slot];
+    try {
+      info.group = ready_.Pin(info.priority, info.group_key);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    return true;
+  }
+  static constexpr absl::Duration kStarvedRetry = absl::Milliseconds(1);
 
   // Puts a kQueued slot that is not in flight into the ready structures, into the group
   // pinned for it. Allocates nothing.
@@ -875,14 +906,18 @@ class PriorityQueue {
           MakeReadyLocked(slot, now);
         } else if (shutting_down_) {  // a delayed re-add: dropped like delayed items
           state &= ~kDelayed;
-          ready_.Unpin(std::exchange(info_[slot].group, kNoGroup));
           --delayed_count_;
           if (metrics_) metrics_->OnDelayed(-1);
           KeepIdleLocked(slot);
-        } else if (info_[slot].due <= ToKey(now) && info_[slot].due != internal::kNeverKey) {
+        } else if (info_[slot].due <= ToKey(now) && info_[slot].due != internal::kNeverKey &&
+                   TryPinLocked(slot)) {
           DelayedToQueuedLocked(slot);
           MakeReadyLocked(slot, now);
-        } else {
+        } else {  // not due yet, or due with no memory for its group: waits (delayed_ has room)
+          if (info_[slot].due <= ToKey(now) && info_[slot].due != internal::kNeverKey) {
+            promote_starved_ = true;
+            starved_retry_ = ToKey(now) + absl::ToInt64Nanoseconds(kStarvedRetry);
+          }
           delayed_.Push(slot, info_[slot].due);
           ArmLocked();
         }
@@ -994,7 +1029,10 @@ class PriorityQueue {
   // tries again, and meanwhile sleeping Gets look for due items every kNoTimerPoll.
   void ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (delayed_.empty() || shutting_down_) return;
-    const int64_t next = delayed_.TopKey();
+    // Due items left for want of memory: again a little later, not at once (a timer at a
+    // past time would fire again at once, for as long as memory lacks).
+    const int64_t next =
+        promote_starved_ ? std::max(delayed_.TopKey(), starved_retry_) : delayed_.TopKey();
     if (timer_ != 0) {
       if (next >= armed_for_) return;
       // If Reschedule fails the timer is firing right now; that Fire re-arms under mu_.
@@ -1059,7 +1097,6 @@ class PriorityQueue {
       const uint32_t slot = delayed_.TopId();
       delayed_.Pop();
       table_.state(slot) &= ~kDelayed;
-      ready_.Unpin(std::exchange(info_[slot].group, kNoGroup));
       --delayed_count_;
       if (metrics_) metrics_->OnDelayed(-1);
       KeepIdleLocked(slot);
@@ -1117,6 +1154,9 @@ class PriorityQueue {
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t armed_for_ ABSL_GUARDED_BY(mu_) = 0;
   bool arm_failed_ ABSL_GUARDED_BY(mu_) = false;  // the last arming could not make a timer
+  // The last promotion left due items for want of memory; retry them at starved_retry_.
+  bool promote_starved_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t starved_retry_ ABSL_GUARDED_BY(mu_) = 0;
   // Set at construction; its methods are called with mu_ held.
   std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
 };
