@@ -15,6 +15,7 @@
 #include "testing/cancel_check.h"
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
+#include "testing/late_timer.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
@@ -375,21 +376,15 @@ TEST_F(DelayingQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
 // timer to move it: Get(ctx) moves due items before it looks at the context. A callback
 // of the same service, due just before, holds the timer up meanwhile.
 TEST_F(DelayingQueueTest, GetWithADoneContextTakesADueItemTheTimerHasNotMoved) {
-  std::atomic<bool> holding{false}, release{false};
-  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
-    holding = true;
-    while (!release) std::this_thread::yield();
-  });
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
   q_.AddAfter("a", absl::Seconds(1));
-  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
-  const bool held = testing::Eventually([&] { return holding.load(); });
+  const bool held = late.Start();
   EXPECT_TRUE(held);
   EXPECT_EQ(q_.Waiting(), 1u);  // due, not moved
   auto [ctx, cancel] = WithCancel(Background());
   cancel();
   std::optional<DelayingQueue<std::string>::Lease> lease = q_.Get(ctx);
-  release = true;
-  advancer.join();
+  late.Release();
   ASSERT_TRUE(held);
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(lease->item(), "a");
@@ -547,22 +542,14 @@ TEST_F(DelayingQueueTest, ShutDownDropsWaitingItemsAndIgnoresAddAfter) {
 // timer was late (a callback of the same service, due just before, holds it up here),
 // so whether a due item ran depended on the timer thread.
 TEST_F(DelayingQueueTest, ShutDownQueuesItemsAlreadyDue) {
-  std::atomic<bool> holding{false}, release{false};
-  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
-    holding = true;
-    while (!release) std::this_thread::yield();
-  });
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
   q_.AddAfter("due", absl::Seconds(1));
   q_.AddAfter("later", absl::Seconds(2));
-  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
-  const bool held = testing::Eventually([&] { return holding.load(); });
-  EXPECT_TRUE(held);
+  EXPECT_TRUE(late.Start());
   EXPECT_EQ(q_.Waiting(), 2u);  // one due, not moved
   q_.ShutDown();
   EXPECT_EQ(q_.Waiting(), 0u);
   EXPECT_EQ(Ready(), std::vector<std::string>{"due"});
-  release = true;
-  advancer.join();
 }
 
 // A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its

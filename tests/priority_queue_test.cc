@@ -28,6 +28,7 @@
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
+#include "testing/late_timer.h"
 #include "testing/not_counting.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
@@ -385,14 +386,9 @@ TEST_F(PriorityQueueTest, GetBlocksUntilDelayedItemIsReady) {
 TEST_F(PriorityQueueTest, GetsTakeADueItemTheTimerHasNotMoved) {
   for (int how = 0; how < 3; ++how) {
     SCOPED_TRACE(how);
-    std::atomic<bool> holding{false}, release{false};
-    timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
-      holding = true;
-      while (!release) std::this_thread::yield();
-    });
+    testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
     q_->AddAfter("a", absl::Seconds(1));
-    std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
-    EXPECT_TRUE(testing::Eventually([&] { return holding.load(); }));
+    EXPECT_TRUE(late.Start());
     EXPECT_EQ(q_->Waiting(), 1u);  // due, not moved
     std::optional<PQ::Lease> lease;
     std::atomic<bool> returned{false};
@@ -410,57 +406,42 @@ TEST_F(PriorityQueueTest, GetsTakeADueItemTheTimerHasNotMoved) {
     });
     EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }))
         << "the Get waited for the late timer";
-    release = true;  // the timer fires: releases a Get that waited for it
+    late.Release();  // the timer fires: releases a Get that waited for it
     getter.join();
-    advancer.join();
     ASSERT_TRUE(lease.has_value());
     EXPECT_EQ(lease->item(), "a");
   }
 }
 
-// A TryGet that moves several due items takes one and wakes a sleeping Get for the rest:
-// the late timer, finding nothing left to move, wakes nobody (a first version of the
-// Gets' own promotion left the sleeper asleep with an item ready).
 // Delayed items already due when the queue shuts down are handed out, whether or not the
 // timer has moved them yet; the others are dropped. They were all dropped while the timer
 // was late (a callback of the same service, due just before, holds it up here).
 TEST_F(PriorityQueueTest, ShutDownHandsOutItemsAlreadyDue) {
-  std::atomic<bool> holding{false}, release{false};
-  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
-    holding = true;
-    while (!release) std::this_thread::yield();
-  });
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
   q_->AddAfter("due", absl::Seconds(1));
   q_->AddAfter("later", absl::Seconds(2));
-  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
-  const bool held = testing::Eventually([&] { return holding.load(); });
-  EXPECT_TRUE(held);
+  EXPECT_TRUE(late.Start());
   EXPECT_EQ(q_->Waiting(), 2u);  // one due, not moved
   q_->ShutDown();
   EXPECT_EQ(q_->Waiting(), 0u);
   EXPECT_EQ(Drain(*q_), Strings{"due"});
-  release = true;
-  advancer.join();
 }
 
+// A TryGet that moves several due items takes one and wakes a sleeping Get for the rest:
+// the late timer, finding nothing left to move, wakes nobody (a first version of the
+// Gets' own promotion left the sleeper asleep with an item ready).
 TEST_F(PriorityQueueTest, AGetThatMovesDueItemsWakesASleeperForTheRest) {
-  std::atomic<bool> holding{false}, release{false};
-  timers_->Schedule(clock_.Now() + absl::Seconds(1) - absl::Nanoseconds(1), [&] {
-    holding = true;
-    while (!release) std::this_thread::yield();
-  });
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
   q_->AddAfter("a", absl::Seconds(1));
   q_->AddAfter("b", absl::Seconds(1));
   std::atomic<bool> got{false};
   std::thread sleeper([&] { got = q_->Get().has_value(); });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
-  std::thread advancer([&] { clock_.Advance(absl::Seconds(1)); });
-  EXPECT_TRUE(testing::Eventually([&] { return holding.load(); }));
+  EXPECT_TRUE(late.Start());
   std::optional<PQ::Lease> lease = q_->TryGet();
   EXPECT_TRUE(lease.has_value());
   EXPECT_TRUE(testing::Eventually([&] { return got.load(); })) << "a Get slept with an item ready";
-  release = true;
-  advancer.join();
+  late.Release();
   if (!got) q_->ShutDown();  // releases the sleeper, so the test fails instead of hanging
   sleeper.join();
 }
