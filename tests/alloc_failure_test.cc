@@ -716,6 +716,50 @@ TEST(PriorityQueueAllocTest, DueItemsWithoutRoomWaitAndAreRetriedLater) {
   EXPECT_EQ(lease->priority(), 7);
 }
 
+// The same past about the year 2262, where the clock reads the largest time key: the
+// retry's time saturates (it overflowed: undefined behaviour, and a retry armed in the
+// past), and the item waits for a Get.
+TEST(PriorityQueueAllocTest, DueItemsWithoutRoomPastTheKeyRangeWaitForAGet) {
+  FakeClock clock;
+  auto q = GroupedQueue(clock);
+  ASSERT_TRUE(q->Add(std::string("z1"), {.priority = 7, .after = absl::Seconds(1)}));
+  FailAllocation(1);                                              // the group's, in the firing
+  clock.SetTime(absl::FromUnixSeconds(int64_t{20'000'000'000}));  // year 2603
+  EXPECT_TRUE(FailureUsed());
+  EXPECT_EQ(q->Waiting(), 1u);
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(lease->item(), "z1");
+}
+
+// A DelayingQueue's AddAfter makes its timer before it changes anything: one whose timer
+// cannot be made throws with the caller's item untouched and nothing waiting. The timer
+// was made last, after the item was taken and marked waiting.
+TEST(DelayingQueueAllocTest, AnAddAfterWhoseTimerCannotBeMadeChangesNothing) {
+  int failures = 0;
+  for (int k = 1;; ++k) {
+    FakeClock clock;
+    auto timers = *TimerService::Create({.clock = &clock});
+    DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+    std::string item(40, 'd');
+    FailAllocation(k);
+    try {
+      q.AddAfter(std::move(item), absl::Seconds(1));
+    } catch (const std::bad_alloc&) {
+      ++failures;
+      ASSERT_EQ(item, std::string(40, 'd')) << "allocation " << k;
+      ASSERT_EQ(q.Waiting(), 0u) << "allocation " << k;
+      continue;
+    }
+    const bool used = FailureUsed();
+    ASSERT_EQ(q.Waiting(), 1u);
+    clock.Advance(absl::Seconds(1));
+    ASSERT_EQ(q.Len(), 1u) << "allocation " << k << ": no timer moved it";
+    if (!used) break;
+  }
+  EXPECT_GT(failures, 0);
+}
+
 // Ending a lease and handing an item out allocate nothing, also when the lease's item
 // was added again meanwhile (at a new priority, in a group that did not exist): its
 // place was set aside by that add. Before, a Done could allocate in its lease's

@@ -124,6 +124,8 @@ class DelayingQueue {
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
     if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
+    EnsureTimerLocked();            // may throw: before anything changes
+    queue_.ReserveWaitingLocked();  // the same
     queue_.RecordRetryLocked();
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
@@ -212,7 +214,8 @@ class DelayingQueue {
         if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now(), queue_.Busy(slot)));
         return;
       }
-      queue_.ReserveWaitingLocked();  // before the key is moved in (it may wait)
+      EnsureTimerLocked();            // may throw: before anything changes
+      queue_.ReserveWaitingLocked();  // the same (it may wait)
       queue_.RecordRetryLocked();
       bool fresh = false;
       if (slot == Table::kNone) {
@@ -341,8 +344,24 @@ class DelayingQueue {
       if (timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
     }
-    armed_for_ = next;
-    timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+    // Only a firing, or a Get about to sleep, gets here with no timer (an add made one
+    // first, EnsureTimerLocked): a timer that cannot be made for want of memory leaves the
+    // waiting items to the next add's timer and to Gets, rather than throw there.
+    try {
+      timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+      armed_for_ = next;
+    } catch (const std::bad_alloc&) {
+      timer_ = 0;
+    }
+  }
+
+  // Makes sure a timer exists (parked at the end of time when there was none), so that
+  // arming it for the add that follows only moves it and allocates nothing: an add then
+  // throws std::bad_alloc, if at all, before it changes anything. Not while stopping.
+  void EnsureTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    if (timer_ != 0 || stopping_) return;
+    timer_ = timers_->Schedule(absl::InfiniteFuture(), [this] { Fire(); });
+    armed_for_ = kNever;
   }
 
   // `next`, or kStarvedRetry from now if that is later, when the last promotion stopped for

@@ -79,10 +79,12 @@
 // anything, and before it moves the caller's item in (in AddAll, the items before it
 // stay added). It sets aside what its item will need later: room in every structure
 // indexed by slot and, unless the item is delayed, a pinned place in its (priority,
-// group), so that a lease's Done allocates nothing. A delayed item pins its place when it
-// comes due; if that cannot allocate, the item stays waiting and the timer tries again
-// 1 ms later. A delayed item whose timer cannot be made still waits, and sleeping Gets
-// look for due items every millisecond until a later arming makes one.
+// group), so that a lease's Done never throws (it allocates only for a delayed re-add
+// that is due by then). A delayed item pins its place when it comes due; if that cannot
+// allocate, the item stays waiting and the timer tries again 1 ms later (a ShutDown then
+// drops it with the items not yet due). A delayed item whose timer cannot be made still
+// waits, and sleeping Gets look for due items every millisecond until a later arming
+// makes one.
 
 #ifndef KWQ_PRIORITY_QUEUE_H_
 #define KWQ_PRIORITY_QUEUE_H_
@@ -821,7 +823,7 @@ class PriorityQueue {
       const uint32_t slot = delayed_.TopId();
       if (!TryPinLocked(slot)) {
         promote_starved_ = true;
-        starved_retry_ = now_key + absl::ToInt64Nanoseconds(kStarvedRetry);
+        starved_retry_ = RetryKey(now_key);
         return;
       }
       const absl::Time due = FromKey(delayed_.TopKey());
@@ -843,6 +845,13 @@ class PriorityQueue {
     return true;
   }
   static constexpr absl::Duration kStarvedRetry = absl::Milliseconds(1);
+  // kStarvedRetry after `now_key`, saturating (a clock past about the year 2262 reads the
+  // largest key: the retry then waits for a Get or an add).
+  static int64_t RetryKey(int64_t now_key) {
+    const int64_t retry_ns = absl::ToInt64Nanoseconds(kStarvedRetry);
+    return now_key > std::numeric_limits<int64_t>::max() - retry_ns ? internal::kNeverKey
+                                                                    : now_key + retry_ns;
+  }
 
   // Puts a kQueued slot that is not in flight into the ready structures, into the group
   // pinned for it. Allocates nothing.
@@ -916,7 +925,7 @@ class PriorityQueue {
         } else {  // not due yet, or due with no memory for its group: waits (delayed_ has room)
           if (info_[slot].due <= ToKey(now) && info_[slot].due != internal::kNeverKey) {
             promote_starved_ = true;
-            starved_retry_ = ToKey(now) + absl::ToInt64Nanoseconds(kStarvedRetry);
+            starved_retry_ = RetryKey(ToKey(now));
           }
           delayed_.Push(slot, info_[slot].due);
           ArmLocked();

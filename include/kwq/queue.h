@@ -456,9 +456,11 @@ class Queue {
   }
 
   // AddWaitingLocked for a live slot (`fresh`: inserted by this caller, unseen by others).
+  // Throws std::bad_alloc (nothing changed) when waiting_ cannot grow.
   bool SetWaitingLocked(uint32_t slot, bool fresh, int64_t ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) return false;
+    ReserveWaitingLocked();  // before the state changes (a no-op when the add did it)
     const uint8_t state = State(slot).load(std::memory_order_relaxed);
     if (fresh) {
       State(slot).store(state | kWaiting, std::memory_order_relaxed);
