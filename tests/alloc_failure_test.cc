@@ -760,6 +760,41 @@ TEST(DelayingQueueAllocTest, AnAddAfterWhoseTimerCannotBeMadeChangesNothing) {
   EXPECT_GT(failures, 0);
 }
 
+// A retry of the item being processed (AddAfter of the lease's own item, found by address)
+// makes room in the waiting heap before it marks the item waiting. It marked it first: a
+// failed growth left it marked waiting outside the heap, and the next add of it crashed.
+// Each allocation of such retries fails in turn (the heap grows as more items wait).
+TEST(DelayingQueueAllocTest, ARetryOfTheLeasedItemThatCannotAllocateChangesNothing) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+  constexpr int kItems = 100;
+  for (int i = 0; i < kItems; ++i) q.Add("i" + std::to_string(i));
+  int failures = 0;
+  for (int i = 0; i < kItems; ++i) {
+    auto lease = q.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    for (int k = 1;; ++k) {
+      const size_t waiting = q.Waiting();
+      FailAllocation(k);
+      try {
+        q.AddAfter(lease->item(), absl::Hours(1));
+      } catch (const std::bad_alloc&) {
+        ++failures;
+        ASSERT_EQ(q.Waiting(), waiting) << "item " << i << ", allocation " << k;
+        continue;
+      }
+      FailureUsed();
+      break;
+    }
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_EQ(q.Waiting(), static_cast<size_t>(kItems));
+  for (int i = 0; i < kItems; ++i) q.Add("i" + std::to_string(i));  // each now: once
+  EXPECT_EQ(q.Waiting(), 0u);
+  EXPECT_EQ(q.Len(), static_cast<size_t>(kItems));
+}
+
 // Ending a lease and handing an item out allocate nothing, also when the lease's item
 // was added again meanwhile (at a new priority, in a group that did not exist): its
 // place was set aside by that add. Before, a Done could allocate in its lease's

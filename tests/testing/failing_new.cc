@@ -8,6 +8,8 @@
 
 #include "testing/failing_new.h"
 
+#include "kwq/internal/pod_vector.h"
+
 #include <pthread.h>
 
 #include <cstdlib>
@@ -37,6 +39,16 @@ int AllocationsOf(absl::FunctionRef<void()> f) {
   f();
   return kMany - fail_countdown.exchange(0);
 }
+
+// PodVector's growth (kwq/internal/pod_vector.h) counts as an allocation too.
+void* FailingRealloc(void* p, std::size_t n) {
+  if (failing_thread && fail_countdown.load() > 0 && fail_countdown.fetch_sub(1) == 1) {
+    return nullptr;
+  }
+  return ::realloc(p, n);
+}
+[[maybe_unused]] const bool realloc_installed =
+    (kwq::internal::pod_vector_realloc = &FailingRealloc, true);
 
 bool OnThreadNamed(std::string_view prefix) {
   char name[16] = {};

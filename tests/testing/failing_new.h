@@ -2,7 +2,8 @@
 // of memory on purpose: link testing/failing_new.cc into the binary (it must be the only
 // replacement there). Chosen allocations throw std::bad_alloc; the rest go to malloc.
 //
-// FailAllocation(k) fails the k-th allocation of the calling thread from now; threads the
+// FailAllocation(k) fails the k-th allocation (operator new, new[], or a PodVector's
+// realloc) of the calling thread from now; threads the
 // code under test starts when it likes (workers, timers) are left alone, so a failure is
 // never taken by another thread. A binary adds failures of its own (a size on a named
 // thread, say) through extra_failure.
@@ -18,8 +19,8 @@
 
 namespace kwq::testing {
 
-// Fails the `k`-th allocation (operator new or new[]) of this thread from now (1: the
-// next one).
+// Fails the `k`-th allocation (operator new, new[], or a PodVector growth) of this thread
+// from now (1: the next one).
 void FailAllocation(int k);
 // Whether the failure FailAllocation armed was used; disarms it.
 bool FailureUsed();

@@ -26,6 +26,11 @@
 
 namespace kwq::internal {
 
+// How every PodVector grows: ::realloc. A test that runs out of memory on purpose points
+// it at a realloc that fails when told to (tests/testing/failing_new.cc), before it starts
+// any thread; nothing else may change it.
+inline void* (*pod_vector_realloc)(void*, size_t) = &::realloc;
+
 template <typename T>
 class PodVector {
   static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
@@ -82,7 +87,7 @@ class PodVector {
   void Reserve(size_t n) {
     if (n <= capacity_) return;
     const size_t capacity = std::max({n, capacity_ * 2, size_t{16}});
-    void* grown = std::realloc(data_, capacity * sizeof(T));
+    void* grown = pod_vector_realloc(data_, capacity * sizeof(T));
     if (grown == nullptr) throw std::bad_alloc();
     data_ = static_cast<T*>(grown);
     capacity_ = capacity;
