@@ -124,12 +124,12 @@ class DelayingQueue {
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
     if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
-    EnsureTimerLocked();            // may throw: before anything changes
-    queue_.ReserveWaitingLocked();  // the same
-    queue_.RecordRetryLocked();
+    EnsureTimerLocked();  // may throw: before anything changes
+    // Both make room in the waiting heap before they change anything (and may throw).
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
                              : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
+    queue_.RecordRetryLocked();  // once the add cannot fail any more
     AfterWaitingLocked(changed, now);
   }
 
