@@ -552,6 +552,27 @@ TEST_F(DelayingQueueTest, ShutDownQueuesItemsAlreadyDue) {
   EXPECT_EQ(Ready(), std::vector<std::string>{"due"});
 }
 
+// A drain queues the items already due too, and waits for them: a worker still gets the
+// due item after ShutDownWithDrain has begun, and the drain returns once it is Done.
+TEST_F(DelayingQueueTest, ShutDownWithDrainRunsItemsAlreadyDue) {
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
+  q_.AddAfter("due", absl::Seconds(1));
+  q_.AddAfter("later", absl::Seconds(2));
+  ASSERT_TRUE(late.Start());
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] { drained = q_.ShutDownWithDrain(); });
+  ASSERT_TRUE(testing::Eventually([&] { return q_.ShuttingDown(); }));
+  auto lease = q_.TryGet();
+  EXPECT_TRUE(lease.has_value()) << "the due item was dropped";
+  if (lease) {
+    EXPECT_EQ(lease->item(), "due");
+    lease->Done();
+  }
+  drainer.join();
+  EXPECT_TRUE(drained.load());
+  EXPECT_FALSE(q_.TryGet().has_value());  // "later" was dropped
+}
+
 // A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its
 // address (no hash, no lookup): it runs again after its Done and its delay, once.
 TEST_F(DelayingQueueTest, AddAfterOfTheLeasedItemRunsItAgainAfterTheDelay) {

@@ -427,6 +427,26 @@ TEST_F(PriorityQueueTest, ShutDownHandsOutItemsAlreadyDue) {
   EXPECT_EQ(Drain(*q_), Strings{"due"});
 }
 
+// A drain makes the items already due ready too, and waits for them.
+TEST_F(PriorityQueueTest, ShutDownWithDrainRunsItemsAlreadyDue) {
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
+  q_->AddAfter("due", absl::Seconds(1));
+  q_->AddAfter("later", absl::Seconds(2));
+  ASSERT_TRUE(late.Start());
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
+  ASSERT_TRUE(testing::Eventually([&] { return q_->ShuttingDown(); }));
+  auto lease = q_->TryGet();
+  EXPECT_TRUE(lease.has_value()) << "the due item was dropped";
+  if (lease) {
+    EXPECT_EQ(lease->item(), "due");
+    lease->Done();
+  }
+  drainer.join();
+  EXPECT_TRUE(drained.load());
+  EXPECT_FALSE(q_->TryGet().has_value());  // "later" was dropped
+}
+
 // A TryGet that moves several due items takes one and wakes a sleeping Get for the rest:
 // the late timer, finding nothing left to move, wakes nobody (a first version of the
 // Gets' own promotion left the sleeper asleep with an item ready).
