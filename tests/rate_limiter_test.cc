@@ -1123,6 +1123,13 @@ TEST(ConcurrencyTest, ConcurrentWhenForgetNumRequeues) {
   }
   // Two per-item children, each holding at most kItems entries.
   EXPECT_LE(exact->TrackedItems(), static_cast<size_t>(2 * kItems));
+  // The evicting limiter holds at most one entry per item, and once every entry has been
+  // idle past its horizon, the next When evicts them and counts its item afresh.
+  EXPECT_LE(evicting->TrackedItems(), static_cast<size_t>(kItems));
+  clock.Advance(absl::Milliseconds(2));
+  evicting->When(0);
+  EXPECT_EQ(evicting->TrackedItems(), 1u);
+  EXPECT_EQ(evicting->NumRequeues(0), 1);
 }
 
 // A hash that throws while `armed`.

@@ -155,6 +155,8 @@ TEST(ShardedQueueTest, IdleWorkerStealsFromOtherShards) {
   worker.join();
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(**lease, key);
+  EXPECT_EQ(q->shard(2).InFlight(), 1u);  // in flight in its home shard, not shard 0
+  EXPECT_EQ(q->shard(0).InFlight(), 0u);
   lease->Done();
   EXPECT_EQ(q->shard(2).InFlight(), 0u);  // the lease ended in the home shard
 }

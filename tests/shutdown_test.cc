@@ -139,15 +139,32 @@ TEST(ShutdownTest, DrainWithWorkersStillGetting) {
   DelayingQueue<int> q;
   std::vector<std::thread> workers;
   std::atomic<int> seen{0};
+  // Workers hold their first lease until the drain has begun (the queue shuts down first),
+  // so the drain must wait for them and for the items still queued.
+  std::atomic<bool> go{false};
   for (int w = 0; w < 3; ++w) {
     workers.emplace_back([&] {
-      while (auto lease = q.Get()) ++seen;
+      while (auto lease = q.Get()) {
+        while (!go.load()) std::this_thread::yield();
+        ++seen;
+      }
     });
   }
   for (int i = 0; i < 1000; ++i) q.Add(i);
   q.AddAfter(5000, absl::Hours(1));  // waiting items are dropped by the drain
+  std::thread releaser([&] {
+    while (!q.ShuttingDown()) std::this_thread::yield();
+    go = true;
+  });
   EXPECT_TRUE(q.ShutDownWithDrain());
+  // A drain returns once every queued item has been handed out and its lease ended; each
+  // worker counts its item before that lease ends.
+  const int seen_at_return = seen.load();
+  const size_t left_at_return = q.Len() + q.InFlight();
+  releaser.join();
   for (auto& t : workers) t.join();
+  EXPECT_EQ(seen_at_return, 1000);
+  EXPECT_EQ(left_at_return, 0u);
   EXPECT_EQ(seen.load(), 1000);
 }
 
