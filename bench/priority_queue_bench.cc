@@ -1,8 +1,9 @@
 // PriorityQueue microbenchmarks: a backlog of 1,000,000 items with random priorities in
 // [0, 10) drained by two workers (ns per item, the add and drain phases apart), and the
 // single-thread Add + Get + Done cycle, on an otherwise empty queue and behind a backlog
-// of 1,000,000 ready items. The FIFO Queue runs the same backlog for comparison. And
-// adds whose priorities are all distinct (a level and group each).
+// of 1,000,000 ready items. The FIFO Queue runs the same backlog for comparison. Adds
+// whose priorities are all distinct (a level and group each). And pc_2w's shape: a
+// producer adding while two workers take, with one or two of them polling at length.
 
 #include <chrono>
 #include <cstdint>
@@ -91,6 +92,39 @@ BENCHMARK(BM_Queue_AddAllThenDrain2Workers)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(5);
+
+// pc_2w on a PriorityQueue: two workers Get + Done while the main thread adds 200,000
+// items (random priorities in [0, 10)), then ShutDownWithDrain. The argument is
+// QueueOptions::polling_workers: how many idle Gets poll at length before they sleep.
+void BM_PriorityQueue_ProducerTwoWorkers(benchmark::State& state) {
+  constexpr int64_t kAdds = 200'000;
+  const std::vector<int> priorities = RandomPriorities(kAdds, 2);
+  for (auto _ : state) {
+    PriorityQueue<int64_t>::Options options;
+    options.polling_workers = static_cast<int>(state.range(0));
+    auto q = *PriorityQueue<int64_t>::Create(std::move(options));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.emplace_back([&] {
+        while (auto lease = q->Get()) benchmark::DoNotOptimize(lease->item());
+      });
+    }
+    for (int64_t i = 0; i < kAdds; ++i) q->Add(i, {.priority = priorities[i]});
+    q->ShutDownWithDrain();
+    for (auto& w : workers) w.join();
+    state.SetIterationTime(Seconds(std::chrono::steady_clock::now() - t0));
+  }
+  state.counters["ns/item"] =
+      benchmark::Counter(static_cast<double>(kAdds), benchmark::Counter::kIsIterationInvariantRate |
+                                                         benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_PriorityQueue_ProducerTwoWorkers)
+    ->ArgName("polling_workers")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Options for the single-thread cycles: 0 plain, 1 with 16 fairness groups, 2 with aging.
 PriorityQueue<int64_t>::Options CycleOptions(int64_t mode) {

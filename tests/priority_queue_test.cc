@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <future>
 #include <latch>
 #include <map>
 #include <memory>
@@ -56,6 +58,14 @@ struct internal::QueuePeer {
   static int Waiters(Q& q) {
     internal::MutexLock lock(&q.mu_);
     return q.waiters_;
+  }
+  template <typename Q>
+  static void SetPolling(Q& q, int polling) {
+    q.spinners_.store(polling);
+  }
+  template <typename Q>
+  static int Polling(Q& q) {
+    return q.spinners_.load();
   }
 };
 
@@ -1189,6 +1199,61 @@ TEST_F(PriorityQueueTest, ShutDownAbortsEveryDrainWait) {
 TEST_F(PriorityQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
   testing::ExpectCancelWakesASleepingGet(
       *q_, [](auto& queue) { return internal::QueuePeer::Waiters(queue); });
+}
+
+// While a Get polls at length, an add wakes no sleeper (the poller takes the item), and a
+// Get that takes an item while more are ready wakes one. With a poller simulated (it never
+// takes anything), only that wake can reach the sleeper; without it the sleeper stays
+// asleep and the wait below gives up after 5 s.
+TEST_F(PriorityQueueTest, AWorkerWakesASleeperWhenMoreItemsAreReady) {
+  auto [ctx, cancel] = WithCancel(Background());
+  std::promise<std::string> got;
+  std::thread sleeper([&, c = ctx] {  // Get(ctx) sleeps without polling
+    auto lease = q_->Get(c);
+    got.set_value(lease ? **lease : "none");
+  });
+  std::future<std::string> woken = got.get_future();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
+  internal::QueuePeer::SetPolling(*q_, 1);
+  q_->Add("a", {.priority = 1});
+  // Can only miss a wrong wake-up, never invent one.
+  EXPECT_NE(woken.wait_for(std::chrono::milliseconds(20)), std::future_status::ready)
+      << "an add woke the sleeper while a Get polled";
+  q_->Add("b");
+  auto lease = q_->TryGet();  // takes "a", sees "b" ready and a sleeper
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(**lease, "a");
+  const bool in_time = woken.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  cancel();  // lets a sleeper that was never woken return
+  sleeper.join();
+  internal::QueuePeer::SetPolling(*q_, 0);
+  EXPECT_TRUE(in_time) << "the sleeper was not woken";
+  EXPECT_EQ(woken.get(), "b");
+}
+
+// QueueOptions::polling_workers bounds the Gets that poll at length at once; the others
+// sleep after a brief poll. Sampled, so it can miss a breach but not invent one.
+TEST_F(PriorityQueueTest, AtMostPollingWorkersGetsPollAtOnce) {
+  PQ::Options options = Opts();
+  options.polling_workers = 2;
+  auto q = Make(std::move(options));
+  constexpr int kGets = 4;
+  std::vector<std::thread> gets;
+  for (int i = 0; i < kGets; ++i) {
+    gets.emplace_back([&] {
+      while (q->Get()) {
+      }
+    });
+  }
+  int most = 0;
+  const bool asleep = testing::Eventually([&] {
+    for (int i = 0; i < 1000; ++i) most = std::max(most, internal::QueuePeer::Polling(*q));
+    return internal::QueuePeer::Waiters(*q) == kGets;
+  });
+  q->ShutDown();
+  for (auto& t : gets) t.join();
+  EXPECT_TRUE(asleep);
+  EXPECT_LE(most, 2);
 }
 
 TEST_F(PriorityQueueTest, GetWithContextReturnsOnCancel) {

@@ -16,7 +16,9 @@
 //     once, not twice (fixes kubernetes#126027).
 //   - CancelAfter removes a waiting entry.
 //   - AddAfter never blocks on a buffer (client-go's blocks when 1000 adds are pending):
-//     it takes one short lock and at most one timer-service call.
+//     it takes one short lock and at most one timer-service call (two when the queue
+//     has no timer yet: its first delayed add, or the first after every waiting item
+//     came due, makes one and then arms it).
 //   - Waiting items are counted by Waiting() and the `delayed` metric, not by Depth().
 //   - Lateness (ready time to the item being ready for Get) is the timer service's
 //     resolution plus at most 50 us of coalescing, independent of the number of waiting

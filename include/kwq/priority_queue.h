@@ -29,12 +29,14 @@
 //     remembered (highest priority, earliest ready time) and the item is queued again
 //     when its lease ends, once (level-triggered: a change made during processing is
 //     never lost).
-//   - Get blocks until an item is ready or the queue is shut down and nothing is ready.
+//   - Get blocks until an item is ready or the queue is shut down and nothing is ready
+//     (during a ShutDownWithDrain, also none owed a run by a lease in flight: a worker
+//     must not call Get while it holds a lease whose item was added again, as on Queue).
 //     After ShutDown, adds are ignored, delayed items already due are ready (as if the
 //     timer had fired in time) and the others dropped (they were never ready), and Get
 //     keeps returning ready items until none are left.
 //   - ShutDownWithDrain waits until every queued and in-flight item is Done (as
-//     Queue::ShutDownWithDrain; controller-runtime has no drain), waking every blocked
+//     Queue::ShutDownWithDrain; controller-runtime's only calls ShutDown), waking every blocked
 //     Get; a ShutDown() from another thread ends the wait early.
 //   - Get returns a move-only Lease whose destructor calls Done.
 //   - Add and Get are O(log n) (amortised) in the number of waiting items; every key is
@@ -61,7 +63,9 @@
 //
 // Beyond controller-runtime's interface: Add returns whether it stored a new waiting item;
 // Get returns a Lease (whose destructor calls Done) and reports the priority; TryGet,
-// Get(ctx), Depth, Waiting and InFlight as on Queue; aging, fairness and the drain.
+// Get(ctx), Depth and InFlight as on Queue, Waiting as on DelayingQueue; aging, fairness
+// and the drain. QueueOptions::polling_workers bounds the idle Gets that poll at length
+// before they sleep, as on Queue.
 //
 // Thread safety: every member may be called from any thread. One mutex guards the queue.
 // It is not held while calling `group`, or a rate limiter that keeps its own counts (its
@@ -366,7 +370,8 @@ class PriorityQueue {
   }
 
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
-  // queue is shut down and nothing is ready.
+  // queue is shut down and nothing is ready (during a drain: also none owed a run by a
+  // lease in flight). Polls briefly before it sleeps (QueueOptions::polling_workers).
   std::optional<Lease> Get() {
     internal::MutexLock lock(&mu_);
     PromoteIfNoneReadyLocked();
@@ -553,7 +558,8 @@ class PriorityQueue {
         aging_(options.aging != absl::InfiniteDuration()),
         // Rounded up: a sub-nanosecond aging must not truncate to "aged at once".
         aging_ns_(absl::ToInt64Nanoseconds(absl::Ceil(options.aging, absl::Nanoseconds(1)))),
-        timers_(options.timers) {
+        timers_(options.timers),
+        max_pollers_(internal::MaxPollers(options.polling_workers)) {
     metrics_ = internal::QueueMetricsRecorder::Make(options.metrics, options.name, options.clock,
                                                     options.timers, /*by_priority=*/true);
   }
@@ -892,6 +898,7 @@ class PriorityQueue {
     state = static_cast<uint8_t>((state & ~kQueued) | kProcessing);
     // The last owed run taken during a drain: the other Gets waiting for it stop waiting.
     if (--queued_ == 0 && draining_ > 0) ready_cv_.SignalAll();
+    WakeNextLocked();
     ++in_flight_;
     if (metrics_) metrics_->OnGet(slot, info_[slot].priority);
     HintNextLocked();
@@ -982,10 +989,16 @@ class PriorityQueue {
     idle_floor_ = n == 0 ? idle_.size() : 0;
   }
 
-  // Before a Get sleeps, it polls (without the lock) for a short while, as Queue's.
+  // Before a Get sleeps, it polls (without the lock) for a short while, as Queue's: up to
+  // max_pollers_ Gets at a time poll at length (QueueOptions::polling_workers), any other
+  // polls briefly. Every Get that sleeps is woken by the add that makes an item ready for
+  // it (WakeLocked), so how long it polled changes only what its wake-up costs.
   void SpinLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     mu_.Unlock();
-    internal::PollWhileZero(ready_hint_);
+    const bool at_length = internal::EnterLongPoll(spinners_, max_pollers_);
+    internal::PollUntil([this] { return ready_hint_.load(std::memory_order_relaxed) != 0; },
+                        at_length ? internal::kGetPolls : internal::kBriefPolls);
+    if (at_length) spinners_.fetch_sub(1, std::memory_order_relaxed);
     mu_.Lock();
   }
 
@@ -1009,16 +1022,30 @@ class PriorityQueue {
   }
   static constexpr absl::Duration kNoTimerPoll = absl::Milliseconds(1);
 
-  // How to wake blocked Gets for `made_ready` newly ready items: as Queue's
-  // NeedWakeLocked, one Signal per sleeping worker not yet signalled.
+  // How to wake blocked Gets for `made_ready` newly ready items: one Signal per sleeping
+  // worker not yet signalled, and none while a Get polls at length (SpinLocked): as
+  // Queue's NeedWakeLocked, the poller takes the first item without a wake-up call, and a
+  // Get that takes an item while more are ready wakes the next sleeper (WakeNextLocked).
+  // Nothing is left with nobody to take it: a poller counted here, once it stops
+  // polling, takes mu_ and looks at ready_ after this holder has released it; one that
+  // has already left the count did so before it took mu_ and went to sleep, and this
+  // holder, having taken mu_ after it, sees the count without it.
   WakeKind WakeLocked(uint64_t made_ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (made_ready == 0 || waiters_ <= signaled_) return WakeKind::kNone;
+    if (spinners_.load(std::memory_order_relaxed) > 0) return WakeKind::kNone;
     if (made_ready == 1) {
       ++signaled_;
       return WakeKind::kOne;
     }
     signaled_ = waiters_;
     return WakeKind::kAll;
+  }
+  // After a Get took an item: wakes one sleeping Get when more items are ready and no
+  // signal is on its way to one already (a poller's add skipped the wake, WakeLocked).
+  void WakeNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ready_.empty() || waiters_ <= signaled_) return;
+    ++signaled_;
+    ready_cv_.Signal();
   }
   void Notify(WakeKind wake) {
     if (wake == WakeKind::kOne) ready_cv_.Signal();
@@ -1151,6 +1178,10 @@ class PriorityQueue {
 
   // ready_.size(), readable without the lock (relaxed: only a hint for SpinLocked).
   std::atomic<size_t> ready_hint_{0};
+  const int max_pollers_;  // Gets that may poll at length at once (SpinLocked), >= 1
+  // Gets polling at length; its own line, so that entering and leaving do not take the
+  // hint's line from the other pollers.
+  alignas(64) std::atomic<int> spinners_{0};
   size_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // kQueued slots
   size_t delayed_count_ ABSL_GUARDED_BY(mu_) = 0;  // kDelayed slots
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -145,8 +145,7 @@ class Queue {
 
   Queue() : Queue(Options{}) {}
   explicit Queue(Options options)
-      : options_(std::move(options)),
-        max_pollers_(options_.polling_workers > 0 ? std::min(options_.polling_workers, 1024) : 1) {
+      : options_(std::move(options)), max_pollers_(internal::MaxPollers(options_.polling_workers)) {
     metrics_ = internal::QueueMetricsRecorder::Make(options_.metrics, options_.name, options_.clock,
                                                     options_.timers);
   }
@@ -329,9 +328,6 @@ class Queue {
   // Slots the producer's backstop looks at per insert, on average (past twice kMaxIdle
   // idle keys).
   static constexpr int kEvictScan = 8;
-  // Polls of a Get that finds another one polling, before it sleeps (a short poll still
-  // catches the next item of a busy producer, which saves it a wake-up call).
-  static constexpr int kSecondSpinnerPolls = 32;
 
   // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
   // choose the shard and passes the hash on. With `retry`, also counts a retry
@@ -697,19 +693,16 @@ class Queue {
   // Polls for a ready item before the Get sleeps. Up to max_pollers_ Gets at a time poll
   // at length (about half a millisecond; by default one: on two cores one polling worker
   // catches a producer's next item as well as two, and a second one would mostly take
-  // CPU time from the producer). Any other Get polls briefly (kSecondSpinnerPolls) and
+  // CPU time from the producer). Any other Get polls briefly (internal::kBriefPolls) and
   // sleeps; it is woken when items pile up (see NeedWakeLocked). Measured in
   // docs/design.md and docs/benchmarks.md (scaling). `also()` ends the polling too
   // (GetPromoting's due items).
   template <typename Also>
   void Spin(Also also) {
-    int polling = spinners_.load(std::memory_order_relaxed);
-    do {
-      if (polling >= max_pollers_) {
-        internal::PollUntil([&] { return ReadyHint() != 0 || also(); }, kSecondSpinnerPolls);
-        return;
-      }
-    } while (!spinners_.compare_exchange_weak(polling, polling + 1, std::memory_order_relaxed));
+    if (!internal::EnterLongPoll(spinners_, max_pollers_)) {
+      internal::PollUntil([&] { return ReadyHint() != 0 || also(); }, internal::kBriefPolls);
+      return;
+    }
     internal::PollUntil([&] { return ReadyHint() != 0 || also(); });
     // Before this thread takes an item or checks under mu_ whether to sleep (see
     // NeedWakeLocked for why that order matters). seq_cst: with TryGet's seq_cst loads

@@ -1,8 +1,9 @@
 // File: kwq/internal/spin.h
 //
-// PollWhileZero: how a queue's Get waits a little before it sleeps. It polls a counter of
-// ready items (a relaxed hint, read without the queue's lock) for about half a
-// millisecond, yielding the CPU every few polls, and returns as soon as it is non-zero.
+// PollUntil: how a queue's Get waits a little before it sleeps. It polls a condition
+// (a relaxed hint of ready items, read without the queue's lock) for about half a
+// millisecond, yielding the CPU every few polls, and returns as soon as it holds; only
+// QueueOptions::polling_workers Gets at a time poll that long (EnterLongPoll).
 // A producer usually adds the next item within that time, and catching it saves the
 // worker's sleep and the producer's futex wake-up. Measured on 2 cores (dedup_hot):
 // with 2,000 polls and no yield, futex calls were half the cost of an add (180 ns/add);
@@ -19,6 +20,27 @@ namespace kwq::internal {
 
 inline constexpr int kGetPolls = 8000;
 inline constexpr int kGetYieldEvery = 8;
+// Polls of a Get that finds enough others polling at length, before it sleeps (a short
+// poll still catches the next item of a busy producer, which saves it a wake-up call).
+inline constexpr int kBriefPolls = 32;
+
+// How many Gets may poll at length at once for QueueOptions::polling_workers: 0 or less
+// means 1, and at most 1024.
+inline int MaxPollers(int polling_workers) {
+  return polling_workers > 0 ? (polling_workers < 1024 ? polling_workers : 1024) : 1;
+}
+
+// Counts the caller in `pollers` if fewer than `max` Gets poll at length; returns whether
+// it did (the caller then takes itself out when it stops). The increment is relaxed; a
+// queue whose wake-ups read the count orders what it needs around it (Queue: see
+// NeedWakeLocked).
+inline bool EnterLongPoll(std::atomic<int>& pollers, int max) {
+  int polling = pollers.load(std::memory_order_relaxed);
+  do {
+    if (polling >= max) return false;
+  } while (!pollers.compare_exchange_weak(polling, polling + 1, std::memory_order_relaxed));
+  return true;
+}
 
 // Polls until `ready()` returns true or `polls` polls have been made.
 template <typename Ready>
@@ -29,10 +51,6 @@ void PollUntil(Ready ready, int polls = kGetPolls) {
     __builtin_ia32_pause();
 #endif
   }
-}
-
-inline void PollWhileZero(const std::atomic<size_t>& hint) {
-  PollUntil([&hint] { return hint.load(std::memory_order_relaxed) != 0; });
 }
 
 }  // namespace kwq::internal
