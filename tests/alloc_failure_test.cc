@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <memory>
 #include <new>
 #include <string>
@@ -18,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "kwq/clock.h"
+#include "kwq/context.h"
 #include "kwq/delaying_queue.h"
 #include "kwq/internal/failure_counts.h"
 #include "kwq/internal/queue_metrics.h"
@@ -28,6 +31,7 @@
 #include "kwq/timer.h"
 #include "kwq/topology.h"
 #include "kwq/workqueue.h"
+#include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/failing_new.h"
 #include "testing/pool_workers.h"
@@ -50,6 +54,9 @@ std::atomic<int> worker_failures{0};
 // While set, every allocation of this many bytes on a kwq rescuer thread throws.
 std::atomic<size_t> fail_on_rescuers_size{0};
 std::atomic<int> rescuer_failures{0};
+// While set, every allocation on a thread named "getter" throws.
+std::atomic<bool> fail_on_getters{false};
+std::atomic<int> getter_failures{0};
 
 // This binary's failures besides testing/failing_new.h's (its extra_failure).
 bool WorkqueueFailures(std::size_t n) {
@@ -59,6 +66,10 @@ bool WorkqueueFailures(std::size_t n) {
   }
   if (fail_on_rescuers_size.load() == n && OnThreadNamed("kwq-rescuer")) {
     rescuer_failures.fetch_add(1);
+    return true;
+  }
+  if (fail_on_getters.load() && OnThreadNamed("getter")) {
+    getter_failures.fetch_add(1);
     return true;
   }
   if (n == sizeof(kwq::Work) && count_works.load()) work_news.fetch_add(1);
@@ -86,6 +97,11 @@ struct internal::QueuePeer {
     internal::MutexLock lock(&q.mu_);
     bool more;
     return q.PromoteDueLocked(now, 1 << 30, &more);
+  }
+  // Gets asleep on a DelayingQueue's condition variable.
+  template <typename Q>
+  static int Sleepers(Q& q) {
+    return q.queue_.sleepers_hint_.load();
   }
 };
 
@@ -793,6 +809,86 @@ TEST(DelayingQueueAllocTest, ARetryOfTheLeasedItemThatCannotAllocateChangesNothi
   for (int i = 0; i < kItems; ++i) q.Add("i" + std::to_string(i));  // each now: once
   EXPECT_EQ(q.Waiting(), 0u);
   EXPECT_EQ(q.Len(), static_cast<size_t>(kItems));
+}
+
+// Schedules idle timers on `timers` until the next one would need an allocation (they
+// take the slots freed before, then the room its vectors have).
+void FillTimerService(TimerService& timers) {
+  for (;;) {
+    FailAllocation(1);
+    try {
+      timers.Schedule(absl::InfiniteFuture(), [] {});
+    } catch (const std::bad_alloc&) {
+      return;
+    }
+    FailureUsed();
+  }
+}
+
+// Runs Get on a thread named "getter"; its result ("none" for nullopt, "threw" when it
+// threw) is set on the promise.
+std::thread Getter(DelayingQueue<std::string>& q, std::promise<std::string>& got) {
+  return std::thread([&q, &got] {
+    pthread_setname_np(pthread_self(), "getter");
+    try {
+      auto lease = q.Get();
+      got.set_value(lease ? lease->item() : "none");
+    } catch (const std::bad_alloc&) {
+      got.set_value("threw");
+    }
+  });
+}
+
+// A Get about to sleep arms the timer for the next ready time. When no timer is left (a
+// firing's clock threw) and a new one cannot be made, the Get does not throw: its
+// arming threw std::bad_alloc out of Get with the queue's lock held, and every later
+// call deadlocked. A Get that cannot make it sleeps in steps, and moves the item itself
+// once it is due.
+TEST(DelayingQueueAllocTest, AGetThatCannotMakeTheTimerSleepsInSteps) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto q = std::make_unique<DelayingQueue<std::string>>(
+      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+  q->AddAfter(std::string("a"), absl::Milliseconds(1));
+  q->AddAfter(std::string("b"), absl::Hours(1));
+  clock.ThrowNext(1);  // the firing's first reading: it ends with no timer
+  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+  auto first = q->TryGet();  // moves "a" itself
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->item(), "a");
+  first->Done();
+  FillTimerService(*timers);
+  auto [ctx, cancel] = WithCancel(Background());
+  cancel();  // the Get returns once it has tried to arm the timer for "b"
+  FailAllocation(1);
+  bool threw = false;
+  try {
+    EXPECT_FALSE(q->Get(ctx).has_value());
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  EXPECT_TRUE(FailureUsed());
+  EXPECT_FALSE(threw);
+  if (threw) {  // the queue's lock is held for ever: leave the queue be
+    q.release();
+    timers.release();
+    return;
+  }
+  // A worker whose allocations all fail cannot arm the timer either: it sleeps in steps.
+  std::promise<std::string> got;
+  std::future<std::string> result = got.get_future();
+  getter_failures = 0;
+  fail_on_getters = true;
+  std::thread getter = Getter(*q, got);
+  EXPECT_TRUE(testing::Eventually([&] { return getter_failures.load() > 0; }));
+  fake.Advance(absl::Hours(1));  // "b" is due; no timer fires
+  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  fail_on_getters = false;
+  if (!in_time) q->ShutDown();  // lets a sleeping Get end (it then finds "b" due)
+  getter.join();
+  EXPECT_TRUE(in_time) << "the sleeping Get did not look for the due item";
+  EXPECT_EQ(result.get(), "b");
 }
 
 // Ending a lease and handing an item out allocate nothing, also when the lease's item

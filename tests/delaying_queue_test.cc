@@ -766,5 +766,70 @@ TEST(DelayingQueueClockTest, AFiringWhoseClockThrowsLeavesTheQueueUsable) {
   EXPECT_EQ(q->Len(), 2u);
 }
 
+// A Get whose clock reading throws under the queue's lock (moving due items itself)
+// releases the lock: it was held by hand there, and the next call deadlocked.
+TEST(DelayingQueueClockTest, AGetWhoseClockThrowsLeavesTheQueueUsable) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto q = std::make_shared<DelayingQueue<std::string>>(
+      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+  q->AddAfter("a", absl::Milliseconds(1));
+  clock.ThrowNext(1);  // the firing's first reading: "a" is left due, unmoved
+  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+  // TryGet's first reading (without the lock) passes, its second (under it) throws.
+  clock.ThrowNext(1, /*after=*/1);
+  EXPECT_THROW(q->TryGet(), std::runtime_error);
+  // A hang here is left on its own thread (the queue is shared with it).
+  ASSERT_TRUE(testing::ReturnsInTime([q] { (void)q->Len(); })) << "the queue's lock was left held";
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(lease->item(), "a");
+}
+
+// A firing whose clock throws leaves the items waiting with no timer; a Get asleep then is
+// woken and looks for due items itself, in steps, until a timer is armed again. It slept
+// on, and only an add would have woken it.
+TEST(DelayingQueueClockTest, AFiringWhoseClockThrowsWakesSleepingGets) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto q = std::make_shared<DelayingQueue<std::string>>(
+      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+  std::promise<std::string> got;
+  std::future<std::string> result = got.get_future();
+  std::thread getter([&] {
+    auto lease = q->Get();
+    got.set_value(lease ? lease->item() : "none");
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q) > 0; }));
+  q->AddAfter("a", absl::Milliseconds(1));
+  clock.ThrowNext(1);  // the firing's first reading
+  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!in_time) q->Add("a");  // lets the sleeping Get end
+  getter.join();
+  EXPECT_TRUE(in_time) << "the sleeping Get was not woken";
+  EXPECT_EQ(result.get(), "a");
+}
+
+// An AddAfter that has to make the timer (a firing's clock threw, and none is left) arms
+// it for the items already waiting, also when the add changes no waiting entry. It was
+// left parked at the end of time, and those items waited for the next add or Get.
+TEST(DelayingQueueClockTest, AnAddAfterThatMakesTheTimerArmsItForTheItemsWaiting) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+  q.AddAfter("a", absl::Milliseconds(1));
+  q.AddAfter("b", absl::Milliseconds(5));
+  clock.ThrowNext(1);  // the firing's first reading
+  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+  q.AddAfter("b", absl::Hours(1));  // b already waits for an earlier time: no change
+  fake.Advance(absl::Milliseconds(4));
+  EXPECT_EQ(q.Len(), 2u) << "no timer moved the due items";
+  EXPECT_EQ(q.Waiting(), 0u);
+}
+
 }  // namespace
 }  // namespace kwq

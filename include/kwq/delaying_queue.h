@@ -42,6 +42,11 @@
 //   - ShutDown first queues the waiting items already due (as the timer would have, had
 //     it fired in time: whether they run does not depend on how late the timer thread
 //     is), drops the rest (they were never queued) and then shuts the queue down.
+//   - Out of memory: AddAfter throws std::bad_alloc before it changes anything. A firing
+//     or a Get that cannot make the timer again leaves the items waiting without one:
+//     sleeping Gets then wake every millisecond, move due items themselves and try the
+//     timer again, until one is armed (the next AddAfter makes one too). Nothing is lost
+//     and no lock is left held.
 //
 // Storage: a waiting item's key lives in the queue's one key table (kwq/internal/key_table.h)
 // beside the ready and in-flight ones, marked waiting, and a heap of slot numbers orders
@@ -126,13 +131,13 @@ class DelayingQueue {
     internal::SpinningMutexLock lock(&queue_.mu_, kAddSpin);
     if (stopping_) return;
     if (slot != Table::kNone && !queue_.LiveLocked(slot)) return;  // a lease used after Done
-    EnsureTimerLocked();  // may throw: before anything changes
+    const bool made_timer = EnsureTimerLocked();  // may throw: before anything changes
     // Both make room in the waiting heap before they change anything (and may throw).
     const bool changed = slot != Table::kNone
                              ? queue_.SetWaitingLocked(slot, /*fresh=*/false, ready)
                              : queue_.AddWaitingLocked(std::forward<K>(item), hash, ready);
     queue_.RecordRetryLocked();  // once the add cannot fail any more
-    AfterWaitingLocked(changed, now);
+    AfterWaitingLocked(changed || made_timer, now);
   }
 
   // Removes `item`'s waiting entry. Returns true when there was one.
@@ -216,8 +221,8 @@ class DelayingQueue {
         if (slot != Table::kNone) delay_for(counts.Record(slot, counts.Now(), queue_.Busy(slot)));
         return;
       }
-      EnsureTimerLocked();            // may throw: before anything changes
-      queue_.ReserveWaitingLocked();  // the same (it may wait)
+      const bool made_timer = EnsureTimerLocked();  // may throw: before anything changes
+      queue_.ReserveWaitingLocked();                // the same (it may wait)
       queue_.RecordRetryLocked();
       bool fresh = false;
       if (slot == Table::kNone) {
@@ -228,8 +233,10 @@ class DelayingQueue {
           delay_for(counts.Record(slot, counts.NowGiven(clock_, now), queue_.Busy(slot)));
       if (delay <= absl::ZeroDuration()) {
         wake = queue_.AddSlotLocked(slot, fresh);
+        if (made_timer) AfterWaitingLocked(true, now);  // for items left without one
       } else {
-        AfterWaitingLocked(queue_.SetWaitingLocked(slot, fresh, ReadyKey(now + delay)), now);
+        AfterWaitingLocked(
+            queue_.SetWaitingLocked(slot, fresh, ReadyKey(now + delay)) || made_timer, now);
       }
     }
     if (wake) queue_.ready_cv_.Signal();
@@ -306,6 +313,8 @@ class DelayingQueue {
 
   // After a delayed add made (`changed`) or kept an item's waiting entry at `now`: moves
   // due items along the way, re-arms the timer for a new entry and republishes the hints.
+  // An add that made the timer (EnsureTimerLocked) passes `changed` too: items left
+  // waiting with no timer (one could not be made) get one then.
   void AfterWaitingLocked(bool changed, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     const bool promoted = PromoteSomeLocked(now);
     if (changed) ArmLocked();
@@ -346,24 +355,27 @@ class DelayingQueue {
       if (timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
     }
-    // Only a firing, or a Get about to sleep, gets here with no timer (an add made one
-    // first, EnsureTimerLocked): a timer that cannot be made for want of memory leaves the
-    // waiting items to the next add's timer and to Gets, rather than throw there.
+    // Only a firing gets here with no timer (an add made one first, EnsureTimerLocked; a
+    // Get about to sleep uses ArmExactLocked): a timer that cannot be made for want of
+    // memory leaves the waiting items to the next add's timer and to Gets, rather than
+    // throw there.
     try {
       timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
       armed_for_ = next;
     } catch (const std::bad_alloc&) {
-      timer_ = 0;
+      timer_ = 0;  // Fire wakes the sleeping Gets
     }
   }
 
   // Makes sure a timer exists (parked at the end of time when there was none), so that
   // arming it for the add that follows only moves it and allocates nothing: an add then
   // throws std::bad_alloc, if at all, before it changes anything. Not while stopping.
-  void EnsureTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
-    if (timer_ != 0 || stopping_) return;
+  // Returns true when it made one (the caller then arms it: AfterWaitingLocked).
+  bool EnsureTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    if (timer_ != 0 || stopping_) return false;
     timer_ = timers_->Schedule(absl::InfiniteFuture(), [this] { Fire(); });
     armed_for_ = kNever;
+    return true;
   }
 
   // `next`, or kStarvedRetry from now if that is later, when the last promotion stopped for
@@ -393,7 +405,8 @@ class DelayingQueue {
     // ends the firing with the queue's lock released and the firing counted as over (the
     // lock is held by hand here: a throw used to leave it locked, and the next add
     // deadlocked); the exception goes on to the timer service. Due items left waiting are
-    // moved by the next firing an add arms, or by a Get.
+    // moved by the next firing an add arms, or by a Get (sleeping Gets wake every
+    // millisecond to look while no timer is armed).
     std::exception_ptr thrown;
     bool counted = true;  // firing_ still counts this firing
     try {
@@ -414,6 +427,10 @@ class DelayingQueue {
       if (counted) --firing_;
     }
     PublishLocked();
+    // Items left waiting with no timer (it could not be re-armed, or the clock threw):
+    // Gets asleep now wake and look for due items themselves, in steps, until a timer is
+    // armed again (Queue::sleep_in_steps_). They slept on, and only an add woke them.
+    if (queue_.sleep_in_steps_) queue_.ready_cv_.SignalAll();
     // Under the lock: once StopWaiting sees firing_ == 0 the queue may be destroyed.
     fired_cv_.SignalAll();
     queue_.mu_.Unlock();
@@ -446,27 +463,40 @@ class DelayingQueue {
       queue_.mu_.Lock();
     }
     bool any = false;
-    if (!stopping_) {
-      bool more;
-      any = queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more) > 0;
-      // Also when it moved items: others may take them, and this Get then sleeps.
-      if (about_to_wait && !heap().empty() && heap().TopKey() != kNever) {
-        ArmExactLocked(heap().TopKey());
+    // The lock is held by hand (it may be a try-lock): a user's clock that throws must
+    // not leave it held.
+    try {
+      if (!stopping_) {
+        bool more;
+        any = queue_.PromoteDueLocked(ToKey(clock_->Now()), kMoveBatch, &more) > 0;
+        // Also when it moved items: others may take them, and this Get then sleeps.
+        if (about_to_wait && !heap().empty() && heap().TopKey() != kNever) {
+          ArmExactLocked(heap().TopKey());
+        }
+        PublishLocked();
       }
-      PublishLocked();
+    } catch (...) {
+      queue_.mu_.Unlock();
+      throw;
     }
     queue_.mu_.Unlock();
     return any;
   }
 
+  // Arms the timer for exactly `next` (a Get about to sleep). A timer that cannot be made
+  // (std::bad_alloc) leaves timer_ at 0, and the Get sleeps in steps (PublishLocked).
   void ArmExactLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     next = NotWhileStarvedLocked(next);
     if (timer_ != 0) {
       if (next < armed_for_ && timers_->Reschedule(timer_, FromKey(next))) armed_for_ = next;
       return;
     }
-    armed_for_ = next;
-    timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+    try {
+      timer_ = timers_->Schedule(FromKey(next), [this] { Fire(); });
+      armed_for_ = next;
+    } catch (const std::bad_alloc&) {
+      timer_ = 0;
+    }
   }
 
   // Queues the waiting items already due, drops the rest and stops the timer. After it
@@ -501,6 +531,9 @@ class DelayingQueue {
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     const int64_t next = stopping_ || heap().empty() ? kNever : heap().TopKey();
     const bool exact = next == kNever || (timer_ != 0 && armed_for_ <= next);
+    // Items wait with no timer armed for them: sleeping Gets look for due ones in steps.
+    const bool steps = next != kNever && (timer_ == 0 || armed_for_ == kNever);
+    if (steps != queue_.sleep_in_steps_) queue_.sleep_in_steps_ = steps;
     // exact first: a reader loads next_hint_ (acquire) and then exact_hint_, so one that
     // sees the new head also sees whether the timer is armed for it.
     if (exact != published_exact_) {

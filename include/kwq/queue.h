@@ -328,6 +328,8 @@ class Queue {
   // Slots the producer's backstop looks at per insert, on average (past twice kMaxIdle
   // idle keys).
   static constexpr int kEvictScan = 8;
+  // How long a Get sleeps at a time while sleep_in_steps_ is set.
+  static constexpr absl::Duration kSleepStep = absl::Milliseconds(1);
 
   // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
   // choose the shard and passes the hash on. With `retry`, also counts a retry
@@ -725,7 +727,8 @@ class Queue {
   }
 
   // Blocks until an item may be ready. Returns false when the queue is shut down (or
-  // `ctx` is done) and nothing is ready.
+  // `ctx` is done) and nothing is ready; true also after one step of kSleepStep while
+  // sleep_in_steps_ is set.
   bool WaitForReady(const Context* ctx) {
     internal::MutexLock lock(&mu_);
     while (NothingReadyLocked()) {
@@ -742,6 +745,12 @@ class Queue {
         }
         WaitLocked(absl::Milliseconds(1));
         continue;
+      }
+      if (sleep_in_steps_) {
+        // A DelayingQueue's waiting items have no timer (it could not be made): the
+        // caller looks for due items itself, and tries the timer again, every step.
+        WaitLocked(kSleepStep);
+        return true;
       }
       WaitLocked();
     }
@@ -1123,6 +1132,10 @@ class Queue {
   int signaled_ ABSL_GUARDED_BY(mu_) = 0;  // Signals sent that no waiter consumed yet
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by a DelayingQueue while it has waiting items and no timer armed for them (one
+  // could not be made, for want of memory): sleeping Gets then wake every kSleepStep and
+  // move due items themselves (WaitForReady).
+  bool sleep_in_steps_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t aborts_ ABSL_GUARDED_BY(mu_) = 0;  // ShutDown() calls: each ends the drains waiting
 
   // Read by polling workers; written only when the ring overflows.

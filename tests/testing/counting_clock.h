@@ -17,13 +17,17 @@ class CountingClock final : public Clock {
   explicit CountingClock(FakeClock* inner) : inner_(inner) {}
   absl::Time Now() const override {
     reads_.fetch_add(1);
-    if (throws_.load() > 0 && throws_.fetch_sub(1) > 0) {
+    if (throws_.load() > 0 && (skips_.load() <= 0 || skips_.fetch_sub(1) <= 0) &&
+        throws_.fetch_sub(1) > 0) {
       throw std::runtime_error("clock (ThrowNext)");
     }
     return inner_->Now();
   }
-  // The next `reads` readings throw std::runtime_error.
-  void ThrowNext(int reads) { throws_.store(reads); }
+  // The next `reads` readings throw std::runtime_error, after `after` that do not.
+  void ThrowNext(int reads, int after = 0) {
+    skips_.store(after);
+    throws_.store(reads);
+  }
   absl::Time CoarseNow() const override { return Now(); }
   void SleepUntil(absl::Time deadline) override { inner_->SleepUntil(deadline); }
   bool is_manual() const override { return true; }
@@ -35,6 +39,7 @@ class CountingClock final : public Clock {
   FakeClock* const inner_;
   mutable std::atomic<int> reads_{0};
   mutable std::atomic<int> throws_{0};
+  mutable std::atomic<int> skips_{0};
 };
 
 }  // namespace kwq::testing
