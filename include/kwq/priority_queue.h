@@ -80,15 +80,17 @@
 // ShutDownWithDrain call and every Get has returned.
 //
 // Out of memory: an add that cannot allocate throws std::bad_alloc before it changes
-// anything, and before it moves the caller's item in (in AddAll, the items before it
-// stay added). It sets aside what its item will need later: room in every structure
-// indexed by slot and, unless the item is delayed, a pinned place in its (priority,
-// group), so that a lease's Done never throws (it allocates only for a delayed re-add
-// that is due by then). A delayed item pins its place when it comes due; if that cannot
-// allocate, the item stays waiting and the timer tries again 1 ms later (a ShutDown then
-// drops it with the items not yet due). A delayed item whose timer cannot be made still
-// waits, and sleeping Gets look for due items every millisecond until a later arming
-// makes one.
+// anything, and before it moves the caller's item in (in AddAll, the items before it stay
+// added; with rate_limited and a limiter that keeps its own counts, its When was asked for
+// every item before the lock was taken, so the items after the one that threw have a
+// failure counted without being added, as a failed AddRateLimited has). It sets aside what
+// its item will need later: room in every structure indexed by slot and, unless the item
+// is delayed, a pinned place in its (priority, group), so that a lease's Done never throws
+// (it allocates only for a delayed re-add that is due by then). A delayed item pins its
+// place when it comes due; if that cannot allocate, the item stays waiting and the timer
+// tries again 1 ms later (a ShutDown then drops it with the items not yet due). A delayed
+// item whose timer cannot be made still waits, and sleeping Gets look for due items every
+// millisecond until a later arming makes one.
 
 #ifndef KWQ_PRIORITY_QUEUE_H_
 #define KWQ_PRIORITY_QUEUE_H_
