@@ -36,6 +36,7 @@
 #include "testing/failing_new.h"
 #include "testing/pool_workers.h"
 #include "testing/recording_metrics.h"
+#include "testing/stack_scribble.h"
 #include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
 
@@ -97,6 +98,12 @@ struct internal::QueuePeer {
     internal::MutexLock lock(&q.mu_);
     bool more;
     return q.PromoteDueLocked(now, 1 << 30, &more);
+  }
+  // Gets asleep on a PriorityQueue's condition variable.
+  template <typename Q>
+  static int Waiters(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.waiters_;
   }
   // Gets asleep on a DelayingQueue's condition variable.
   template <typename Q>
@@ -968,6 +975,52 @@ TEST(PriorityQueueAllocTest, ADelayedItemWithoutATimerIsStillHandedOut) {
   EXPECT_TRUE(testing::Eventually([&] { return got.load(); }));
   q->ShutDown();
   worker.join();
+}
+// A PriorityQueue Get(ctx) registers a wake-up on ctx that points into its frame. While a
+// delayed item has no timer, the sleeping Get looks for due items itself and reads the
+// clock; a throw there removes the wake-up first. It was left on ctx, and cancelling ctx
+// then ran it on the dead frame (the scribbled stack makes that crash).
+TEST(PriorityQueueAllocTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  const auto make = [&clock] {
+    StringPQ::Options options;
+    options.clock = &clock;
+    return *StringPQ::Create(std::move(options));
+  };
+  auto ref = make();  // how many allocations and clock readings a delayed add makes
+  const int reads_before = clock.reads();
+  const int allocations =
+      AllocationsOf([&] { ref->Add(std::string("a1"), {.after = absl::Seconds(1)}); });
+  const int add_reads = clock.reads() - reads_before;
+  auto q = make();
+  auto [ctx, cancel] = WithCancel(Background());
+  std::atomic<int> phase{0};
+  std::string outcome;
+  std::thread getter([&, c = ctx] {
+    try {
+      auto lease = q->Get(c);
+      outcome = lease ? lease->item() : "none";
+    } catch (const std::runtime_error&) {
+      outcome = "threw";
+    }
+    testing::ScribbleStack();
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) > 0; }));
+  // The add's readings pass; the next one, the woken Get's, throws.
+  clock.ThrowNext(1, /*after=*/add_reads);
+  FailAllocation(allocations);  // the last one: the timer's (a new timer service's first)
+  q->Add(std::string("a1"), {.after = absl::Seconds(1)});
+  EXPECT_TRUE(FailureUsed());
+  const bool returned = testing::Eventually([&] { return phase.load() == 1; });
+  if (returned) cancel();  // runs nothing of the Get's now
+  phase = 2;
+  if (!returned) q->ShutDown();
+  getter.join();
+  EXPECT_TRUE(returned);
+  EXPECT_EQ(outcome, "threw");
 }
 }  // namespace
 }  // namespace kwq

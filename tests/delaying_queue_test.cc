@@ -17,6 +17,7 @@
 #include "testing/eventually.h"
 #include "testing/late_timer.h"
 #include "testing/recording_metrics.h"
+#include "testing/stack_scribble.h"
 
 namespace kwq {
 
@@ -25,6 +26,11 @@ struct internal::QueuePeer {
   template <typename Q>
   static int Sleepers(Q& q) {
     return q.queue_.sleepers_hint_.load();
+  }
+  // Gets polling at length.
+  template <typename Q>
+  static int Polling(Q& q) {
+    return q.queue_.spinners_.load();
   }
 };
 
@@ -829,6 +835,68 @@ TEST(DelayingQueueClockTest, AnAddAfterThatMakesTheTimerArmsItForTheItemsWaiting
   fake.Advance(absl::Milliseconds(4));
   EXPECT_EQ(q.Len(), 2u) << "no timer moved the due items";
   EXPECT_EQ(q.Waiting(), 0u);
+}
+
+// A Get whose clock throws while it polls (it reads the clock to look for due items)
+// leaves the count of polling Gets as it was: the count stayed up, and since a poller
+// takes the next item itself, no add woke a sleeping Get any more.
+TEST(DelayingQueueClockTest, APollingGetWhoseClockThrowsLeavesNoPollerCounted) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+  clock.ThrowNext(1, /*after=*/1);  // the Get's first reading passes, its first poll's throws
+  EXPECT_THROW(q.Get(), std::runtime_error);
+  EXPECT_EQ(internal::QueuePeer::Polling(q), 0);
+  std::promise<std::string> got;
+  std::future<std::string> result = got.get_future();
+  std::thread getter([&] {
+    auto lease = q.Get();
+    got.set_value(lease ? lease->item() : "none");
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
+  q.Add("x");
+  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!in_time) q.ShutDown();  // lets the sleeping Get end
+  getter.join();
+  EXPECT_TRUE(in_time) << "the add did not wake the sleeping Get";
+  EXPECT_EQ(result.get(), "x");
+}
+
+// A Get(ctx) that sleeps registers a wake-up on ctx that points into its frame; a throw
+// out of it (its clock, read when the Get wakes to look for due items) removes that
+// wake-up first. It was left on ctx, and cancelling ctx then ran it on the dead frame
+// (the scribbled stack makes that crash).
+TEST(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
+  q.AddAfter("b", absl::Hours(1));
+  auto [ctx, cancel] = WithCancel(Background());
+  std::atomic<int> phase{0};
+  std::string outcome;
+  std::thread getter([&, c = ctx] {
+    try {
+      auto lease = q.Get(c);
+      outcome = lease ? lease->item() : "none";
+    } catch (const std::runtime_error&) {
+      outcome = "threw";
+    }
+    testing::ScribbleStack();
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
+  clock.ThrowNext(2);  // the firing's reading, then the woken Get's
+  EXPECT_THROW(fake.Advance(absl::Hours(2)), std::runtime_error);
+  const bool returned = testing::Eventually([&] { return phase.load() == 1; });
+  if (returned) cancel();  // runs nothing of the Get's now
+  phase = 2;
+  if (!returned) q.ShutDown();
+  getter.join();
+  EXPECT_TRUE(returned);
+  EXPECT_EQ(outcome, "threw");
 }
 
 }  // namespace

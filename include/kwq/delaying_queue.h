@@ -232,8 +232,11 @@ class DelayingQueue {
       const absl::Duration delay =
           delay_for(counts.Record(slot, counts.NowGiven(clock_, now), queue_.Busy(slot)));
       if (delay <= absl::ZeroDuration()) {
+        // Arms a timer it made for the items left without one first: AddSlotLocked counts
+        // the signal it asks for, and nothing that may throw (a clock) may come between
+        // that and the signal.
+        if (made_timer) AfterWaitingLocked(true, now);
         wake = queue_.AddSlotLocked(slot, fresh);
-        if (made_timer) AfterWaitingLocked(true, now);  // for items left without one
       } else {
         AfterWaitingLocked(
             queue_.SetWaitingLocked(slot, fresh, ReadyKey(now + delay)) || made_timer, now);
@@ -317,7 +320,14 @@ class DelayingQueue {
   // waiting with no timer (one could not be made) get one then.
   void AfterWaitingLocked(bool changed, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     const bool promoted = PromoteSomeLocked(now);
-    if (changed) ArmLocked();
+    if (changed) {
+      try {
+        ArmLocked();  // reads the clock while due items wait for memory
+      } catch (...) {
+        PublishLocked();  // the new entry and the moved items, for readers of the hints
+        throw;
+      }
+    }
     if (changed || promoted) PublishLocked();
   }
 
@@ -476,6 +486,7 @@ class DelayingQueue {
         PublishLocked();
       }
     } catch (...) {
+      PublishLocked();  // whatever moved before the throw
       queue_.mu_.Unlock();
       throw;
     }

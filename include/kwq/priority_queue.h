@@ -114,6 +114,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -411,19 +412,21 @@ class PriorityQueue {
     }
     Waker waker{this};
     AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
-    std::optional<Lease> lease;
-    {
-      internal::MutexLock lock(&mu_);
-      while (ready_.empty() && !(shutting_down_ && (draining_ == 0 || queued_ == 0)) &&
-             !ctx.IsCancelled()) {
-        WaitLocked();
+    // The waker touches this queue and lives in this frame: on every way out, a throw
+    // included (WaitLocked reads a user's clock while delayed items have no timer), its
+    // callback must be gone or done first.
+    absl::Cleanup stop_waker = [&waker, &handle] {
+      if (!handle.Stop()) {
+        while (!waker.finished.load(std::memory_order_acquire)) std::this_thread::yield();
       }
-      if (!ready_.empty()) lease.emplace(PopLocked());
+    };
+    std::optional<Lease> lease;
+    internal::MutexLock lock(&mu_);
+    while (ready_.empty() && !(shutting_down_ && (draining_ == 0 || queued_ == 0)) &&
+           !ctx.IsCancelled()) {
+      WaitLocked();
     }
-    // The waker touches this queue: make sure it is not running when we return.
-    if (!handle.Stop()) {
-      while (!waker.finished.load(std::memory_order_acquire)) std::this_thread::yield();
-    }
+    if (!ready_.empty()) lease.emplace(PopLocked());
     return lease;
   }
 

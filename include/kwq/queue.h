@@ -63,6 +63,7 @@
 #include <utility>
 
 #include "absl/base/attributes.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "kwq/clock.h"
@@ -407,6 +408,15 @@ class Queue {
   std::optional<Lease> GetPromoting(const Context* ctx, Due due, Promote promote) {
     std::optional<Waker> waker;  // set up before the first sleep on `ctx`
     AfterFuncHandle handle;
+    // On every way out, a throw from `promote` or `due` (a user's clock) included: the
+    // waker touches this queue and lives in this frame, so its callback must be gone or
+    // done before the frame is (a throw left it on `ctx`, and cancelling ran it on a dead
+    // frame).
+    absl::Cleanup stop_waker = [&waker, &handle] {
+      if (waker && !handle.Stop()) {
+        while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
+      }
+    };
     std::optional<Lease> lease;
     for (bool spun = false;; spun = true) {
       if ((lease = TryGet())) break;
@@ -420,10 +430,6 @@ class Queue {
         handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
       }
       if (!WaitForReady(ctx)) break;
-    }
-    // The waker touches this queue: make sure it is not running when we return.
-    if (waker && !handle.Stop()) {
-      while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
     }
     return lease;
   }
@@ -705,15 +711,19 @@ class Queue {
       internal::PollUntil([&] { return ReadyHint() != 0 || also(); }, internal::kBriefPolls);
       return;
     }
+    // Leaves the count before this thread takes an item or checks under mu_ whether to
+    // sleep (see NeedWakeLocked for why that order matters), also when `also()` throws (a
+    // user's clock): a count left behind made every add skip waking sleepers for ever.
+    // seq_cst: with TryGet's seq_cst loads after a take it pairs with NeedWakeLocked's
+    // fence (its case 2).
+    absl::Cleanup leave = [this] {
+      if (max_pollers_ == 1) {
+        spinners_.store(0, std::memory_order_seq_cst);
+      } else {
+        spinners_.fetch_sub(1, std::memory_order_seq_cst);
+      }
+    };
     internal::PollUntil([&] { return ReadyHint() != 0 || also(); });
-    // Before this thread takes an item or checks under mu_ whether to sleep (see
-    // NeedWakeLocked for why that order matters). seq_cst: with TryGet's seq_cst loads
-    // after a take it pairs with NeedWakeLocked's fence (its case 2).
-    if (max_pollers_ == 1) {
-      spinners_.store(0, std::memory_order_seq_cst);
-    } else {
-      spinners_.fetch_sub(1, std::memory_order_seq_cst);
-    }
   }
 
   // Ready items as seen by the holder of mu_ (the producers' side): exact for the overflow
