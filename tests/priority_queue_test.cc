@@ -1201,10 +1201,10 @@ TEST_F(PriorityQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
       *q_, [](auto& queue) { return internal::QueuePeer::Waiters(queue); });
 }
 
-// While a Get polls at length, an add wakes no sleeper (the poller takes the item), and a
-// Get that takes an item while more are ready wakes one. With a poller simulated (it never
-// takes anything), only that wake can reach the sleeper; without it the sleeper stays
-// asleep and the wait below gives up after 5 s.
+// While as many Gets poll at length as items are ready, an add wakes no sleeper (the
+// pollers take the items), and a Get that takes an item while more are ready wakes one.
+// With two pollers simulated (they never take anything), only that wake can reach the
+// sleeper; without it the sleeper stays asleep and the wait below gives up after 5 s.
 TEST_F(PriorityQueueTest, AWorkerWakesASleeperWhenMoreItemsAreReady) {
   auto [ctx, cancel] = WithCancel(Background());
   std::promise<std::string> got;
@@ -1214,12 +1214,12 @@ TEST_F(PriorityQueueTest, AWorkerWakesASleeperWhenMoreItemsAreReady) {
   });
   std::future<std::string> woken = got.get_future();
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
-  internal::QueuePeer::SetPolling(*q_, 1);
+  internal::QueuePeer::SetPolling(*q_, 2);
   q_->Add("a", {.priority = 1});
+  q_->Add("b");
   // Can only miss a wrong wake-up, never invent one.
   EXPECT_NE(woken.wait_for(std::chrono::milliseconds(20)), std::future_status::ready)
-      << "an add woke the sleeper while a Get polled";
-  q_->Add("b");
+      << "an add woke the sleeper while enough Gets polled";
   auto lease = q_->TryGet();  // takes "a", sees "b" ready and a sleeper
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(**lease, "a");
@@ -1229,6 +1229,27 @@ TEST_F(PriorityQueueTest, AWorkerWakesASleeperWhenMoreItemsAreReady) {
   internal::QueuePeer::SetPolling(*q_, 0);
   EXPECT_TRUE(in_time) << "the sleeper was not woken";
   EXPECT_EQ(woken.get(), "b");
+}
+
+// Ready items beyond the Gets polling at length wake a sleeper: the pollers cannot take
+// them all. (It waited for a poller to take one and wake it, one at a time.)
+TEST_F(PriorityQueueTest, ReadyItemsBeyondThePollersWakeASleeper) {
+  auto [ctx, cancel] = WithCancel(Background());
+  std::promise<std::string> got;
+  std::thread sleeper([&, c = ctx] {  // Get(ctx) sleeps without polling
+    auto lease = q_->Get(c);
+    got.set_value(lease ? **lease : "none");
+  });
+  std::future<std::string> woken = got.get_future();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
+  internal::QueuePeer::SetPolling(*q_, 1);  // never takes anything
+  q_->AddWithOpts({}, std::string("a"), std::string("b"));
+  const bool in_time = woken.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  cancel();  // lets a sleeper that was never woken return
+  sleeper.join();
+  internal::QueuePeer::SetPolling(*q_, 0);
+  EXPECT_TRUE(in_time) << "the sleeper was not woken";
+  EXPECT_EQ(woken.get(), "a");
 }
 
 // QueueOptions::polling_workers bounds the Gets that poll at length at once; the others

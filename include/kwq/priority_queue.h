@@ -1028,16 +1028,17 @@ class PriorityQueue {
   static constexpr absl::Duration kNoTimerPoll = absl::Milliseconds(1);
 
   // How to wake blocked Gets for `made_ready` newly ready items: one Signal per sleeping
-  // worker not yet signalled, and none while a Get polls at length (SpinLocked): as
-  // Queue's NeedWakeLocked, the poller takes the first item without a wake-up call, and a
-  // Get that takes an item while more are ready wakes the next sleeper (WakeNextLocked).
-  // Nothing is left with nobody to take it: a poller counted here, once it stops
-  // polling, takes mu_ and looks at ready_ after this holder has released it; one that
-  // has already left the count did so before it took mu_ and went to sleep, and this
-  // holder, having taken mu_ after it, sees the count without it.
+  // worker not yet signalled, and none while the Gets polling at length (SpinLocked) are
+  // at least as many as the ready items: as Queue's NeedWakeLocked, each poller takes an
+  // item without a wake-up call, and a Get that takes an item while more are ready wakes
+  // the next sleeper (WakeNextLocked). Nothing is left with nobody to take it: a poller
+  // counted here, once it stops polling, takes mu_ and looks at ready_ after this holder
+  // has released it; one that has already left the count did so before it took mu_ and
+  // went to sleep, and this holder, having taken mu_ after it, sees the count without it.
   WakeKind WakeLocked(uint64_t made_ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (made_ready == 0 || waiters_ <= signaled_) return WakeKind::kNone;
-    if (spinners_.load(std::memory_order_relaxed) > 0) return WakeKind::kNone;
+    const int polling = spinners_.load(std::memory_order_relaxed);
+    if (polling > 0 && ready_.size() <= static_cast<size_t>(polling)) return WakeKind::kNone;
     if (made_ready == 1) {
       ++signaled_;
       return WakeKind::kOne;
