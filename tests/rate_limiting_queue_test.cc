@@ -1,8 +1,11 @@
 #include "kwq/rate_limiting_queue.h"
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -11,6 +14,9 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kwq/priority_queue.h"
+#include "testing/counting_clock.h"
+#include "testing/eventually.h"
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
 #include "testing/recording_metrics.h"
@@ -23,6 +29,12 @@ struct internal::QueuePeer {
   template <typename T, typename H, typename E>
   static int64_t StoredKeys(DelayingQueue<T, H, E>& q) {
     return q.queue_.stored_.load();
+  }
+  // Gets asleep on a PriorityQueue's condition variable.
+  template <typename Q>
+  static int Waiters(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.waiters_;
   }
 };
 
@@ -579,6 +591,144 @@ TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
 // limiter), NumRequeues, When, Forget and AddAfter race (TSan checks both in make test).
 // Every item is retried exactly twice and then forgotten; none is lost or handed to two
 // workers at once.
+// ---- user code that throws ----
+
+// A limiter that lets the queue keep the failure counts, on `clock`, with delay `delay`.
+class QueueCountedLimiter : public RateLimiter<std::string> {
+ public:
+  QueueCountedLimiter(Clock* clock, absl::Duration delay) : clock_(clock), delay_(delay) {}
+  absl::Duration When(const std::string&) override { return delay_; }
+  void Forget(const std::string&) override {}
+  int NumRequeues(const std::string&) override { return 0; }
+  FailureCounting Counting() const override {
+    return {.by_count = true, .reports_count = true, .clock = clock_};
+  }
+  absl::Duration WhenCounted(int64_t) override { return delay_; }
+
+ private:
+  Clock* const clock_;
+  const absl::Duration delay_;
+};
+
+// The queue-kept failure counts read the clock in the middle of state changes (an add of
+// an idle key, a Done, a CancelAfter, a shutdown's drop of waiting items). A clock that
+// throws there no longer cuts them short: the counts keep the last time read. Before, the
+// add left the key marked dirty and never queued (every later add merged into it), the
+// Done left the item in flight for ever, the CancelAfter left it marked waiting outside
+// the heap (the next add crashed), and the shutdown left its timer armed on a freed queue.
+TEST(RateLimitingQueueClockTest, CountsWhoseClockThrowsLeaveTheQueueWhole) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto q = std::make_unique<RateLimitingQueue<std::string>>(
+      std::make_unique<QueueCountedLimiter>(&clock, absl::ZeroDuration()),
+      RateLimitingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+  q->Add("a");
+  {
+    auto lease = q->Get();
+    q->AddRateLimited(lease->item());  // a failure counted; runs again after this Done
+  }
+  q->TryGet()->Done();  // "a" is idle, with a count
+  clock.ThrowNext(1);
+  EXPECT_TRUE(q->Add("a"));  // the count's idle time ends: a reading that throws
+  auto lease = q->TryGet();
+  ASSERT_TRUE(lease.has_value()) << "the add left the item marked but not queued";
+  clock.ThrowNext(1);
+  lease->Done();  // "a" goes idle again: a reading that throws
+  EXPECT_EQ(q->InFlight(), 0u);
+  EXPECT_EQ(q->NumRequeues("a"), 1);
+
+  auto waiting = std::make_unique<RateLimitingQueue<std::string>>(
+      std::make_unique<QueueCountedLimiter>(&clock, absl::Hours(1)),
+      RateLimitingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+  waiting->AddRateLimited("w");  // waits an hour, with a count
+  clock.ThrowNext(1);
+  EXPECT_TRUE(waiting->CancelAfter("w"));
+  EXPECT_EQ(waiting->Waiting(), 0u);
+  EXPECT_TRUE(waiting->Add("w"));
+  EXPECT_EQ(waiting->Len(), 1u);
+  waiting->AddRateLimited("x");  // waits an hour: the queue's timer is armed
+  const size_t pending = timers->Pending();
+  clock.ThrowNext(1, /*after=*/1);  // the shutdown's own reading passes, the count's throws
+  waiting->ShutDown();
+  waiting.reset();
+  fake.Advance(absl::Hours(2));  // a timer left armed would fire on the freed queue (ASan)
+  EXPECT_EQ(timers->Pending(), pending - 1);  // the shut-down queue's timer is gone
+  EXPECT_TRUE(q->ShutDownWithDrain());
+}
+
+// A custom limiter's Prefetch (a hint) that throws is dropped: it came after the hand-out,
+// and the lease just handed out ended unseen (RateLimitingQueue), or stayed counted in
+// flight with no lease, so a drain waited for ever (PriorityQueue).
+class ThrowingPrefetchLimiter : public RateLimiter<std::string> {
+ public:
+  absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
+  void Forget(const std::string&) override {}
+  int NumRequeues(const std::string&) override { return 0; }
+  void Prefetch(uint32_t) override { throw std::runtime_error("prefetch"); }
+};
+
+TEST(RateLimitingQueueClockTest, APrefetchThatThrowsIsDropped) {
+  RateLimitingQueue<std::string> q(std::make_unique<ThrowingPrefetchLimiter>());
+  q.Add("a");
+  q.Add("b");
+  auto first = q.Get();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->item(), "a");
+  first->Done();
+  EXPECT_EQ(q.TryGet()->item(), "b");
+
+  PriorityQueue<std::string>::Options options;
+  options.rate_limiter = std::make_unique<ThrowingPrefetchLimiter>();
+  auto pq = *PriorityQueue<std::string>::Create(std::move(options));
+  pq->Add("a", {.rate_limited = true});  // turns the hints on
+  pq->Add("b");
+  {
+    auto lease = pq->Get();
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(pq->InFlight(), 1u);
+  }
+  EXPECT_EQ(pq->InFlight(), 0u);
+  pq->TryGet()->Done();
+  EXPECT_TRUE(pq->ShutDownWithDrain());
+}
+
+// PriorityQueue: a Done whose clock throws (read for a re-add owed a run) still makes the
+// item ready, and a timer firing whose clock throws wakes the Gets asleep, which then
+// re-arm the timer. Before, the Done left the re-add neither ready nor delayed (a drain
+// waited for ever), and the Get slept on beside a due item.
+TEST(RateLimitingQueueClockTest, PriorityQueueClockThatThrowsLosesNothing) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  PriorityQueue<std::string>::Options options;
+  options.clock = &clock;
+  auto q = *PriorityQueue<std::string>::Create(std::move(options));
+  q->Add("a");
+  auto lease = q->Get();
+  q->Add("a");  // owed a run at the Done
+  clock.ThrowNext(1);
+  lease->Done();
+  EXPECT_EQ(q->Len(), 1u);
+  q->TryGet()->Done();
+
+  q->AddAfter("d", absl::Seconds(1));
+  std::promise<std::string> got;
+  std::future<std::string> result = got.get_future();
+  std::thread getter([&] {
+    auto l = q->Get();
+    got.set_value(l ? l->item() : "none");
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) > 0; }));
+  clock.ThrowNext(1);  // the firing's reading
+  EXPECT_THROW(fake.Advance(absl::Seconds(2)), std::runtime_error);
+  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!in_time) q->ShutDown();  // lets the sleeping Get end (it then finds "d" due)
+  getter.join();
+  EXPECT_TRUE(in_time) << "the sleeping Get was not woken";
+  EXPECT_EQ(result.get(), "d");
+  EXPECT_TRUE(q->ShutDownWithDrain());
+}
+
 class RateLimitingQueueRealTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(RateLimitingQueueRealTest, WorkersRetryingManyItemsLoseNothing) {

@@ -642,7 +642,12 @@ class PriorityQueue {
   // without a move.
   void HintNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!hint_limiter_.load(std::memory_order_relaxed) || ready_.empty()) return;
-    limiter_->Prefetch(table_.hash(ready_.Next()));
+    // Only a hint: a custom limiter's Prefetch that throws is dropped (it came after the
+    // hand-out's state change, and left an item counted in flight with no lease).
+    try {
+      limiter_->Prefetch(table_.hash(ready_.Next()));
+    } catch (...) {
+    }
   }
 
   // Reads the clock when an add needs it (for a delay, for aging's ready times, or when
@@ -917,11 +922,21 @@ class PriorityQueue {
       internal::MutexLock lock(&mu_);
       const uint64_t ready_before = next_seq_;
       uint8_t& state = table_.state(slot);
+      // Read before anything changes, and never thrown out of a Done: a user's clock that
+      // throws counts as the distant past (the item is ready, a delayed re-add waits for
+      // a later look). A throw here left the lease ended and its re-add neither ready nor
+      // delayed, and a drain waited for ever.
+      absl::Time now = absl::InfinitePast();
+      if (state & (kQueued | kDelayed)) {
+        try {
+          now = clock_->Now();
+        } catch (...) {
+        }
+      }
       state &= ~kProcessing;
       --in_flight_;
       if (metrics_) metrics_->OnDone(slot);
       if (state & (kQueued | kDelayed)) {
-        const absl::Time now = clock_->Now();
         PromoteDueLocked(now);
         if (state & kQueued) {
           MakeReadyLocked(slot, now);
@@ -1104,7 +1119,15 @@ class PriorityQueue {
     if (shutting_down_) return;
     timer_ = 0;  // this timer has fired
     const uint64_t ready_before = next_seq_;
-    PromoteDueLocked(clock_->Now());
+    try {
+      PromoteDueLocked(clock_->Now());
+    } catch (...) {
+      // A user's clock that throws: the delayed items have no timer now. The Gets asleep
+      // wake and, finding none, re-arm it and look for due items themselves (WaitLocked);
+      // they slept on beside due items.
+      ready_cv_.SignalAll();
+      throw;
+    }
     ArmLocked();
     const WakeKind wake = WakeLocked(next_seq_ - ready_before);
     if (wake == WakeKind::kOne) ready_cv_.Signal();

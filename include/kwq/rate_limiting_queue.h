@@ -111,8 +111,15 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   Limiter& rate_limiter() { return *limiter_; }
 
  private:
+  // Only a hint: a custom limiter's Prefetch that throws is dropped (it ended the lease
+  // just handed out, unseen by the caller).
   std::optional<Lease> WithPrefetch(std::optional<Lease> lease) {
-    if (const std::optional<uint32_t> next = this->TakeNextHash()) limiter_->Prefetch(*next);
+    if (const std::optional<uint32_t> next = this->TakeNextHash()) {
+      try {
+        limiter_->Prefetch(*next);
+      } catch (...) {
+      }
+    }
     return lease;
   }
 

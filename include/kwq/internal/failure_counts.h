@@ -42,8 +42,19 @@ class FailureCounts {
   FailureCounts(const FailureCounts&) = delete;
   FailureCounts& operator=(const FailureCounts&) = delete;
 
-  // The current time as this object measures it (ns, for the calls below).
-  int64_t Now() const { return absl::ToUnixNanos(clock_->CoarseNow()); }
+  // The current time as this object measures it (ns, for the calls below). Never throws:
+  // while a clock throws (a user's), it gives the last time it read, so no count lapses
+  // meanwhile, and the owner's state changes around these calls are never cut short (a
+  // throw left a key marked dirty but never queued, or waiting outside the heap).
+  int64_t Now() const noexcept {
+    try {
+      const int64_t now = absl::ToUnixNanos(clock_->CoarseNow());
+      last_now_.store(now, std::memory_order_relaxed);
+      return now;
+    } catch (...) {
+      return last_now_.load(std::memory_order_relaxed);
+    }
+  }
   // Now(), or `now` when it is a reading of this object's clock: a precise reading serves
   // as well as a coarse one and saves reading the clock again.
   int64_t NowGiven(const Clock* clock, absl::Time now) const {
@@ -145,6 +156,9 @@ class FailureCounts {
   std::vector<std::unique_ptr<Entry*[]>> dirs_;
   std::atomic<Entry* const*> dir_{nullptr};
   size_t dir_capacity_ = 0;
+  // The last time Now() read (0 before the first); its own line, as readers without the
+  // lock share the others.
+  alignas(64) mutable std::atomic<int64_t> last_now_{0};
 };
 
 }  // namespace kwq::internal
