@@ -31,6 +31,7 @@
 #include "kwq/timer.h"
 #include "kwq/topology.h"
 #include "kwq/workqueue.h"
+#include "testing/async_get.h"
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/failing_new.h"
@@ -832,20 +833,6 @@ void FillTimerService(TimerService& timers) {
   }
 }
 
-// Runs Get on a thread named "getter"; its result ("none" for nullopt, "threw" when it
-// threw) is set on the promise.
-std::thread Getter(DelayingQueue<std::string>& q, std::promise<std::string>& got) {
-  return std::thread([&q, &got] {
-    pthread_setname_np(pthread_self(), "getter");
-    try {
-      auto lease = q.Get();
-      got.set_value(lease ? lease->item() : "none");
-    } catch (const std::bad_alloc&) {
-      got.set_value("threw");
-    }
-  });
-}
-
 // A Get about to sleep arms the timer for the next ready time. When no timer is left (a
 // firing's clock threw) and a new one cannot be made, the Get does not throw: its
 // arming threw std::bad_alloc out of Get with the queue's lock held, and every later
@@ -883,19 +870,23 @@ TEST(DelayingQueueAllocTest, AGetThatCannotMakeTheTimerSleepsInSteps) {
     return;
   }
   // A worker whose allocations all fail cannot arm the timer either: it sleeps in steps.
-  std::promise<std::string> got;
-  std::future<std::string> result = got.get_future();
   getter_failures = 0;
   fail_on_getters = true;
-  std::thread getter = Getter(*q, got);
+  testing::AsyncGet getter([&q] {
+    pthread_setname_np(pthread_self(), "getter");
+    auto lease = q->Get();
+    return lease ? lease->item() : "none";
+  });
   EXPECT_TRUE(testing::Eventually([&] { return getter_failures.load() > 0; }));
   fake.Advance(absl::Hours(1));  // "b" is due; no timer fires
-  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  // A release lets a sleeping Get end (it then finds "b" due).
+  const bool in_time = getter.Await([&] {
+    fail_on_getters = false;
+    q->ShutDown();
+  });
   fail_on_getters = false;
-  if (!in_time) q->ShutDown();  // lets a sleeping Get end (it then finds "b" due)
-  getter.join();
   EXPECT_TRUE(in_time) << "the sleeping Get did not look for the due item";
-  EXPECT_EQ(result.get(), "b");
+  EXPECT_EQ(getter.outcome(), "b");
 }
 
 // Ending a lease and handing an item out allocate nothing, also when the lease's item

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/rate_limiting_queue.h"
+#include "testing/async_get.h"
 #include "testing/cancel_check.h"
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
@@ -802,21 +803,16 @@ TEST(DelayingQueueClockTest, AFiringWhoseClockThrowsWakesSleepingGets) {
   auto timers = *TimerService::Create({.clock = &clock});
   auto q = std::make_shared<DelayingQueue<std::string>>(
       DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
-  std::promise<std::string> got;
-  std::future<std::string> result = got.get_future();
-  std::thread getter([&] {
+  testing::AsyncGet getter([&] {
     auto lease = q->Get();
-    got.set_value(lease ? lease->item() : "none");
+    return lease ? lease->item() : "none";
   });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q) > 0; }));
   q->AddAfter("a", absl::Milliseconds(1));
   clock.ThrowNext(1);  // the firing's first reading
   EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
-  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!in_time) q->Add("a");  // lets the sleeping Get end
-  getter.join();
-  EXPECT_TRUE(in_time) << "the sleeping Get was not woken";
-  EXPECT_EQ(result.get(), "a");
+  EXPECT_TRUE(getter.Await([&] { q->Add("a"); })) << "the sleeping Get was not woken";
+  EXPECT_EQ(getter.outcome(), "a");
 }
 
 // An AddAfter that has to make the timer (a firing's clock threw, and none is left) arms
@@ -848,19 +844,14 @@ TEST(DelayingQueueClockTest, APollingGetWhoseClockThrowsLeavesNoPollerCounted) {
   clock.ThrowNext(1, /*after=*/1);  // the Get's first reading passes, its first poll's throws
   EXPECT_THROW(q.Get(), std::runtime_error);
   EXPECT_EQ(internal::QueuePeer::Polling(q), 0);
-  std::promise<std::string> got;
-  std::future<std::string> result = got.get_future();
-  std::thread getter([&] {
+  testing::AsyncGet getter([&] {
     auto lease = q.Get();
-    got.set_value(lease ? lease->item() : "none");
+    return lease ? lease->item() : "none";
   });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
   q.Add("x");
-  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!in_time) q.ShutDown();  // lets the sleeping Get end
-  getter.join();
-  EXPECT_TRUE(in_time) << "the add did not wake the sleeping Get";
-  EXPECT_EQ(result.get(), "x");
+  EXPECT_TRUE(getter.Await([&] { q.ShutDown(); })) << "the add did not wake the sleeping Get";
+  EXPECT_EQ(getter.outcome(), "x");
 }
 
 // A Get(ctx) that sleeps registers a wake-up on ctx that points into its frame; a throw

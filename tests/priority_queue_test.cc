@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
+#include "testing/async_get.h"
 #include "testing/cancel_check.h"
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
@@ -1207,49 +1208,40 @@ TEST_F(PriorityQueueTest, GetWithContextAsleepIsWokenByTheCancel) {
 // sleeper; without it the sleeper stays asleep and the wait below gives up after 5 s.
 TEST_F(PriorityQueueTest, AWorkerWakesASleeperWhenMoreItemsAreReady) {
   auto [ctx, cancel] = WithCancel(Background());
-  std::promise<std::string> got;
-  std::thread sleeper([&, c = ctx] {  // Get(ctx) sleeps without polling
+  testing::AsyncGet sleeper([&, c = ctx] {  // Get(ctx) sleeps without polling
     auto lease = q_->Get(c);
-    got.set_value(lease ? **lease : "none");
+    return lease ? **lease : "none";
   });
-  std::future<std::string> woken = got.get_future();
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
   internal::QueuePeer::SetPolling(*q_, 2);
   q_->Add("a", {.priority = 1});
   q_->Add("b");
-  // Can only miss a wrong wake-up, never invent one.
-  EXPECT_NE(woken.wait_for(std::chrono::milliseconds(20)), std::future_status::ready)
+  EXPECT_FALSE(sleeper.ReturnsWithin(absl::Milliseconds(20)))
       << "an add woke the sleeper while enough Gets polled";
   auto lease = q_->TryGet();  // takes "a", sees "b" ready and a sleeper
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(**lease, "a");
-  const bool in_time = woken.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  cancel();  // lets a sleeper that was never woken return
-  sleeper.join();
+  // The cancel lets a sleeper that was never woken return.
+  EXPECT_TRUE(sleeper.Await([&] { cancel(); })) << "the sleeper was not woken";
   internal::QueuePeer::SetPolling(*q_, 0);
-  EXPECT_TRUE(in_time) << "the sleeper was not woken";
-  EXPECT_EQ(woken.get(), "b");
+  EXPECT_EQ(sleeper.outcome(), "b");
 }
 
 // Ready items beyond the Gets polling at length wake a sleeper: the pollers cannot take
 // them all. (It waited for a poller to take one and wake it, one at a time.)
 TEST_F(PriorityQueueTest, ReadyItemsBeyondThePollersWakeASleeper) {
   auto [ctx, cancel] = WithCancel(Background());
-  std::promise<std::string> got;
-  std::thread sleeper([&, c = ctx] {  // Get(ctx) sleeps without polling
+  testing::AsyncGet sleeper([&, c = ctx] {  // Get(ctx) sleeps without polling
     auto lease = q_->Get(c);
-    got.set_value(lease ? **lease : "none");
+    return lease ? **lease : "none";
   });
-  std::future<std::string> woken = got.get_future();
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) > 0; }));
   internal::QueuePeer::SetPolling(*q_, 1);  // never takes anything
   q_->AddWithOpts({}, std::string("a"), std::string("b"));
-  const bool in_time = woken.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  cancel();  // lets a sleeper that was never woken return
-  sleeper.join();
+  // The cancel lets a sleeper that was never woken return.
+  EXPECT_TRUE(sleeper.Await([&] { cancel(); })) << "the sleeper was not woken";
   internal::QueuePeer::SetPolling(*q_, 0);
-  EXPECT_TRUE(in_time) << "the sleeper was not woken";
-  EXPECT_EQ(woken.get(), "a");
+  EXPECT_EQ(sleeper.outcome(), "a");
 }
 
 // QueueOptions::polling_workers bounds the Gets that poll at length at once; the others

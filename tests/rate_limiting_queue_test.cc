@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kwq/priority_queue.h"
+#include "testing/async_get.h"
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
@@ -712,20 +713,16 @@ TEST(RateLimitingQueueClockTest, PriorityQueueClockThatThrowsLosesNothing) {
   q->TryGet()->Done();
 
   q->AddAfter("d", absl::Seconds(1));
-  std::promise<std::string> got;
-  std::future<std::string> result = got.get_future();
-  std::thread getter([&] {
+  testing::AsyncGet getter([&] {
     auto l = q->Get();
-    got.set_value(l ? l->item() : "none");
+    return l ? l->item() : "none";
   });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) > 0; }));
   clock.ThrowNext(1);  // the firing's reading
   EXPECT_THROW(fake.Advance(absl::Seconds(2)), std::runtime_error);
-  const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!in_time) q->ShutDown();  // lets the sleeping Get end (it then finds "d" due)
-  getter.join();
-  EXPECT_TRUE(in_time) << "the sleeping Get was not woken";
-  EXPECT_EQ(result.get(), "d");
+  // The ShutDown lets a sleeping Get end (it then finds "d" due).
+  EXPECT_TRUE(getter.Await([&] { q->ShutDown(); })) << "the sleeping Get was not woken";
+  EXPECT_EQ(getter.outcome(), "d");
   EXPECT_TRUE(q->ShutDownWithDrain());
 }
 
