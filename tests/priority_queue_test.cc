@@ -1222,7 +1222,7 @@ TEST_F(PriorityQueueTest, AWorkerWakesASleeperWhenMoreItemsAreReady) {
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(**lease, "a");
   // The cancel lets a sleeper that was never woken return.
-  EXPECT_TRUE(sleeper.Await([&] { cancel(); })) << "the sleeper was not woken";
+  EXPECT_TRUE(sleeper.Await([c = cancel] { c(); })) << "the sleeper was not woken";
   internal::QueuePeer::SetPolling(*q_, 0);
   EXPECT_EQ(sleeper.outcome(), "b");
 }
@@ -1239,7 +1239,7 @@ TEST_F(PriorityQueueTest, ReadyItemsBeyondThePollersWakeASleeper) {
   internal::QueuePeer::SetPolling(*q_, 1);  // never takes anything
   q_->AddWithOpts({}, std::string("a"), std::string("b"));
   // The cancel lets a sleeper that was never woken return.
-  EXPECT_TRUE(sleeper.Await([&] { cancel(); })) << "the sleeper was not woken";
+  EXPECT_TRUE(sleeper.Await([c = cancel] { c(); })) << "the sleeper was not woken";
   internal::QueuePeer::SetPolling(*q_, 0);
   EXPECT_EQ(sleeper.outcome(), "a");
 }
