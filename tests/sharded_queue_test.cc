@@ -1,10 +1,12 @@
 #include "kwq/sharded_queue.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,6 +133,41 @@ TEST(ShardedQueueTest, AddAllOfAViewLeavesTheCallersItems) {
 
 // Keys whose hashes differ only above bit 31 (std::hash of a 64-bit integer is the
 // integer) spread over the shards; they all went to one.
+// A key whose copy throws on demand (for AddAll of an lvalue range, which copies).
+struct CopyBoom {
+  static inline int throw_at = -1;
+  int v;
+  explicit CopyBoom(int value) : v(value) {}
+  CopyBoom(const CopyBoom& other) : v(other.v) {
+    if (v == throw_at) throw std::runtime_error("copy");
+  }
+  CopyBoom(CopyBoom&&) noexcept = default;
+  CopyBoom& operator=(const CopyBoom&) = default;
+  CopyBoom& operator=(CopyBoom&&) noexcept = default;
+  bool operator==(const CopyBoom& other) const { return v == other.v; }
+  template <typename H>
+  friend H AbslHashValue(H h, const CopyBoom& key) {
+    return H::combine(std::move(h), key.v);
+  }
+};
+
+// An AddAll whose copy of one item throws adds the items copied before it (to their
+// shards) and then throws, as Queue::AddAll does: they were copied into per-shard batches
+// first, and the throw destroyed the batches, so none was added.
+TEST(ShardedQueueTest, AnAddAllCutShortAddsTheItemsBeforeTheThrow) {
+  auto q = *ShardedQueue<CopyBoom>::Create(4);
+  std::vector<CopyBoom> items;
+  for (int i = 0; i < 10; ++i) items.emplace_back(i);
+  CopyBoom::throw_at = 5;
+  EXPECT_THROW(q->AddAll(items), std::runtime_error);
+  CopyBoom::throw_at = -1;
+  EXPECT_EQ(q->Len(), 5u);
+  std::vector<int> got;
+  while (auto lease = q->TryGet(0)) got.push_back(lease->item().v);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
 TEST(ShardedQueueTest, KeysDifferingOnlyInTheirHashesHighHalfSpread) {
   auto q = *ShardedQueue<uint64_t, std::hash<uint64_t>>::Create(8);
   std::vector<int> per_shard(8);

@@ -79,23 +79,37 @@ class ShardedQueue {
   // Adds every item of `items`, each to its shard, under one acquisition of each shard's
   // lock (Queue::AddAll). Returns how many were queued. Items of an rvalue container, or of
   // a range that yields rvalues, are moved in; those of an lvalue or of a view are copied
-  // once.
+  // once. An item whose copy (or a batch's growth) throws ends the batch, as on Queue:
+  // the items before it are still added, each to its shard, and then the exception goes
+  // on (the first one, when a shard's add throws too; the other shards' items are added
+  // all the same).
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = internal::MovesItems<Range>();
     std::vector<std::vector<T>> by_shard(shards_.size());
-    for (auto&& item : items) {
-      std::vector<T>& to = by_shard[ShardOf(item)];
-      if constexpr (kMove) {
-        to.push_back(std::move(item));
-      } else {
-        to.push_back(item);
+    std::exception_ptr thrown;
+    try {
+      for (auto&& item : items) {
+        std::vector<T>& to = by_shard[ShardOf(item)];
+        if constexpr (kMove) {
+          to.push_back(std::move(item));
+        } else {
+          to.push_back(item);
+        }
       }
+    } catch (...) {
+      thrown = std::current_exception();
     }
     size_t added = 0;
     for (size_t s = 0; s < shards_.size(); ++s) {
-      if (!by_shard[s].empty()) added += shards_[s]->AddAll(std::move(by_shard[s]));
+      if (by_shard[s].empty()) continue;
+      try {
+        added += shards_[s]->AddAll(std::move(by_shard[s]));
+      } catch (...) {
+        if (!thrown) thrown = std::current_exception();
+      }
     }
+    if (thrown) std::rethrow_exception(thrown);
     return added;
   }
 
