@@ -371,8 +371,9 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
 }
 
 ContextNode* NewCancellableNode(ContextNode* parent, absl::Time deadline, int32_t refs) {
-  Ref(parent);
+  // Made before the parent's reference is taken: a std::bad_alloc leaked that reference.
   auto* node = new ContextNode(parent, CancelSource::kOwn, parent->timers, deadline);
+  Ref(parent);
   node->refs.store(refs, std::memory_order_relaxed);  // before the node is published
   return node;
 }
@@ -467,8 +468,9 @@ Context AdoptNode(ContextNode* node) { return Context(node); }
 
 Context WithValueErased(const Context& parent, const void* key, std::shared_ptr<const void> value) {
   ContextNode* p = NodeOf(parent);
-  Ref(p);
+  // Made before the parent's reference is taken: a std::bad_alloc leaked that reference.
   auto* node = new ContextNode(p, CancelSource::kInherit, p->timers, p->deadline);
+  Ref(p);
   node->value_key = key;
   node->value = std::move(value);
   return AdoptNode(node);
@@ -670,8 +672,15 @@ CancelableContext WithDeadlineAt(const Context& parent, absl::Time deadline, boo
     // Armed before the node is published, so that a parent's cancel always finds the id
     // and stops the timer. The callback holds no reference (the node may die first);
     // Destroy cancels the timer with CancelSync, so `node` is valid whenever it runs.
-    node->timer.store(node->Timers().Schedule(deadline, &DeadlineFired, node),
-                      std::memory_order_relaxed);
+    TimerId timer;
+    try {
+      timer = node->Timers().Schedule(deadline, &DeadlineFired, node);
+    } catch (...) {  // std::bad_alloc: undo NewCancellableNode (it leaked the node and
+      delete node;   // the parent's reference); nothing has seen the node yet
+      internal::Unref(p);
+      throw;
+    }
+    node->timer.store(timer, std::memory_order_relaxed);
   }
   // The node holds the handles' two references already, so it may be published (and
   // cancelled) before they exist. They are built in place in the caller's result, so
@@ -700,8 +709,9 @@ CancelableContext WithTimeout(const Context& parent, absl::Duration timeout, abs
 
 Context WithoutCancel(const Context& parent) {
   ContextNode* p = internal::NodeOf(parent);
-  internal::Ref(p);
+  // Made before the parent's reference is taken, as in WithValue.
   auto* node = new ContextNode(p, internal::CancelSource::kNone, p->timers, absl::InfiniteFuture());
+  internal::Ref(p);
   return internal::AdoptNode(node);
 }
 

@@ -1013,5 +1013,41 @@ TEST(PriorityQueueAllocTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt)
   EXPECT_TRUE(returned);
   EXPECT_EQ(outcome, "threw");
 }
+
+// ---- contexts ----
+
+// A WithTimeout that cannot allocate (its node, or its timer in a full timer service)
+// throws std::bad_alloc and leaves nothing behind; so do WithValue and WithoutCancel.
+// They leaked the node and a reference to the parent, so the parent was never freed
+// (LeakSanitizer reports it at exit in make test's ASan build).
+TEST(ContextAllocTest, ContextsThatCannotAllocateLeaveNothingBehind) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto [parent, cancel] = WithCancel(BackgroundWithTimers(timers.get()));
+  FillTimerService(*timers);
+  // Fails each allocation of `make` in turn; returns how many failed.
+  const auto each_allocation = [](const std::function<void()>& make) {
+    int failures = 0;
+    for (int k = 1;; ++k) {
+      FailAllocation(k);
+      try {
+        make();
+      } catch (const std::bad_alloc&) {
+        ++failures;
+        continue;
+      }
+      if (!FailureUsed()) return failures;
+    }
+  };
+  // The node's, then the timer's.
+  EXPECT_GE(each_allocation([&] { (void)WithTimeout(parent, absl::Hours(1)); }), 2);
+  static constexpr ContextKey<std::string> kKey{"key"};
+  EXPECT_GE(each_allocation([&] { (void)WithValue(parent, kKey, std::string(40, 'v')); }), 1);
+  EXPECT_GE(each_allocation([&] { (void)WithoutCancel(parent); }), 1);
+  auto [child, cancel_child] = WithTimeout(parent, absl::Hours(1));
+  cancel();
+  EXPECT_TRUE(child.IsCancelled());
+}
+
 }  // namespace
 }  // namespace kwq
