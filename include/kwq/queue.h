@@ -757,7 +757,7 @@ class Queue {
         continue;
       }
       if (sleep_in_steps_) {
-        // A DelayingQueue's waiting items have no timer (it could not be made): the
+        // A DelayingQueue's waiting items have no timer (see sleep_in_steps_): the
         // caller looks for due items itself, and tries the timer again, every step.
         WaitLocked(kSleepStep);
         return true;
@@ -1143,8 +1143,8 @@ class Queue {
   int draining_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // Set by a DelayingQueue while it has waiting items and no timer armed for them (one
-  // could not be made, for want of memory): sleeping Gets then wake every kSleepStep and
-  // move due items themselves (WaitForReady).
+  // could not be made, for want of memory, or a firing's clock threw): sleeping Gets then
+  // wake every kSleepStep and move due items themselves (WaitForReady).
   bool sleep_in_steps_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t aborts_ ABSL_GUARDED_BY(mu_) = 0;  // ShutDown() calls: each ends the drains waiting
 
