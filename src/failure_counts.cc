@@ -9,7 +9,8 @@ FailureCounts::FailureCounts(absl::Duration idle_horizon, Clock* clock)
     : clock_(clock),
       horizon_ns_(idle_horizon == absl::InfiniteDuration()
                       ? INT64_MAX
-                      : absl::ToInt64Nanoseconds(idle_horizon)) {}
+                      : absl::ToInt64Nanoseconds(idle_horizon)),
+      last_now_(absl::ToUnixNanos(clock->CoarseNow())) {}
 
 void FailureCounts::Reset(uint32_t slot) {
   Reserve(slot + 1);

@@ -14,6 +14,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kwq/internal/failure_counts.h"
 #include "kwq/priority_queue.h"
 #include "testing/async_get.h"
 #include "testing/counting_clock.h"
@@ -724,6 +725,44 @@ TEST(RateLimitingQueueClockTest, PriorityQueueClockThatThrowsLosesNothing) {
   EXPECT_TRUE(getter.Await([&] { q->ShutDown(); })) << "the sleeping Get was not woken";
   EXPECT_EQ(getter.outcome(), "d");
   EXPECT_TRUE(q->ShutDownWithDrain());
+}
+
+// A Done whose clock throws makes the owed re-add ready at the time an add last read,
+// not at the distant past: with aging on, that made the item aged at once, handed out
+// ahead of every higher priority.
+TEST(RateLimitingQueueClockTest, PriorityQueueDoneWhoseClockThrowsKeepsThePriorityOrder) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  PriorityQueue<std::string>::Options options;
+  options.clock = &clock;
+  options.aging = absl::Hours(1);
+  auto q = *PriorityQueue<std::string>::Create(std::move(options));
+  q->Add("low", {.priority = 0});
+  auto lease = q->Get();
+  q->Add("low", {.priority = 0});  // owed a run at the Done
+  q->Add("high", {.priority = 10});
+  clock.ThrowNext(1);
+  lease->Done();
+  fake.Advance(absl::Seconds(1));
+  auto next = q->TryGet();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->item(), "high");
+}
+
+// The queue-kept failure counts read the clock once when made, so a clock that throws
+// before any other reading still leaves them a time: a key that went idle then keeps its
+// count for its horizon once the clock is back. It was stamped with time 0, and lapsed
+// at the first reading after.
+TEST(RateLimitingQueueClockTest, CountsStampedWhileTheClockThrowsKeepTheirHorizon) {
+  FakeClock fake(absl::FromUnixSeconds(1'000'000));
+  testing::CountingClock clock(&fake);
+  internal::FailureCounts counts(absl::Minutes(10), &clock);
+  counts.Reset(0);
+  clock.ThrowNext(2);
+  counts.Record(0, counts.Now(), /*busy=*/true);
+  counts.Touch(0);  // the key goes idle
+  fake.Advance(absl::Seconds(1));
+  EXPECT_EQ(counts.Failures(0, counts.Now(), /*busy=*/false), 1);
 }
 
 class RateLimitingQueueRealTest : public ::testing::TestWithParam<bool> {};

@@ -656,6 +656,7 @@ class PriorityQueue {
   absl::Time NowForAddLocked(absl::Duration longest_after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (longest_after > absl::ZeroDuration() || aging_ || !delayed_.empty()) {
       const absl::Time now = clock_->Now();
+      last_now_ = now;
       PromoteDueLocked(now);
       return now;
     }
@@ -923,13 +924,15 @@ class PriorityQueue {
       const uint64_t ready_before = next_seq_;
       uint8_t& state = table_.state(slot);
       // Read before anything changes, and never thrown out of a Done: a user's clock that
-      // throws counts as the distant past (the item is ready, a delayed re-add waits for
-      // a later look). A throw here left the lease ended and its re-add neither ready nor
-      // delayed, and a drain waited for ever.
-      absl::Time now = absl::InfinitePast();
+      // throws gives the time an add last read (the re-add's own, when aging or a delay
+      // made it read one). A throw here left the lease ended and its re-add neither ready
+      // nor delayed, and a drain waited for ever; the distant past instead made the item
+      // aged at once, ahead of every priority.
+      absl::Time now = last_now_;
       if (state & (kQueued | kDelayed)) {
         try {
           now = clock_->Now();
+          last_now_ = now;
         } catch (...) {
         }
       }
@@ -1204,6 +1207,9 @@ class PriorityQueue {
   // Delayed slots not in flight, by ready time (ReadyKey).
   internal::IndexedHeap delayed_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ready sequence: items made ready so far
+  // The time an add or a Done last read (InfinitePast before the first), for a Done whose
+  // clock throws.
+  absl::Time last_now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // ready_.size(), readable without the lock (relaxed: only a hint for SpinLocked).
   std::atomic<size_t> ready_hint_{0};

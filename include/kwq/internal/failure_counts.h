@@ -37,15 +37,18 @@ namespace kwq::internal {
 class FailureCounts {
  public:
   // `idle_horizon` >= 0 (absl::InfiniteDuration(): counts never lapse), read on
-  // `clock`->CoarseNow(). `clock` must outlive this object.
+  // `clock`->CoarseNow(). `clock` must outlive this object. Reads the clock once, and
+  // lets an exception from it go on.
   FailureCounts(absl::Duration idle_horizon, Clock* clock);
   FailureCounts(const FailureCounts&) = delete;
   FailureCounts& operator=(const FailureCounts&) = delete;
 
   // The current time as this object measures it (ns, for the calls below). Never throws:
-  // while a clock throws (a user's), it gives the last time it read, so no count lapses
-  // meanwhile, and the owner's state changes around these calls are never cut short (a
-  // throw left a key marked dirty but never queued, or waiting outside the heap).
+  // while a clock throws (a user's), it gives the last time it read (the constructor
+  // reads once), so no count lapses meanwhile, and the owner's state changes around these
+  // calls are never cut short (a throw left a key marked dirty but never queued, or
+  // waiting outside the heap). A key that goes idle meanwhile is stamped with that last
+  // time, so its idle horizon may end early by as long as the clock threw.
   int64_t Now() const noexcept {
     try {
       const int64_t now = absl::ToUnixNanos(clock_->CoarseNow());
@@ -156,8 +159,8 @@ class FailureCounts {
   std::vector<std::unique_ptr<Entry*[]>> dirs_;
   std::atomic<Entry* const*> dir_{nullptr};
   size_t dir_capacity_ = 0;
-  // The last time Now() read (0 before the first); its own line, as readers without the
-  // lock share the others.
+  // The last time Now() read (first by the constructor); its own line, as readers without
+  // the lock share the others.
   alignas(64) mutable std::atomic<int64_t> last_now_{0};
 };
 
