@@ -15,6 +15,7 @@
 #include "testing/async_get.h"
 #include "testing/cancel_check.h"
 #include "testing/counting_clock.h"
+#include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/late_timer.h"
 #include "testing/recording_metrics.h"
@@ -566,18 +567,7 @@ TEST_F(DelayingQueueTest, ShutDownWithDrainRunsItemsAlreadyDue) {
   q_.AddAfter("due", absl::Seconds(1));
   q_.AddAfter("later", absl::Seconds(2));
   ASSERT_TRUE(late.Start());
-  std::atomic<bool> drained{false};
-  std::thread drainer([&] { drained = q_.ShutDownWithDrain(); });
-  ASSERT_TRUE(testing::Eventually([&] { return q_.ShuttingDown(); }));
-  auto lease = q_.TryGet();
-  EXPECT_TRUE(lease.has_value()) << "the due item was dropped";
-  if (lease) {
-    EXPECT_EQ(lease->item(), "due");
-    lease->Done();
-  }
-  drainer.join();
-  EXPECT_TRUE(drained.load());
-  EXPECT_FALSE(q_.TryGet().has_value());  // "later" was dropped
+  testing::ExpectDrainRunsTheDueItem(q_);
 }
 
 // A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its

@@ -444,18 +444,7 @@ TEST_F(PriorityQueueTest, ShutDownWithDrainRunsItemsAlreadyDue) {
   q_->AddAfter("due", absl::Seconds(1));
   q_->AddAfter("later", absl::Seconds(2));
   ASSERT_TRUE(late.Start());
-  std::atomic<bool> drained{false};
-  std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
-  ASSERT_TRUE(testing::Eventually([&] { return q_->ShuttingDown(); }));
-  auto lease = q_->TryGet();
-  EXPECT_TRUE(lease.has_value()) << "the due item was dropped";
-  if (lease) {
-    EXPECT_EQ(lease->item(), "due");
-    lease->Done();
-  }
-  drainer.join();
-  EXPECT_TRUE(drained.load());
-  EXPECT_FALSE(q_->TryGet().has_value());  // "later" was dropped
+  testing::ExpectDrainRunsTheDueItem(*q_);
 }
 
 // A TryGet that moves several due items takes one and wakes a sleeping Get for the rest:

@@ -6,7 +6,8 @@
 // (Queue counts in the hold in which it checks and goes to wait, PriorityQueue in the one
 // that shuts the queue down). For Queue and PriorityQueue. ExpectShutDownAbortsEveryDrain, below,
 // the same for several drainers and a ShutDown; DrainWhileTaking checks that drainers wait for a
-// lease and for every queued item.
+// lease and for every queued item; ExpectDrainRunsTheDueItem that a drain queues and waits for
+// a delayed item already due (DelayingQueue and PriorityQueue).
 
 #ifndef KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 #define KWQ_TESTS_TESTING_DRAIN_CHECK_H_
@@ -134,6 +135,26 @@ std::vector<std::string> DrainWhileTaking(Q& q, Draining draining, int drainers,
   for (auto& t : threads) t.join();
   EXPECT_EQ(drained.load(), all_returned ? drainers : 0);
   return seen;
+}
+
+// ExpectDrainRunsTheDueItem(q): `q` (a DelayingQueue or PriorityQueue) holds a delayed
+// item "due" that is due but not yet moved (its timer is late) and one "later" that is
+// not due. A drain queues the due one and waits for it: a worker still gets it after
+// ShutDownWithDrain has begun, the drain returns once it is Done, and "later" is dropped.
+template <typename Q>
+void ExpectDrainRunsTheDueItem(Q& q) {
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
+  ASSERT_TRUE(Eventually([&] { return q.ShuttingDown(); }));
+  auto lease = q.TryGet();
+  EXPECT_TRUE(lease.has_value()) << "the due item was dropped";
+  if (lease) {
+    EXPECT_EQ(lease->item(), "due");
+    lease->Done();
+  }
+  drainer.join();
+  EXPECT_TRUE(drained.load());
+  EXPECT_FALSE(q.TryGet().has_value());  // "later" was dropped
 }
 
 }  // namespace kwq::testing
