@@ -38,6 +38,18 @@ struct internal::QueuePeer {
 
 namespace {
 
+// A delaying queue on a clock whose readings can be made to throw (a user's clock):
+// testing::CountingClock::ThrowNext.
+class DelayingQueueClockTest : public ::testing::Test {
+ protected:
+  FakeClock fake_;
+  testing::CountingClock clock_{&fake_};
+  std::unique_ptr<TimerService> timers_ = *TimerService::Create({.clock = &clock_});
+  // Shared, so that a call left hanging on its own thread (ReturnsInTime) keeps it alive.
+  std::shared_ptr<DelayingQueue<std::string>> q_ = std::make_shared<DelayingQueue<std::string>>(
+      DelayingQueue<std::string>::Options{.clock = &clock_, .timers = timers_.get()});
+};
+
 class DelayingQueueTest : public ::testing::Test {
  protected:
   FakeClock clock_;
@@ -86,7 +98,7 @@ TEST_F(DelayingQueueTest, ItemBecomesReadyAfterDelay) {
 // to go to the default service on the real clock: a Get asleep when the fake clock
 // passed the ready time slept on for 10 real seconds (a TryGet, which reads the clock
 // itself, did not show it).
-TEST(DelayingQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
+TEST_F(DelayingQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
   FakeClock clock;
   for (bool rate_limiting : {false, true}) {
     std::unique_ptr<DelayingQueue<std::string>> q =
@@ -747,39 +759,30 @@ TEST(DelayingQueueRealTest, DestroyWhileTheTimerMovesBatchesIsSafe) {
 // A timer firing whose clock reading throws (a user's clock) ends with the queue's lock
 // released: the firing held it by hand, and the throw left it locked, so the next add
 // blocked for ever. The item waits on, and the next firing an add arms moves it.
-TEST(DelayingQueueClockTest, AFiringWhoseClockThrowsLeavesTheQueueUsable) {
-  FakeClock fake;
-  testing::CountingClock clock(&fake);
-  auto timers = *TimerService::Create({.clock = &clock});
-  auto q = std::make_shared<DelayingQueue<std::string>>(
-      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
-  q->AddAfter("a", absl::Milliseconds(1));
-  clock.ThrowNext(1);  // the firing's first reading
-  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+TEST_F(DelayingQueueClockTest, AFiringWhoseClockThrowsLeavesTheQueueUsable) {
+  q_->AddAfter("a", absl::Milliseconds(1));
+  clock_.ThrowNext(1);  // the firing's first reading
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
   // A hang here is left on its own thread (the queue is shared with it).
-  ASSERT_TRUE(testing::ReturnsInTime([q] { q->AddAfter("b", absl::Milliseconds(1)); }))
+  ASSERT_TRUE(testing::ReturnsInTime([q = q_] { q->AddAfter("b", absl::Milliseconds(1)); }))
       << "the queue's lock was left held";
-  fake.Advance(absl::Milliseconds(2));
-  EXPECT_EQ(q->Len(), 2u);
+  fake_.Advance(absl::Milliseconds(2));
+  EXPECT_EQ(q_->Len(), 2u);
 }
 
 // A Get whose clock reading throws under the queue's lock (moving due items itself)
 // releases the lock: it was held by hand there, and the next call deadlocked.
-TEST(DelayingQueueClockTest, AGetWhoseClockThrowsLeavesTheQueueUsable) {
-  FakeClock fake;
-  testing::CountingClock clock(&fake);
-  auto timers = *TimerService::Create({.clock = &clock});
-  auto q = std::make_shared<DelayingQueue<std::string>>(
-      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
-  q->AddAfter("a", absl::Milliseconds(1));
-  clock.ThrowNext(1);  // the firing's first reading: "a" is left due, unmoved
-  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
+TEST_F(DelayingQueueClockTest, AGetWhoseClockThrowsLeavesTheQueueUsable) {
+  q_->AddAfter("a", absl::Milliseconds(1));
+  clock_.ThrowNext(1);  // the firing's first reading: "a" is left due, unmoved
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
   // TryGet's first reading (without the lock) passes, its second (under it) throws.
-  clock.ThrowNext(1, /*after=*/1);
-  EXPECT_THROW(q->TryGet(), std::runtime_error);
+  clock_.ThrowNext(1, /*after=*/1);
+  EXPECT_THROW(q_->TryGet(), std::runtime_error);
   // A hang here is left on its own thread (the queue is shared with it).
-  ASSERT_TRUE(testing::ReturnsInTime([q] { (void)q->Len(); })) << "the queue's lock was left held";
-  auto lease = q->TryGet();
+  ASSERT_TRUE(testing::ReturnsInTime([q = q_] { (void)q->Len(); }))
+      << "the queue's lock was left held";
+  auto lease = q_->TryGet();
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(lease->item(), "a");
 }
@@ -787,60 +790,47 @@ TEST(DelayingQueueClockTest, AGetWhoseClockThrowsLeavesTheQueueUsable) {
 // A firing whose clock throws leaves the items waiting with no timer; a Get asleep then is
 // woken and looks for due items itself, in steps, until a timer is armed again. It slept
 // on, and only an add would have woken it.
-TEST(DelayingQueueClockTest, AFiringWhoseClockThrowsWakesSleepingGets) {
-  FakeClock fake;
-  testing::CountingClock clock(&fake);
-  auto timers = *TimerService::Create({.clock = &clock});
-  auto q = std::make_shared<DelayingQueue<std::string>>(
-      DelayingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
+TEST_F(DelayingQueueClockTest, AFiringWhoseClockThrowsWakesSleepingGets) {
   testing::AsyncGet getter([&] {
-    auto lease = q->Get();
+    auto lease = q_->Get();
     return lease ? lease->item() : "none";
   });
-  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q) > 0; }));
-  q->AddAfter("a", absl::Milliseconds(1));
-  clock.ThrowNext(1);  // the firing's first reading
-  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
-  EXPECT_TRUE(getter.Await([&] { q->Add("a"); })) << "the sleeping Get was not woken";
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q_) > 0; }));
+  q_->AddAfter("a", absl::Milliseconds(1));
+  clock_.ThrowNext(1);  // the firing's first reading
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
+  EXPECT_TRUE(getter.Await([&] { q_->Add("a"); })) << "the sleeping Get was not woken";
   EXPECT_EQ(getter.outcome(), "a");
 }
 
 // An AddAfter that has to make the timer (a firing's clock threw, and none is left) arms
 // it for the items already waiting, also when the add changes no waiting entry. It was
 // left parked at the end of time, and those items waited for the next add or Get.
-TEST(DelayingQueueClockTest, AnAddAfterThatMakesTheTimerArmsItForTheItemsWaiting) {
-  FakeClock fake;
-  testing::CountingClock clock(&fake);
-  auto timers = *TimerService::Create({.clock = &clock});
-  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
-  q.AddAfter("a", absl::Milliseconds(1));
-  q.AddAfter("b", absl::Milliseconds(5));
-  clock.ThrowNext(1);  // the firing's first reading
-  EXPECT_THROW(fake.Advance(absl::Milliseconds(2)), std::runtime_error);
-  q.AddAfter("b", absl::Hours(1));  // b already waits for an earlier time: no change
-  fake.Advance(absl::Milliseconds(4));
-  EXPECT_EQ(q.Len(), 2u) << "no timer moved the due items";
-  EXPECT_EQ(q.Waiting(), 0u);
+TEST_F(DelayingQueueClockTest, AnAddAfterThatMakesTheTimerArmsItForTheItemsWaiting) {
+  q_->AddAfter("a", absl::Milliseconds(1));
+  q_->AddAfter("b", absl::Milliseconds(5));
+  clock_.ThrowNext(1);  // the firing's first reading
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
+  q_->AddAfter("b", absl::Hours(1));  // b already waits for an earlier time: no change
+  fake_.Advance(absl::Milliseconds(4));
+  EXPECT_EQ(q_->Len(), 2u) << "no timer moved the due items";
+  EXPECT_EQ(q_->Waiting(), 0u);
 }
 
 // A Get whose clock throws while it polls (it reads the clock to look for due items)
 // leaves the count of polling Gets as it was: the count stayed up, and since a poller
 // takes the next item itself, no add woke a sleeping Get any more.
-TEST(DelayingQueueClockTest, APollingGetWhoseClockThrowsLeavesNoPollerCounted) {
-  FakeClock fake;
-  testing::CountingClock clock(&fake);
-  auto timers = *TimerService::Create({.clock = &clock});
-  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
-  clock.ThrowNext(1, /*after=*/1);  // the Get's first reading passes, its first poll's throws
-  EXPECT_THROW(q.Get(), std::runtime_error);
-  EXPECT_EQ(internal::QueuePeer::Polling(q), 0);
+TEST_F(DelayingQueueClockTest, APollingGetWhoseClockThrowsLeavesNoPollerCounted) {
+  clock_.ThrowNext(1, /*after=*/1);  // the Get's first reading passes, its first poll's throws
+  EXPECT_THROW(q_->Get(), std::runtime_error);
+  EXPECT_EQ(internal::QueuePeer::Polling(*q_), 0);
   testing::AsyncGet getter([&] {
-    auto lease = q.Get();
+    auto lease = q_->Get();
     return lease ? lease->item() : "none";
   });
-  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
-  q.Add("x");
-  EXPECT_TRUE(getter.Await([&] { q.ShutDown(); })) << "the add did not wake the sleeping Get";
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q_) > 0; }));
+  q_->Add("x");
+  EXPECT_TRUE(getter.Await([&] { q_->ShutDown(); })) << "the add did not wake the sleeping Get";
   EXPECT_EQ(getter.outcome(), "x");
 }
 
@@ -848,18 +838,14 @@ TEST(DelayingQueueClockTest, APollingGetWhoseClockThrowsLeavesNoPollerCounted) {
 // out of it (its clock, read when the Get wakes to look for due items) removes that
 // wake-up first. It was left on ctx, and cancelling ctx then ran it on the dead frame
 // (the scribbled stack makes that crash).
-TEST(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt) {
-  FakeClock fake;
-  testing::CountingClock clock(&fake);
-  auto timers = *TimerService::Create({.clock = &clock});
-  DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
-  q.AddAfter("b", absl::Hours(1));
+TEST_F(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt) {
+  q_->AddAfter("b", absl::Hours(1));
   auto [ctx, cancel] = WithCancel(Background());
   std::atomic<int> phase{0};
   std::string outcome;
   std::thread getter([&, c = ctx] {
     try {
-      auto lease = q.Get(c);
+      auto lease = q_->Get(c);
       outcome = lease ? lease->item() : "none";
     } catch (const std::runtime_error&) {
       outcome = "threw";
@@ -868,13 +854,13 @@ TEST(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt)
     phase = 1;
     while (phase.load() != 2) std::this_thread::yield();
   });
-  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
-  clock.ThrowNext(2);  // the firing's reading, then the woken Get's
-  EXPECT_THROW(fake.Advance(absl::Hours(2)), std::runtime_error);
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q_) > 0; }));
+  clock_.ThrowNext(2);  // the firing's reading, then the woken Get's
+  EXPECT_THROW(fake_.Advance(absl::Hours(2)), std::runtime_error);
   const bool returned = testing::Eventually([&] { return phase.load() == 1; });
   if (returned) cancel();  // runs nothing of the Get's now
   phase = 2;
-  if (!returned) q.ShutDown();
+  if (!returned) q_->ShutDown();
   getter.join();
   EXPECT_TRUE(returned);
   EXPECT_EQ(outcome, "threw");
