@@ -44,15 +44,21 @@ class FailureCounts {
   FailureCounts& operator=(const FailureCounts&) = delete;
 
   // The current time as this object measures it (ns, for the calls below). Never throws:
-  // while a clock throws (a user's), it gives the last time it read (the constructor
-  // reads once), so no count lapses meanwhile, and the owner's state changes around these
-  // calls are never cut short (a throw left a key marked dirty but never queued, or
-  // waiting outside the heap). A key that goes idle meanwhile is stamped with that last
-  // time, so its idle horizon may end early by as long as the clock threw.
+  // while a clock throws (a user's), it gives the last time it read, to within a
+  // millisecond (the constructor reads once), so no count lapses meanwhile, and the
+  // owner's state changes around these calls are never cut short (a throw left a key
+  // marked dirty but never queued, or waiting outside the heap). A key that goes idle
+  // meanwhile is stamped with that time, so its idle horizon may end early by as long as
+  // the clock threw.
   int64_t Now() const noexcept {
     try {
       const int64_t now = absl::ToUnixNanos(clock_->CoarseNow());
-      last_now_.store(now, std::memory_order_relaxed);
+      // Stored at most once per kStandInStep: every reading's store made the line
+      // bounce between the threads that read the clock here.
+      const int64_t last = last_now_.load(std::memory_order_relaxed);
+      if (now > last && static_cast<uint64_t>(now) - static_cast<uint64_t>(last) > kStandInStep) {
+        last_now_.store(now, std::memory_order_relaxed);
+      }
       return now;
     } catch (...) {
       return last_now_.load(std::memory_order_relaxed);
@@ -159,8 +165,10 @@ class FailureCounts {
   std::vector<std::unique_ptr<Entry*[]>> dirs_;
   std::atomic<Entry* const*> dir_{nullptr};
   size_t dir_capacity_ = 0;
-  // The last time Now() read (first by the constructor); its own line, as readers without
-  // the lock share the others.
+  // How stale the stand-in time may be (ns): a coarse clock's tick.
+  static constexpr int64_t kStandInStep = 1'000'000;
+  // A time Now() read, at most kStandInStep before its last reading (first by the
+  // constructor); its own line, as readers without the lock share the others.
   alignas(64) mutable std::atomic<int64_t> last_now_{0};
 };
 
