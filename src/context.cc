@@ -7,7 +7,6 @@
 #include <new>
 #include <vector>
 
-#include "absl/container/inlined_vector.h"
 #include "internal/context_node.h"
 #include "internal/futex.h"
 
@@ -80,7 +79,7 @@ constexpr int kInlineDepth = 16;
 thread_local int after_func_depth = 0;
 // AfterFunc batches queued past kInlineDepth, oldest first.
 struct QueuedFuncs {
-  std::list<std::shared_ptr<AfterFuncRecord>> funcs;
+  AfterFuncList funcs;
   QueuedFuncs* next = nullptr;
 };
 thread_local QueuedFuncs* queued_funcs_head = nullptr;
@@ -106,7 +105,7 @@ void AtNextAfterFuncDepth(Run run) {
 
 // Runs `funcs` (RunAfterFunc each, in order) at the next AfterFunc depth, or queues them
 // past kInlineDepth (see there). Takes the records out of `funcs` when it queues them.
-void RunAfterFuncs(std::list<std::shared_ptr<AfterFuncRecord>>& funcs) {
+void RunAfterFuncs(AfterFuncList& funcs) {
   if (funcs.empty()) return;
   if (after_func_depth >= kInlineDepth) {
     // Out of memory: run them inline after all (a deeper stack, but nothing is lost).
@@ -149,7 +148,7 @@ bool HasTiedFuncs(const ContextNode* node) ABSL_NO_THREAD_SAFETY_ANALYSIS {
 
 void StopTiedFuncs(ContextNode* node) {
   if (!HasTiedFuncs(node)) return;  // the common case: no lock taken
-  std::list<std::shared_ptr<AfterFuncRecord>> tied;
+  AfterFuncList tied;
   {
     SpinLockHolder lock(&node->mu);
     tied.swap(node->after_funcs);
@@ -257,15 +256,40 @@ bool UnrefIfNotLast(ContextNode* node) {
   return false;
 }
 
+// The nodes one cancellation holds (marks to come, or last references to drop), linked
+// through next_sibling: once Mark has detached a node from its registrar's list (linked
+// false, under the registrar's lock), nothing else reads or writes its sibling fields,
+// and a registrar marked cancelled never links a child again. So a cancellation allocates
+// nothing: with a vector, a std::bad_alloc on the 17th child left that parent's list half
+// detached and the references already taken leaked.
+class NodeStack {
+ public:
+  bool empty() const { return top_ == nullptr; }
+  void Push(ContextNode* node) {
+    node->next_sibling = top_;
+    top_ = node;
+  }
+  ContextNode* Pop() {
+    ContextNode* node = top_;
+    top_ = node->next_sibling;
+    node->next_sibling = nullptr;
+    return node;
+  }
+
+ private:
+  ContextNode* top_ = nullptr;
+};
+
 // One cancellation's marking of `node`: unless another one marked it first, sets err,
 // cause and kCancelledBit (and kSubtreeCancelledBit when no child is left to mark), moves
 // its children to `work` (one reference each; children being destroyed are only
 // detached) and its AfterFunc records to the end of `funcs`, and returns nullptr. When
 // `node` was marked already, returns the start of the cancellation to wait for, or
 // nullptr when its subtree is marked.
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline ContextNode* Mark(
-    ContextNode* node, ContextNode* start, const absl::Status* err, const absl::Status& cause,
-    absl::InlinedVector<ContextNode*, 16>& work, std::list<std::shared_ptr<AfterFuncRecord>>& funcs)
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline ContextNode* Mark(ContextNode* node, ContextNode* start,
+                                                      const absl::Status* err,
+                                                      const absl::Status& cause, NodeStack& work,
+                                                      AfterFuncList& funcs)
     ABSL_LOCKS_EXCLUDED(node->mu) {
   TimerId timer;
   uint32_t before;
@@ -278,18 +302,20 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline ContextNode* Mark(
     node->err = err;
     node->cause = cause;
     node->marked_by = start;
-    const size_t depth = work.size();
+    bool complete = true;  // no child left to mark
     for (ContextNode* child = node->first_child; child != nullptr;) {
       ContextNode* next = child->next_sibling;
       child->prev_sibling = child->next_sibling = nullptr;
       child->linked = false;
       // A child whose count reached zero is being destroyed; it is unlinked now and
       // its Destroy will not touch this list.
-      if (TryRef(child)) work.push_back(child);
+      if (TryRef(child)) {
+        work.Push(child);
+        complete = false;
+      }
       child = next;
     }
     node->first_child = nullptr;
-    const bool complete = work.size() == depth;  // no child left to mark
     before = node->state.fetch_or(complete ? kCancelledBit | kSubtreeCancelledBit : kCancelledBit,
                                   std::memory_order_release);
     for (auto& record : node->after_funcs) record->linked = false;
@@ -341,8 +367,8 @@ void AwaitSubtreeCancelled(ContextNode* node) {
 // either in its list (and waits) or gone with its subtree marked, and an AfterFunc may
 // wait on any descendant's Done.
 void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status& cause) {
-  absl::InlinedVector<ContextNode*, 16> work;  // each holds one reference
-  std::list<std::shared_ptr<AfterFuncRecord>> funcs;
+  NodeStack work;  // each holds one reference
+  AfterFuncList funcs;
   if (ContextNode* other = Mark(start, start, err, cause, work, funcs)) {
     AwaitCancellation(other);  // being cancelled elsewhere: wait for its marking only
     return;
@@ -354,19 +380,18 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
   // can run a value's destructor (user code), which may cancel or wait on an ancestor
   // marked by this cancellation, and so wait for that bit. Other references go at once,
   // while the node is still in cache.
-  absl::InlinedVector<ContextNode*, 16> last;
+  NodeStack last;
   while (!work.empty()) {
-    ContextNode* node = work.back();
-    work.pop_back();
+    ContextNode* node = work.Pop();
     if (ContextNode* other = Mark(node, start, err, cause, work, funcs)) AwaitCancellation(other);
-    if (!UnrefIfNotLast(node)) last.push_back(node);
+    if (!UnrefIfNotLast(node)) last.Push(node);
   }
   if (!complete && (start->state.fetch_or(kSubtreeCancelledBit, std::memory_order_release) &
                     kSubtreeWaitersBit) != 0) {
     FutexWakeAll(&start->state);
   }
   Unlink(start);
-  for (ContextNode* node : last) Unref(node);
+  while (!last.empty()) Unref(last.Pop());
   RunAfterFuncs(funcs);
 }
 
@@ -408,13 +433,20 @@ ContextNode* NewCancellableChild(ContextNode* parent, absl::Time deadline, int32
   return node;
 }
 
-bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record) {
+AfterFuncList NewAfterFunc(absl::AnyInvocable<void()> fn) {
+  AfterFuncList one;
+  one.push_back(std::make_shared<AfterFuncRecord>(std::move(fn)));
+  return one;
+}
+
+bool AddAfterFunc(ContextNode* c, AfterFuncList& one) {
   if (c == nullptr) return false;  // never cancelled: never runs
+  AfterFuncRecord* const record = one.front().get();
   {
     SpinLockHolder lock(&c->mu);
     if ((c->state.load(std::memory_order_relaxed) & kCancelledBit) == 0) {
-      c->after_funcs.push_back(record);
-      record->it = std::prev(c->after_funcs.end());
+      record->it = one.begin();  // still valid once spliced
+      c->after_funcs.splice(c->after_funcs.end(), one);
       record->linked = true;
       return true;
     }
@@ -454,11 +486,19 @@ bool StopAfterFunc(AfterFuncRecord& record, ContextNode* owner, bool only_if_lin
 }
 
 void AfterFuncFreedWithNode(ContextNode* node, absl::AnyInvocable<void()> fn) {
-  auto record = std::make_shared<AfterFuncRecord>(std::move(fn));
-  // A cancellable node frees its own list; a value node's records live on its canceller.
-  if (!AddAfterFunc(node->canceller, record) || node->cancellable()) return;
+  AfterFuncList one = NewAfterFunc(std::move(fn));
+  if (node->cancellable()) {  // it frees its own list
+    AddAfterFunc(node, one);
+    return;
+  }
+  // A value node's records live on its canceller, and the node keeps a second handle to
+  // stop them when it dies. That handle's list node is made before the record is
+  // registered: a std::bad_alloc after it left the record on the canceller, alive until
+  // the canceller ended.
+  AfterFuncList tied{one.front()};
+  if (!AddAfterFunc(node->canceller, one)) return;
   SpinLockHolder lock(&node->mu);
-  node->after_funcs.push_back(std::move(record));
+  node->after_funcs.splice(node->after_funcs.end(), tied);
 }
 
 CancelFunc MakeCancelFunc(ContextNode* node) { return CancelFunc(node); }
@@ -617,8 +657,9 @@ bool AfterFuncHandle::Stop() const {
 }
 
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
-  auto record = std::make_shared<internal::AfterFuncRecord>(std::move(fn));
-  internal::AddAfterFunc(internal::NodeOf(ctx)->canceller, record);
+  internal::AfterFuncList one = internal::NewAfterFunc(std::move(fn));
+  std::shared_ptr<internal::AfterFuncRecord> record = one.front();
+  internal::AddAfterFunc(internal::NodeOf(ctx)->canceller, one);
   return AfterFuncHandle(std::move(record), ctx);
 }
 

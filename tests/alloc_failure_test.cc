@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "internal/context_node.h"
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/delaying_queue.h"
@@ -28,6 +29,7 @@
 #include "kwq/priority_queue.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
+#include "kwq/stop_token.h"
 #include "kwq/timer.h"
 #include "kwq/topology.h"
 #include "kwq/workqueue.h"
@@ -1048,6 +1050,59 @@ TEST(ContextAllocTest, ContextsThatCannotAllocateLeaveNothingBehind) {
   auto [child, cancel_child] = WithTimeout(parent, absl::Hours(1));
   cancel();
   EXPECT_TRUE(child.IsCancelled());
+}
+
+// A cancellation allocates nothing, however many children it marks: it runs from
+// destructors and timer callbacks, where a std::bad_alloc cannot be reported. Its work
+// list was a vector of 16 inline slots; the 17th child grew it, and a failure there left
+// the parent's child list half detached and the references taken leaked.
+TEST(ContextAllocTest, ACancellationAllocatesNothing) {
+  auto [parent, cancel] = WithCancel(Background());
+  std::vector<CancelableContext> children;
+  std::vector<CancelableContext> grandchildren;
+  std::vector<AfterFuncHandle> funcs;
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 100; ++i) {
+    children.push_back(WithCancel(parent));
+    grandchildren.push_back(WithCancel(children.back().context));
+    funcs.push_back(AfterFunc(grandchildren.back().context, [&ran] { ++ran; }));
+  }
+  const CancelFunc& c = cancel;  // lambdas cannot capture a structured binding (clang 14)
+  EXPECT_EQ(testing::AllocationsOf([&] { c(); }), 0);
+  EXPECT_EQ(ran.load(), 100);
+  for (const CancelableContext& g : grandchildren) EXPECT_TRUE(g.context.IsCancelled());
+}
+
+// ToStopToken of a value context registers on the value's cancellable ancestor and ties
+// the registration to the value's node. When an allocation fails it throws and leaves no
+// registration on the ancestor: one made before the tie's allocation failed stayed there,
+// holding its std::stop_source, until the ancestor ended.
+TEST(ContextAllocTest, AToStopTokenThatCannotAllocateLeavesNoRegistration) {
+  auto [parent, cancel] = WithCancel(Background());
+  static constexpr ContextKey<int> kKey{"key"};
+  const Context value = WithValue(parent, kKey, 7);
+  internal::ContextNode* const node = internal::NodeOf(parent);
+  const auto registrations = [node]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    internal::SpinLockHolder lock(&node->mu);
+    return node->after_funcs.size();
+  };
+  int failures = 0;
+  for (int k = 1;; ++k) {
+    FailAllocation(k);
+    try {
+      (void)ToStopToken(value);
+    } catch (const std::bad_alloc&) {
+      ++failures;
+      EXPECT_EQ(registrations(), 0u) << "allocation " << k;
+      continue;
+    }
+    if (!FailureUsed()) break;
+  }
+  EXPECT_GE(failures, 3);  // the record, and a list node for each of its two handles
+  std::stop_token token = ToStopToken(value);
+  EXPECT_EQ(registrations(), 2u);  // the loop's last one and this one
+  cancel();
+  EXPECT_TRUE(token.stop_requested());
 }
 
 }  // namespace

@@ -38,13 +38,18 @@ struct ContextAttachment {
   virtual ~ContextAttachment() = default;
 };
 
+struct AfterFuncRecord;
+// A node's AfterFunc registrations. Records move between lists by splicing, which
+// neither allocates nor invalidates a record's `it`.
+using AfterFuncList = std::list<std::shared_ptr<AfterFuncRecord>>;
+
 struct AfterFuncRecord {
   enum : int { kPending = 0, kStarted = 1, kStopped = 2 };
   explicit AfterFuncRecord(absl::AnyInvocable<void()> f) : fn(std::move(f)) {}
   std::atomic<int> state{kPending};  // A: the CAS winner (acq_rel) owns fn
   absl::AnyInvocable<void()> fn;
-  bool linked = false;                                       // owner's M
-  std::list<std::shared_ptr<AfterFuncRecord>>::iterator it;  // owner's M
+  bool linked = false;         // owner's M
+  AfterFuncList::iterator it;  // owner's M
 };
 
 // Where a node's cancellation comes from.
@@ -96,7 +101,7 @@ struct ContextNode {
   // Cancellable nodes: the AfterFuncs registered on this node. Value nodes: those
   // registered through this node by AfterFuncFreedWithNode, which live on the
   // canceller's list (their `it` and `linked` are about that list); Destroy stops them.
-  std::list<std::shared_ptr<AfterFuncRecord>> after_funcs ABSL_GUARDED_BY(mu);
+  AfterFuncList after_funcs ABSL_GUARDED_BY(mu);
   // A (relaxed): the deadline timer. Stored once by WithDeadline after arming, before
   // Register publishes the node (so a parent's cancel always sees it); reset to 0 by
   // CancelTree when its Cancel stopped the timer. While non-zero, the callback may be
@@ -139,10 +144,14 @@ void CancelTree(ContextNode* start, const absl::Status* err, const absl::Status&
 // The caller holds a reference to `node` and no node lock.
 void AwaitSubtreeCancelled(ContextNode* node);
 
-// Registers `record` on `c`, the canceller of a context, and returns true; or, when `c` is
-// done, runs it at once (after AwaitSubtreeCancelled) and returns false; or, when `c` is
-// null (never cancelled), returns false.
-bool AddAfterFunc(ContextNode* c, const std::shared_ptr<AfterFuncRecord>& record);
+// Registers the record `one` holds (its only element) on `c`, the canceller of a context,
+// moving it from `one` to c's list, and returns true; or, when `c` is done, runs it at once
+// (after AwaitSubtreeCancelled) and returns false; or, when `c` is null (never
+// cancelled), returns false. Allocates nothing (the list node comes with `one`), so it
+// cannot throw once the record exists.
+bool AddAfterFunc(ContextNode* c, AfterFuncList& one);
+// A list holding a new record of `fn`: what AddAfterFunc takes.
+AfterFuncList NewAfterFunc(absl::AnyInvocable<void()> fn);
 
 // Stops `record`, registered on `owner` (or null), unless it started or was stopped:
 // returns true when this call stopped it. With `only_if_linked`, a record a cancellation
