@@ -39,7 +39,6 @@
 #include "testing/failing_new.h"
 #include "testing/pool_workers.h"
 #include "testing/recording_metrics.h"
-#include "testing/stack_scribble.h"
 #include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
 
@@ -988,32 +987,22 @@ TEST(PriorityQueueAllocTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt)
   const int add_reads = clock.reads() - reads_before;
   auto q = make();
   auto [ctx, cancel] = WithCancel(Background());
-  std::atomic<int> phase{0};
-  std::string outcome;
-  std::thread getter([&, c = ctx] {
-    try {
-      auto lease = q->Get(c);
-      outcome = lease ? lease->item() : "none";
-    } catch (const std::runtime_error&) {
-      outcome = "threw";
-    }
-    testing::ScribbleStack();
-    phase = 1;
-    while (phase.load() != 2) std::this_thread::yield();
-  });
+  testing::AsyncGet getter(
+      [&, c = ctx] {
+        auto lease = q->Get(c);
+        return lease ? lease->item() : "none";
+      },
+      testing::AsyncGet::kScribbleAndStay);
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) > 0; }));
   // The add's readings pass; the next one, the woken Get's, throws.
   clock.ThrowNext(1, /*after=*/add_reads);
   FailAllocation(allocations);  // the last one: the timer's (a new timer service's first)
   q->Add(std::string("a1"), {.after = absl::Seconds(1)});
   EXPECT_TRUE(FailureUsed());
-  const bool returned = testing::Eventually([&] { return phase.load() == 1; });
+  const bool returned = getter.ReturnsWithin(absl::Seconds(5));
   if (returned) cancel();  // runs nothing of the Get's now
-  phase = 2;
-  if (!returned) q->ShutDown();
-  getter.join();
-  EXPECT_TRUE(returned);
-  EXPECT_EQ(outcome, "threw");
+  EXPECT_TRUE(getter.Await([&] { q->ShutDown(); }, absl::ZeroDuration()));
+  EXPECT_EQ(getter.outcome(), "threw");
 }
 
 // ---- contexts ----

@@ -19,7 +19,6 @@
 #include "testing/eventually.h"
 #include "testing/late_timer.h"
 #include "testing/recording_metrics.h"
-#include "testing/stack_scribble.h"
 
 namespace kwq {
 
@@ -841,29 +840,19 @@ TEST_F(DelayingQueueClockTest, APollingGetWhoseClockThrowsLeavesNoPollerCounted)
 TEST_F(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt) {
   q_->AddAfter("b", absl::Hours(1));
   auto [ctx, cancel] = WithCancel(Background());
-  std::atomic<int> phase{0};
-  std::string outcome;
-  std::thread getter([&, c = ctx] {
-    try {
-      auto lease = q_->Get(c);
-      outcome = lease ? lease->item() : "none";
-    } catch (const std::runtime_error&) {
-      outcome = "threw";
-    }
-    testing::ScribbleStack();
-    phase = 1;
-    while (phase.load() != 2) std::this_thread::yield();
-  });
+  testing::AsyncGet getter(
+      [&, c = ctx] {
+        auto lease = q_->Get(c);
+        return lease ? lease->item() : "none";
+      },
+      testing::AsyncGet::kScribbleAndStay);
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(*q_) > 0; }));
   clock_.ThrowNext(2);  // the firing's reading, then the woken Get's
   EXPECT_THROW(fake_.Advance(absl::Hours(2)), std::runtime_error);
-  const bool returned = testing::Eventually([&] { return phase.load() == 1; });
+  const bool returned = getter.ReturnsWithin(absl::Seconds(5));
   if (returned) cancel();  // runs nothing of the Get's now
-  phase = 2;
-  if (!returned) q_->ShutDown();
-  getter.join();
-  EXPECT_TRUE(returned);
-  EXPECT_EQ(outcome, "threw");
+  EXPECT_TRUE(getter.Await([&] { q_->ShutDown(); }, absl::ZeroDuration()));
+  EXPECT_EQ(getter.outcome(), "threw");
 }
 
 }  // namespace
