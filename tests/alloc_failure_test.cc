@@ -1046,6 +1046,7 @@ TEST(ContextAllocTest, ContextsThatCannotAllocateLeaveNothingBehind) {
 // list was a vector of 16 inline slots; the 17th child grew it, and a failure there left
 // the parent's child list half detached and the references taken leaked.
 TEST(ContextAllocTest, ACancellationAllocatesNothing) {
+  WithCancel(Background()).cancel();  // the process's first makes the error statuses, once
   auto [parent, cancel] = WithCancel(Background());
   std::vector<CancelableContext> children;
   std::vector<CancelableContext> grandchildren;
