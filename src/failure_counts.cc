@@ -7,9 +7,10 @@ namespace kwq::internal {
 
 FailureCounts::FailureCounts(absl::Duration idle_horizon, Clock* clock)
     : clock_(clock),
-      horizon_ns_(idle_horizon == absl::InfiniteDuration()
-                      ? INT64_MAX
-                      : absl::ToInt64Nanoseconds(idle_horizon)),
+      lapse_ns_([idle_horizon] {
+        const uint64_t whole = SpanNanos(absl::Floor(idle_horizon, absl::Nanoseconds(1)));
+        return whole == kNeverSpan ? kNeverSpan : whole + 1;
+      }()),
       last_now_(absl::ToUnixNanos(clock->CoarseNow())) {}
 
 void FailureCounts::Reset(uint32_t slot) {

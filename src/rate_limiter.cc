@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -122,6 +123,14 @@ absl::Status TokenBucket::Validate(double qps, int burst) {
   if (burst < 0) {
     return absl::InvalidArgumentError(absl::StrCat(kName, ": burst must be >= 0, got ", burst));
   }
+  // absl::Duration counts quarter nanoseconds: 1 / qps rounded there limited 3e9 qps
+  // to 4e9, and from about 8e9 rounded to 0, no limit at all.
+  if (qps > 1e9 && !std::isinf(qps)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kName,
+        ": qps must be at most 1e9 (one token per nanosecond; +infinity means no limit), got ",
+        qps));
+  }
   if (qps == 0 && burst == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(kName, ": qps = 0 needs burst > 0 (no token would ever be available)"));
@@ -157,6 +166,11 @@ TokenBucket::TokenBucket(double qps, int burst, Clock* clock)
     return;
   }
   capacity_ = interval_ * int64_t{burst};
+  static const absl::Duration kMaxDebt = absl::Seconds(int64_t{1} << 62);
+  max_debt_ = std::max(kMaxDebt, capacity_ + interval_);
+  if (max_debt_ == absl::InfiniteDuration()) {
+    max_debt_ = absl::Seconds(std::numeric_limits<int64_t>::max());
+  }
   last_now_ = clock_->Now();
 }
 
@@ -173,13 +187,11 @@ absl::Duration TokenBucket::Reserve() {
   // they were at the previous reservation).
   if (now > last_now_) debt_ = std::max(absl::ZeroDuration(), debt_ - (now - last_now_));
   last_now_ = now;
-  // Take one token. The debt is kept relative to the last reservation and capped at about
-  // 146 billion years (qps near 1e-18 and many reservations): an absolute next-full time
+  // Take one token. The debt is kept relative to the last reservation and capped
+  // (max_debt_; qps near 1e-18 and many reservations): an absolute next-full time
   // saturated to InfiniteFuture there and waited for ever after, and one capped at a
   // fixed time stopped limiting once the clock passed it.
-  // (Never below a full bucket's worth plus one token, or a huge burst would never wait.)
-  static const absl::Duration kMaxDebt = absl::Seconds(int64_t{1} << 62);
-  debt_ = std::min(debt_ + interval_, std::max(kMaxDebt, capacity_ + interval_));
+  debt_ = std::min(debt_ + interval_, max_debt_);
   // Tokens left: burst - debt_ / interval_; negative ones are waited for.
   return std::max(absl::ZeroDuration(), debt_ - capacity_);
 }

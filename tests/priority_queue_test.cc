@@ -1337,6 +1337,58 @@ TEST(PriorityQueueClockTest, LateTimerKeepsReadyTimeOrder) {
   clock.Notify();
 }
 
+// A Get that finds items ready still looks for due ones: while the timer is late, a due
+// item of a higher priority goes before a ready one of a lower priority. (A Get looked
+// for due items only when nothing was ready, so "low" went first.)
+TEST(PriorityQueueClockTest, ADueItemKeepsItsPriorityWhileTheTimerIsLate) {
+  LateTimerClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  PQ::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  auto q = *PQ::Create(std::move(options));
+  q->Add("low", {.priority = 0});
+  q->Add("high", {.priority = 10, .after = absl::Seconds(1)});
+  q->Add("later", {.priority = 10, .after = absl::Seconds(10)});
+  clock.Set(clock.Now() + absl::Seconds(5));  // "high" is due; its timer has not fired
+  Strings out;
+  while (auto lease = q->TryGet()) out.push_back(lease->item());
+  EXPECT_EQ(out, (Strings{"high", "low"}));
+  EXPECT_EQ(q->Waiting(), 1u);  // "later" is not due
+  clock.Notify();
+}
+
+// Aging is exact however long it is: two time keys can be up to about 584 years apart,
+// and an aging over 292 years saturated there, so an item counted as aged 300 years
+// into an aging of 5,000.
+TEST(PriorityQueueClockTest, AgingLongerThan292YearsIsExact) {
+  constexpr absl::Duration kYear = absl::Hours(24 * 365);
+  FakeClock clock(absl::UnixEpoch() - absl::Hours(1));
+  PQ::Options options;
+  options.clock = &clock;
+  options.aging = 5000 * kYear;
+  auto q = *PQ::Create(std::move(options));
+  q->Add("old", {.priority = 0});
+  clock.Advance(300 * kYear);  // past 2262: the current time's key saturates
+  q->Add("high", {.priority = 10});
+  Strings out;
+  while (auto lease = q->TryGet()) out.push_back(lease->item());
+  EXPECT_EQ(out, (Strings{"high", "old"}));
+  // And a 400-year aging does age an item 450 years on (a difference beyond int64
+  // nanoseconds).
+  FakeClock early(absl::UnixEpoch() - 200 * kYear);
+  options = {};
+  options.clock = &early;
+  options.aging = 400 * kYear;
+  auto q2 = *PQ::Create(std::move(options));
+  q2->Add("old", {.priority = 0});
+  early.Advance(450 * kYear);
+  q2->Add("high", {.priority = 10});
+  out.clear();
+  while (auto lease = q2->TryGet()) out.push_back(lease->item());
+  EXPECT_EQ(out, (Strings{"old", "high"}));
+}
+
 TEST(PriorityQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
   FakeClock clock;
   PQ::Options options;

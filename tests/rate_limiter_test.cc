@@ -561,7 +561,12 @@ TEST(ExponentialFailureTest, ClockJumpingBack) {
   // "b" is idle past the horizon and counts as absent although "a", at the cold end of
   // the list, is not idle and so keeps "b" in the table for now.
   EXPECT_EQ(limiter->NumRequeues("b"), 0);
-  EXPECT_EQ(limiter->TrackedItems(), 2u);
+  // Found lapsed, "b" is erased, not left behind "a" (the clock moved back again, it
+  // came back to life with its old count).
+  EXPECT_EQ(limiter->TrackedItems(), 1u);
+  clock.SetTime(start - absl::Hours(1) + absl::Seconds(1));
+  EXPECT_EQ(limiter->NumRequeues("b"), 0);
+  clock.SetTime(start + absl::Seconds(5));
   EXPECT_EQ(limiter->NumRequeues("a"), 1);
   EXPECT_EQ(limiter->When("b"), absl::Milliseconds(1));
   EXPECT_EQ(limiter->When("b"), absl::Milliseconds(2));
@@ -739,6 +744,21 @@ TEST(BucketTest, DebtBeyondTheTimeRangeStillRefills) {
                 absl::Seconds(2e18));
   EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
   EXPECT_GT(limiter->When(0), absl::ZeroDuration()) << "the bucket stopped limiting";
+}
+
+// At a rate whose one-token interval fits absl::Duration but a full bucket plus a token
+// does not (burst 1, 1.5e-19 qps), the debt stays finite: it saturated to infinity, and
+// every later reservation waited for ever.
+TEST(BucketTest, DebtPastTheDurationRangeStaysFinite) {
+  // Early enough that the largest debt can be paid back before the end of time.
+  FakeClock clock(absl::FromUnixSeconds(std::numeric_limits<int64_t>::min() / 2));
+  auto limiter = Bucket(1.5e-19, 1, &clock);
+  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE(limiter->When(0), absl::InfiniteDuration()) << "reservation " << i;
+  }
+  clock.SetTime(absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() - 1));
+  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
 }
 
 // Far in the future an ordinary bucket still limits (a cap at a fixed time made every
@@ -1047,7 +1067,12 @@ TEST(InvalidParametersTest, Bucket) {
   EXPECT_TRUE(create(1, 0).ok());
   EXPECT_TRUE(create(std::numeric_limits<double>::infinity(), 0).ok());
   EXPECT_TRUE(create(1e-300, INT_MAX).ok());  // never refills: burst then forever
-  EXPECT_TRUE(create(1e300, INT_MAX).ok());
+  // Above one token per nanosecond, 1/qps rounded to a quarter nanosecond limited 3e9
+  // qps to 4e9, and 1e10 not at all.
+  ExpectInvalid(create(1e300, INT_MAX), "qps", "1e+300");
+  ExpectInvalid(create(3e9, 1), "qps", "3e+09");
+  ExpectInvalid(create(1e10, 1), "qps", "1e+10");
+  EXPECT_TRUE(create(1e9, INT_MAX).ok());
 }
 
 TEST(InvalidParametersTest, MaxOfAndWithMaxWait) {

@@ -179,13 +179,36 @@ TEST_F(RateLimitingQueueTest, ForgetResetsBackoff) {
   EXPECT_EQ(q.NumRequeues("a"), 0);
 }
 
+// client-go's DefaultControllerRateLimiter: MaxOf(ExponentialFailure(5 ms, 1000 s),
+// Bucket(10 qps, burst 100)), both on the queue's clock. 110 distinct first failures at
+// one instant: the first 100 wait the exponential 5 ms, the bucket holds the other 10
+// back by 100 ms, 200 ms, ..., and refills on the queue's clock (it passed with no
+// bucket, and with the limiter on the real clock, when it checked one item).
 TEST_F(RateLimitingQueueTest, DefaultLimiterIsClientGos) {
   RateLimitingQueue<std::string> q({.clock = &clock_, .timers = timers_.get()});
-  q.AddRateLimited("a");  // 5 ms (the bucket allows a burst of 100)
+  for (int i = 0; i < 110; ++i) q.AddRateLimited(absl::StrCat("k", i));
+  const auto take_all = [&q] {
+    int n = 0;
+    while (auto lease = q.TryGet()) ++n;
+    return n;
+  };
   clock_.Advance(absl::Milliseconds(4));
-  EXPECT_FALSE(q.TryGet().has_value());
+  EXPECT_EQ(take_all(), 0);
   clock_.Advance(absl::Milliseconds(1));
-  EXPECT_TRUE(q.TryGet().has_value());
+  EXPECT_EQ(take_all(), 100);
+  clock_.Advance(absl::Milliseconds(94));  // 99 ms in
+  EXPECT_EQ(take_all(), 0);
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(take_all(), 1);
+  clock_.Advance(absl::Milliseconds(900));
+  EXPECT_EQ(take_all(), 9);
+  EXPECT_EQ(q.NumRequeues("k0"), 1);
+  // The bucket refills on the queue's clock: 2 s later it holds 20 tokens (it held none
+  // at 1 s), so 10 new failures wait only their 5 ms.
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 10; ++i) q.AddRateLimited(absl::StrCat("n", i));
+  clock_.Advance(absl::Milliseconds(5));
+  EXPECT_EQ(take_all(), 10);
 }
 
 TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {
@@ -293,6 +316,34 @@ TEST(RateLimitingQueueRangeTest, ACountLapsesAfterCenturiesIdle) {
   clock.Advance(absl::Milliseconds(10));
   ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle from here
   clock.SetTime(absl::UnixEpoch() + absl::Hours(250 * kYear));
+  EXPECT_EQ(q.NumRequeues("b"), 0);
+}
+
+// An idle horizon longer than 292 years is kept exactly, as the limiter's own table
+// keeps it: it saturated to an int64 count of nanoseconds, which meant "never", so the
+// queue's count never lapsed while the limiter's did.
+TEST(RateLimitingQueueRangeTest, AHorizonOfCenturiesLapsesAsTheLimitersDoes) {
+  constexpr int64_t kYear = 24 * 365;
+  FakeClock clock(absl::UnixEpoch() - absl::Hours(150 * kYear));
+  auto timers = *TimerService::Create({.clock = &clock});
+  const auto make = [&clock] {
+    return *ExponentialFailureRateLimiter<std::string>::Create(
+        {.base = absl::Milliseconds(10),
+         .max = absl::Seconds(1),
+         .clock = &clock,
+         .idle_horizon = absl::Hours(300 * kYear)});
+  };
+  auto alone = make();
+  RateLimitingQueue<std::string> q(make(), {.clock = &clock, .timers = timers.get()});
+  alone->When("b");
+  q.AddRateLimited("b");
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle from here
+  clock.Advance(absl::Hours(299 * kYear));
+  EXPECT_EQ(alone->NumRequeues("b"), 1);
+  EXPECT_EQ(q.NumRequeues("b"), 1);
+  clock.Advance(absl::Hours(2 * kYear));
+  EXPECT_EQ(alone->NumRequeues("b"), 0);
   EXPECT_EQ(q.NumRequeues("b"), 0);
 }
 

@@ -84,7 +84,9 @@ class MetricsProvider {
       std::string_view queue) = 0;
   // Retries, as client-go and controller-runtime count them: every AddAfter and
   // AddRateLimited call before ShutDown (delaying and rate-limiting queues, also with no
-  // delay); in a PriorityQueue, every add that waits (a delay or a rate-limited backoff).
+  // delay); in a PriorityQueue, every add whose delay (or rate-limited backoff) is
+  // positive, as controller-runtime counts them (also one that merges into an item
+  // already ready, and so does not wait).
   virtual std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view queue) = 0;
   // Items waiting for their AddAfter delay (delaying queues; kwq's addition).
   virtual std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view queue) = 0;

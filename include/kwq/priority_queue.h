@@ -154,8 +154,9 @@ struct AddOpts {
   // add with an earlier ready time).
   absl::Duration after = absl::ZeroDuration();
   // Also wait max(after, rate_limiter->When(item)) (which records a failure of the item
-  // in the limiter). An add that waits (a delay or a backoff) counts a retry in the
-  // metrics, as controller-runtime's does.
+  // in the limiter). An add whose delay (`after`, or the backoff) is positive counts a retry in
+  // the metrics, as controller-runtime's does, also one merged into an item already
+  // ready, which does not wait.
   bool rate_limited = false;
 };
 
@@ -377,7 +378,7 @@ class PriorityQueue {
   // lease in flight). Polls briefly before it sleeps (QueueOptions::polling_workers).
   std::optional<Lease> Get() {
     internal::MutexLock lock(&mu_);
-    PromoteIfNoneReadyLocked();
+    PromoteDueForGetLocked();
     if (ready_.empty() && !shutting_down_) SpinLocked();
     while (ready_.empty()) {
       if (shutting_down_) {
@@ -393,7 +394,7 @@ class PriorityQueue {
   // Returns a ready item's lease, or nullopt at once when none is ready.
   std::optional<Lease> TryGet() {
     internal::MutexLock lock(&mu_);
-    PromoteIfNoneReadyLocked();
+    PromoteDueForGetLocked();
     if (ready_.empty()) return std::nullopt;
     return PopLocked();
   }
@@ -404,7 +405,7 @@ class PriorityQueue {
   std::optional<Lease> Get(const Context& ctx) {
     {
       internal::MutexLock lock(&mu_);
-      PromoteIfNoneReadyLocked();
+      PromoteDueForGetLocked();
       if (!ready_.empty()) return PopLocked();
       if ((shutting_down_ && (draining_ == 0 || queued_ == 0)) || ctx.IsCancelled()) {
         return std::nullopt;
@@ -431,8 +432,7 @@ class PriorityQueue {
   }
 
   // Items ready to be handed out. A delayed item counts from the timer firing for it (or
-  // an Add, a Done of an item added again, or a Get or TryGet finding nothing else ready,
-  // noticing it is due).
+  // an Add, a Done of an item added again, or a Get or TryGet noticing it is due).
   size_t Len() const {
     internal::MutexLock lock(&mu_);
     return ready_.size();
@@ -561,8 +561,9 @@ class PriorityQueue {
         counting_(limiter_->Counting()),
         group_fn_(std::move(options.group)),
         aging_(options.aging != absl::InfiniteDuration()),
-        // Rounded up: a sub-nanosecond aging must not truncate to "aged at once".
-        aging_ns_(absl::ToInt64Nanoseconds(absl::Ceil(options.aging, absl::Nanoseconds(1)))),
+        // Rounded up: a sub-nanosecond aging must not truncate to "aged at once". Exact
+        // past 292 years (an int64 count saturated there: items aged too early).
+        aging_ns_(internal::SpanNanos(options.aging)),
         timers_(options.timers),
         max_pollers_(internal::MaxPollers(options.polling_workers)) {
     metrics_ = internal::QueueMetricsRecorder::Make(options.metrics, options.name, options.clock,
@@ -813,14 +814,16 @@ class PriorityQueue {
     }
   }
 
-  // A Get or TryGet that finds nothing ready makes due delayed items ready itself (one
-  // clock read), as DelayingQueue's do: a worker does not miss work that is due while the
-  // timer is late (its service busy with another callback), and a ready item wins over a
-  // done context in Get(ctx) also then.
-  // The caller takes one of the items made ready; sleeping Gets are woken for the rest
-  // (the late timer, finding nothing left to move, would wake nobody).
-  void PromoteIfNoneReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!ready_.empty() || delayed_.empty()) return;
+  // A Get or TryGet makes due delayed items ready itself while any item is delayed (one
+  // clock read): a due item is ready from the end of its delay, so while the timer is late
+  // (its service busy with another callback) it still goes in its priority's place (it
+  // was looked for only when nothing else was ready, and went after every ready item of
+  // any priority), a worker does not miss it, and a ready item wins over a done context
+  // in Get(ctx) also then.
+  // The caller takes one ready item; sleeping Gets are woken for the rest (the late
+  // timer, finding nothing left to move, would wake nobody).
+  void PromoteDueForGetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (delayed_.empty()) return;
     const uint64_t ready_before = next_seq_;
     PromoteDueLocked(clock_->Now());
     const uint64_t made_ready = next_seq_ - ready_before;
@@ -890,9 +893,7 @@ class PriorityQueue {
   // Whether an item ready at `ready_key` is aged at `now_key` (now - ready >= aging),
   // without overflow for any two keys.
   bool Aged(int64_t now_key, int64_t ready_key) const {
-    return now_key >= ready_key &&
-           static_cast<uint64_t>(now_key) - static_cast<uint64_t>(ready_key) >=
-               static_cast<uint64_t>(aging_ns_);
+    return internal::AtLeastApart(ready_key, now_key, aging_ns_);
   }
 
   Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1028,7 +1029,7 @@ class PriorityQueue {
   // Blocks one Get on ready_cv_. Each Signal wakes exactly one blocked waiter, which
   // then consumes one unit of signaled_. While delayed items have no timer (it could not
   // be made: out of memory, see ArmLocked), the wait ends every kNoTimerPoll, and the
-  // Get makes due items ready itself (PromoteIfNoneReadyLocked).
+  // Get makes due items ready itself (PromoteDueForGetLocked).
   void WaitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++waiters_;
     if (timer_ == 0 && !delayed_.empty() && !shutting_down_) {
@@ -1040,7 +1041,7 @@ class PriorityQueue {
     if (signaled_ > 0) --signaled_;
     if (timer_ == 0 && !delayed_.empty() && !shutting_down_) {
       ArmLocked();  // memory may be back
-      PromoteIfNoneReadyLocked();
+      PromoteDueForGetLocked();
     }
   }
   static constexpr absl::Duration kNoTimerPoll = absl::Milliseconds(1);
@@ -1188,7 +1189,7 @@ class PriorityQueue {
   const internal::HandOutRecord hand_outs_;
   const std::function<uint64_t(const T&)> group_fn_;  // I, may be empty
   const bool aging_;                                  // I: aging is on
-  const int64_t aging_ns_;                            // I
+  const uint64_t aging_ns_;                           // I (kNeverSpan: never)
 
   mutable internal::Mutex mu_;
   internal::CondVar ready_cv_;    // an item became ready, or shutdown

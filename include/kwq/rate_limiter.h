@@ -310,7 +310,9 @@ class FastSlowRateLimiter final : public internal::PerItemRateLimiter<T, Hash, E
 
 // Options of BucketRateLimiter. The defaults are client-go's DefaultControllerRateLimiter's.
 struct BucketRateLimiterOptions {
-  // Tokens added per second. Must be >= 0 and not NaN; +infinity means no limit.
+  // Tokens added per second. Must be >= 0, at most 1e9 (one per nanosecond: the
+  // interval is kept in absl::Duration's quarter nanoseconds, which could not express
+  // higher rates), and not NaN; +infinity means no limit.
   double qps = 10;
   // The bucket's size (and its initial content). Must be >= 0, and > 0 when qps == 0 (or
   // so small that 1 / qps is beyond absl::Duration's range: no token would ever come).
@@ -345,8 +347,8 @@ class BucketRateLimiter final : public RateLimiter<T, Hash, Eq> {
  public:
   using Options = BucketRateLimiterOptions;
 
-  // Errors: InvalidArgument for qps < 0 or NaN, burst < 0, qps == 0 (or 1 / qps beyond
-  // absl::Duration's range) with burst == 0, or burst / qps beyond that range (about 292
+  // Errors: InvalidArgument for qps < 0, NaN or finite above 1e9, burst < 0, qps == 0 (or 1 / qps
+  // beyond absl::Duration's range) with burst == 0, or burst / qps beyond that range (about 292
   // billion years).
   static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(const Options& options) {
     absl::Status status = internal::TokenBucket::Validate(options.qps, options.burst);

@@ -108,6 +108,9 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
     return limiter_->NumRequeues(item);
   }
 
+  // The limiter. With a counting limiter (the default one included) the queue keeps the
+  // failure counts: the limiter's own NumRequeues, TrackedItems and Forget, called
+  // directly, neither see nor clear them; call the queue's.
   Limiter& rate_limiter() { return *limiter_; }
 
  private:

@@ -31,6 +31,7 @@
 
 #include "absl/time/time.h"
 #include "kwq/clock.h"
+#include "kwq/internal/time_key.h"
 
 namespace kwq::internal {
 
@@ -148,17 +149,16 @@ class FailureCounts {
 
   // now - last > horizon, computed without overflow (times more than 292 years apart,
   // on a FakeClock or a custom clock, overflowed the difference: the count never lapsed).
-  bool Lapsed(int64_t last, int64_t now) const {
-    if (horizon_ns_ == INT64_MAX || now <= last) return false;
-    return static_cast<uint64_t>(now) - static_cast<uint64_t>(last) >
-           static_cast<uint64_t>(horizon_ns_);
-  }
+  // (A horizon over 292 years used to saturate there and mean "never".)
+  bool Lapsed(int64_t last, int64_t now) const { return AtLeastApart(last, now, lapse_ns_); }
   Entry& At(uint32_t slot) const {
     return dir_.load(std::memory_order_acquire)[slot / kChunk][slot % kChunk];
   }
 
   Clock* const clock_;
-  const int64_t horizon_ns_;  // INT64_MAX: never
+  // The horizon in whole nanoseconds (rounded down) plus one: a count lapses once now -
+  // last > horizon, that is now - last >= lapse_ns_. kNeverSpan: never.
+  const uint64_t lapse_ns_;
   // Chunks and the directory only grow (as in KeyTable), so lock-free readers of a slot
   // that existed when they were handed it never see memory move or go.
   std::vector<std::unique_ptr<Entry[]>> chunks_;

@@ -97,6 +97,10 @@ class TokenBucket {
   Mode mode_;
   absl::Duration interval_;  // 1 / qps, rounded to absl::Duration's quarter-nanosecond.
   absl::Duration capacity_;  // burst * interval_.
+  // The most debt_ holds: about 146 billion years, or a full bucket's worth plus one
+  // token when that is more, but always finite (a debt that saturated to infinity, at
+  // rates near 1e-19 qps, was never paid back).
+  absl::Duration max_debt_;
   Mutex mu_;
   int64_t no_refill_left_ ABSL_GUARDED_BY(mu_) = 0;  // kNoRefill: tokens left.
   // How long after last_now_ the bucket is full again (zero: full).
@@ -157,11 +161,19 @@ class FailureTable {
     return before;
   }
 
-  // The failures recorded for `item` (0 when absent or idle past the horizon).
+  // The failures recorded for `item` (0 when absent or idle past the horizon). An entry
+  // found idle is erased, wherever it is on the list: after a clock jump back the list is
+  // out of time order, and one left behind a newer cold end came back to life when the
+  // clock moved back again.
   int64_t Failures(const T& item, absl::Time now) {
     EvictIdle(now);
     auto it = entries_.find(Probe{&item, TableHash<T, Hash>(item)});
-    if (it == entries_.end() || IsIdle(**it, now)) return 0;
+    if (it == entries_.end()) return 0;
+    if (IsIdle(**it, now)) {
+      Unlink(it->get());
+      entries_.erase(it);
+      return 0;
+    }
     return (*it)->failures;
   }
 

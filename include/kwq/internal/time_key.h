@@ -47,6 +47,31 @@ inline int64_t ReadyKey(absl::Time t) {
   return key;
 }
 
+// A span between two keys, exact: `d` (>= 0) in whole nanoseconds, rounded up, as a
+// uint64_t, since two int64 keys can be up to 2^64 - 1 ns (about 584 years) apart. An
+// int64 count saturated at about 292 years and turned a longer finite span into
+// "never" or into 292 years. Spans of 2^64 ns or more, and InfiniteDuration, give
+// kNeverSpan: no two keys are that far apart.
+inline constexpr uint64_t kNeverSpan = std::numeric_limits<uint64_t>::max();
+inline uint64_t SpanNanos(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return 0;
+  if (d == absl::InfiniteDuration()) return kNeverSpan;
+  const int64_t seconds = absl::ToInt64Seconds(d);   // rounds down
+  if (seconds >= 18'446'744'073) return kNeverSpan;  // 2^64 ns is 18,446,744,073.7 s
+  const int64_t nanos =
+      absl::ToInt64Nanoseconds(absl::Ceil(d - absl::Seconds(seconds), absl::Nanoseconds(1)));
+  const uint64_t span = static_cast<uint64_t>(seconds) * 1'000'000'000u;
+  return span > kNeverSpan - static_cast<uint64_t>(nanos) ? kNeverSpan
+                                                          : span + static_cast<uint64_t>(nanos);
+}
+
+// Whether key `later` is at least `span` after key `earlier` (false when it is before),
+// without overflow for any two keys.
+inline bool AtLeastApart(int64_t earlier, int64_t later, uint64_t span) {
+  return later >= earlier && span != kNeverSpan &&
+         static_cast<uint64_t>(later) - static_cast<uint64_t>(earlier) >= span;
+}
+
 inline absl::Time TimeOfKey(int64_t key) {
   if (key == kNeverKey) return absl::InfiniteFuture();
   return absl::FromUnixNanos(key);
