@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <random>
 #include <string>
 
@@ -142,11 +141,14 @@ absl::Status TokenBucket::Validate(double qps, int burst) {
           kName, ": qps = ", qps,
           " refills no token within absl::Duration's range, so it needs burst > 0 (as qps = 0)"));
     }
+    // A full bucket plus the token being waited for must fit: the debt is kept up to
+    // that (a debt that overflowed there saturated to infinity, and every reservation
+    // after waited for ever).
     if (interval != absl::InfiniteDuration() &&
-        interval * int64_t{burst} == absl::InfiniteDuration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kName, ": burst / qps is beyond absl::Duration's range, got burst = ", burst,
-                       ", qps = ", qps));
+        interval * (int64_t{burst} + 1) == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kName, ": (burst + 1) / qps is beyond absl::Duration's range, got burst = ", burst,
+          ", qps = ", qps));
     }
   }
   return absl::OkStatus();
@@ -167,10 +169,7 @@ TokenBucket::TokenBucket(double qps, int burst, Clock* clock)
   }
   capacity_ = interval_ * int64_t{burst};
   static const absl::Duration kMaxDebt = absl::Seconds(int64_t{1} << 62);
-  max_debt_ = std::max(kMaxDebt, capacity_ + interval_);
-  if (max_debt_ == absl::InfiniteDuration()) {
-    max_debt_ = absl::Seconds(std::numeric_limits<int64_t>::max());
-  }
+  max_debt_ = std::max(kMaxDebt, capacity_ + interval_);  // finite: Validate
   last_now_ = clock_->Now();
 }
 

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +26,31 @@
 namespace kwq {
 namespace {
 
+// Waits at least its timeout (only a lower bound: an upper one would be a timing test).
+bool WaitedAtLeast(const DoneSignal& done, absl::Duration timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool fired = done.WaitFor(timeout);
+  const auto waited = absl::FromChrono(std::chrono::steady_clock::now() - start);
+  EXPECT_GE(waited, timeout) << "WaitFor returned before its timeout";
+  return fired;
+}
+
+// A value at the top of a chain, whose copy goes when the node holding it is freed: a
+// test that drops a chain checks through it that all of the chain went (LeakSanitizer
+// checks only in the ASan build).
+struct Sentinel {
+  static constexpr ContextKey<std::shared_ptr<int>> kKey{"sentinel"};
+  std::shared_ptr<int> value = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = value;
+  // A context carrying the sentinel (the only copy left once this object's is dropped).
+  Context Root() {
+    Context root = WithValue(Background(), kKey, std::move(value));
+    value = nullptr;
+    return root;
+  }
+  bool Freed() const { return watch.expired(); }
+};
+
 inline constexpr ContextKey<std::string> kRequestId{"request-id"};
 inline constexpr ContextKey<int> kAttempt{"attempt"};
 
@@ -42,7 +68,7 @@ TEST(BackgroundTest, IsNeverCancelled) {
   EXPECT_TRUE(bg.Err().ok());
   EXPECT_TRUE(bg.Cause().ok());
   EXPECT_EQ(bg.Deadline(), absl::InfiniteFuture());
-  EXPECT_FALSE(bg.Done().WaitFor(absl::Milliseconds(1)));
+  EXPECT_FALSE(WaitedAtLeast(bg.Done(), absl::Milliseconds(1)));
   Context def;
   EXPECT_FALSE(def.IsCancelled());
 }
@@ -167,13 +193,16 @@ TEST(WithCancelTest, DeepChainCancelsWithBoundedStack) {
 }
 
 TEST(WithCancelTest, DeepChainIsFreedWithBoundedStack) {
+  Sentinel sentinel;
   Context leaf = Background();
   {
-    Context cur = Background();
+    Context cur = sentinel.Root();
     for (int i = 0; i < 200'000; ++i) cur = WithCancel(cur).context;
     leaf = cur;
   }
-  leaf = Background();  // drops the whole chain from the bottom up; LSan checks the rest
+  EXPECT_FALSE(sentinel.Freed());
+  leaf = Background();  // drops the whole chain from the bottom up
+  EXPECT_TRUE(sentinel.Freed()) << "the top of the chain was not freed";
 }
 
 // Contexts chained Go-style, AfterFunc(c[i], cancel of c[i+1]): each link nested a
@@ -208,8 +237,13 @@ TEST(WithCancelTest, AfterFuncChainIsFreedWithBoundedStack) {
       AfterFunc(cur.context, [cancel = next.cancel] { cancel(); });
       cur = next;
     }
+    auto sentinel = std::make_shared<int>(0);  // held by the last link's AfterFunc
+    std::weak_ptr<int> watch = sentinel;
+    AfterFunc(cur.context, [sentinel = std::move(sentinel)] {});
     cur = CancelableContext{};
-    first = CancelableContext{};  // frees the chain; LSan checks that all of it went
+    EXPECT_FALSE(watch.expired());
+    first = CancelableContext{};  // frees the chain
+    EXPECT_TRUE(watch.expired()) << "the end of the chain was not freed";
   });
 }
 
@@ -218,11 +252,13 @@ TEST(WithCancelTest, AfterFuncChainIsFreedWithBoundedStack) {
 TEST(WithValueTest, ChainThroughValuesIsFreedWithBoundedStack) {
   static constexpr ContextKey<Context> kPrevious{"previous"};
   testing::RunOnSmallStack([] {
-    Context cur = Background();
+    Sentinel sentinel;
+    Context cur = sentinel.Root();
     for (int i = 0; i < 20'000; ++i) {
       cur = WithValue(WithCancel(Background()).context, kPrevious, cur);
     }
     cur = Background();
+    EXPECT_TRUE(sentinel.Freed()) << "the first context of the chain was not freed";
   });
 }
 
@@ -742,7 +778,7 @@ TEST(DoneSignalTest, WaitReturnsAfterCancelFromAnotherThread) {
 
 TEST(DoneSignalTest, WaitForTimesOutOnLiveContext) {
   auto [ctx, cancel] = WithCancel(Background());
-  EXPECT_FALSE(ctx.Done().WaitFor(absl::Milliseconds(2)));
+  EXPECT_FALSE(WaitedAtLeast(ctx.Done(), absl::Milliseconds(2)));
   EXPECT_FALSE(ctx.Done().WaitFor(absl::ZeroDuration()));
   EXPECT_FALSE(ctx.Done().WaitFor(-absl::Seconds(1)));
   cancel();

@@ -1337,27 +1337,6 @@ TEST(PriorityQueueClockTest, LateTimerKeepsReadyTimeOrder) {
   clock.Notify();
 }
 
-// A Get that finds items ready still looks for due ones: while the timer is late, a due
-// item of a higher priority goes before a ready one of a lower priority. (A Get looked
-// for due items only when nothing was ready, so "low" went first.)
-TEST(PriorityQueueClockTest, ADueItemKeepsItsPriorityWhileTheTimerIsLate) {
-  LateTimerClock clock;
-  auto timers = *TimerService::Create({.clock = &clock});
-  PQ::Options options;
-  options.clock = &clock;
-  options.timers = timers.get();
-  auto q = *PQ::Create(std::move(options));
-  q->Add("low", {.priority = 0});
-  q->Add("high", {.priority = 10, .after = absl::Seconds(1)});
-  q->Add("later", {.priority = 10, .after = absl::Seconds(10)});
-  clock.Set(clock.Now() + absl::Seconds(5));  // "high" is due; its timer has not fired
-  Strings out;
-  while (auto lease = q->TryGet()) out.push_back(lease->item());
-  EXPECT_EQ(out, (Strings{"high", "low"}));
-  EXPECT_EQ(q->Waiting(), 1u);  // "later" is not due
-  clock.Notify();
-}
-
 // Aging is exact however long it is: two time keys can be up to about 584 years apart,
 // and an aging over 292 years saturated there, so an item counted as aged 300 years
 // into an aging of 5,000.

@@ -746,21 +746,6 @@ TEST(BucketTest, DebtBeyondTheTimeRangeStillRefills) {
   EXPECT_GT(limiter->When(0), absl::ZeroDuration()) << "the bucket stopped limiting";
 }
 
-// At a rate whose one-token interval fits absl::Duration but a full bucket plus a token
-// does not (burst 1, 1.5e-19 qps), the debt stays finite: it saturated to infinity, and
-// every later reservation waited for ever.
-TEST(BucketTest, DebtPastTheDurationRangeStaysFinite) {
-  // Early enough that the largest debt can be paid back before the end of time.
-  FakeClock clock(absl::FromUnixSeconds(std::numeric_limits<int64_t>::min() / 2));
-  auto limiter = Bucket(1.5e-19, 1, &clock);
-  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_NE(limiter->When(0), absl::InfiniteDuration()) << "reservation " << i;
-  }
-  clock.SetTime(absl::FromUnixSeconds(std::numeric_limits<int64_t>::max() - 1));
-  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
-}
-
 // Far in the future an ordinary bucket still limits (a cap at a fixed time made every
 // reservation free once the clock passed it).
 TEST(BucketTest, LimitsAlsoFarInTheFuture) {
@@ -1062,7 +1047,11 @@ TEST(InvalidParametersTest, Bucket) {
   ExpectInvalid(create(10, -1), "burst", "-1");
   ExpectInvalid(create(0, 0), "burst", "qps = 0");
   ExpectInvalid(create(1e-300, 0), "burst", "1e-300");  // as qps = 0: never a token
-  ExpectInvalid(create(1e-12, INT_MAX), "burst / qps", "2147483647");
+  ExpectInvalid(create(1e-12, INT_MAX), "(burst + 1) / qps", "2147483647");
+  // A bucket plus one token beyond the range: its debt saturated to infinity, and every
+  // reservation after the burst waited for ever (burst 2359: a clamp let it never wait).
+  ExpectInvalid(create(1.5e-19, 1), "(burst + 1) / qps", "1.5e-19");
+  ExpectInvalid(create(2.557632924893305e-16, 2359), "(burst + 1) / qps", "2359");
   EXPECT_TRUE(create(0, 1).ok());
   EXPECT_TRUE(create(1, 0).ok());
   EXPECT_TRUE(create(std::numeric_limits<double>::infinity(), 0).ok());

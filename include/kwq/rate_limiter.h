@@ -348,8 +348,8 @@ class BucketRateLimiter final : public RateLimiter<T, Hash, Eq> {
   using Options = BucketRateLimiterOptions;
 
   // Errors: InvalidArgument for qps < 0, NaN or finite above 1e9, burst < 0, qps == 0 (or 1 / qps
-  // beyond absl::Duration's range) with burst == 0, or burst / qps beyond that range (about 292
-  // billion years).
+  // beyond absl::Duration's range) with burst == 0, or (burst + 1) / qps beyond that range (about
+  // 292 billion years).
   static absl::StatusOr<std::unique_ptr<RateLimiter<T, Hash, Eq>>> Create(const Options& options) {
     absl::Status status = internal::TokenBucket::Validate(options.qps, options.burst);
     if (!status.ok()) return status;

@@ -98,8 +98,7 @@ class TokenBucket {
   absl::Duration interval_;  // 1 / qps, rounded to absl::Duration's quarter-nanosecond.
   absl::Duration capacity_;  // burst * interval_.
   // The most debt_ holds: about 146 billion years, or a full bucket's worth plus one
-  // token when that is more, but always finite (a debt that saturated to infinity, at
-  // rates near 1e-19 qps, was never paid back).
+  // token when that is more (finite: Validate rejects rates where it is not).
   absl::Duration max_debt_;
   Mutex mu_;
   int64_t no_refill_left_ ABSL_GUARDED_BY(mu_) = 0;  // kNoRefill: tokens left.

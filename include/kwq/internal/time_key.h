@@ -56,8 +56,8 @@ inline constexpr uint64_t kNeverSpan = std::numeric_limits<uint64_t>::max();
 inline uint64_t SpanNanos(absl::Duration d) {
   if (d <= absl::ZeroDuration()) return 0;
   if (d == absl::InfiniteDuration()) return kNeverSpan;
-  const int64_t seconds = absl::ToInt64Seconds(d);   // rounds down
-  if (seconds >= 18'446'744'073) return kNeverSpan;  // 2^64 ns is 18,446,744,073.7 s
+  const int64_t seconds = absl::ToInt64Seconds(d);  // rounds down
+  if (seconds > 18'446'744'073) return kNeverSpan;  // 2^64 ns is 18,446,744,073.7 s
   const int64_t nanos =
       absl::ToInt64Nanoseconds(absl::Ceil(d - absl::Seconds(seconds), absl::Nanoseconds(1)));
   const uint64_t span = static_cast<uint64_t>(seconds) * 1'000'000'000u;
