@@ -327,8 +327,10 @@ class WorkqueueRuntime {
     // Receives stall reports (default: stderr).
     std::function<void(const std::string&)> stall_reporter;
     // Pin workers to their pool's CPUs. When pinning fails (a synthetic topology, a
-    // cpuset that forbids it) workers run unpinned (on any CPU of the topology, whatever
-    // the mask of the thread that created them) and the failure is counted.
+    // cpuset that forbids it) workers run unpinned and the failure is counted: on any CPU
+    // of the topology, whatever the mask of the thread that created them, when those
+    // CPUs exist here (a synthetic topology's may not: the worker then keeps the mask it
+    // started with, its creator's).
     bool bind_workers = true;
     // Fault injection for tests: when set and it returns true, creating a worker thread
     // fails as if the system were out of threads (kMemReclaim rescuers then step in).
