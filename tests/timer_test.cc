@@ -491,6 +491,50 @@ TEST(FakeTimerTest, DeadlineBetweenNanosecondsDoesNotFireEarly) {
   EXPECT_TRUE(ran);
 }
 
+// Deadlines in one nanosecond run in deadline order and each as soon as it is due: the
+// service keyed them by the nanosecond, in scheduling order, so "a" (10.75 ns, scheduled
+// first) hid "b" (10.25 ns): at 10.5 ns nothing ran, and at 11 ns "a" ran before "b".
+TEST(FakeTimerTest, DeadlinesInOneNanosecondRunInDeadlineOrder) {
+  FakeClock clock(absl::FromUnixSeconds(1000));
+  auto service = *TimerService::Create({.clock = &clock});
+  const absl::Duration quarter = absl::Nanoseconds(1) / 4;
+  const absl::Time t0 = clock.Now();
+  std::string order;
+  service->Schedule(t0 + absl::Nanoseconds(10) + 3 * quarter, [&] { order += 'a'; });
+  service->Schedule(t0 + absl::Nanoseconds(10) + quarter, [&] { order += 'b'; });
+  service->Schedule(t0 + absl::Nanoseconds(10) + 2 * quarter, [&] { order += 'c'; });
+  service->Schedule(t0 + absl::Nanoseconds(10) + quarter, [&] { order += 'd'; });
+  clock.SetTime(t0 + absl::Nanoseconds(10) + 2 * quarter);
+  EXPECT_EQ(order, "bdc");  // due ones only, by deadline, FIFO at equal ones
+  clock.SetTime(t0 + absl::Nanoseconds(11));
+  EXPECT_EQ(order, "bdca");
+  // And when a later one is scheduled first, all due at one move: deadline order.
+  order.clear();
+  service->Schedule(t0 + absl::Nanoseconds(20) + 3 * quarter, [&] { order += 'x'; });
+  service->Schedule(t0 + absl::Nanoseconds(20) + quarter, [&] { order += 'y'; });
+  clock.SetTime(t0 + absl::Nanoseconds(30));
+  EXPECT_EQ(order, "yx");
+}
+
+// Deadlines more than 292 years after the service was made share its one saturated key:
+// they too run in deadline order, each when due (a later one scheduled first hid an
+// earlier one until its own deadline). The test below starts its service at year 2286,
+// where its deadlines stay inside the range.
+TEST(FakeTimerTest, DeadlinesBeyondTheKeyRangeRunInDeadlineOrder) {
+  FakeClock clock(absl::UnixEpoch());
+  auto service = *TimerService::Create({.clock = &clock});
+  const absl::Time far = absl::FromUnixSeconds(10'000'000'000);  // year 2286
+  std::vector<int> order;
+  service->Schedule(far + absl::Hours(2), [&] { order.push_back(2); });
+  service->Schedule(far + absl::Hours(1), [&] { order.push_back(1); });
+  clock.SetTime(far + absl::Minutes(59));
+  EXPECT_TRUE(order.empty());
+  clock.SetTime(far + absl::Hours(1));
+  EXPECT_EQ(order, (std::vector<int>{1}));
+  clock.SetTime(far + absl::Hours(2));
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
 TEST(FakeTimerTest, DeadlinesPastYear2262AreNotEarlyAndKeepTheirOrder) {
   FakeClock clock(absl::FromUnixSeconds(10'000'000'000));  // year 2286
   auto service = *TimerService::Create({.clock = &clock});

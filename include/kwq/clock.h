@@ -97,8 +97,10 @@ class Clock {
 // microsecond of the kernel's (after a suspend, which the TSC runs through and
 // CLOCK_MONOTONIC does not, it may lead by up to 2 s for under a minute).
 // Each thread's readings are monotonic; a reading ordered after another thread's (by a
-// lock) may be earlier than it by a few tens of nanoseconds, because the rdtsc is not
-// fenced (fencing cost more than clock_gettime). The environment variable
+// lock) may be earlier than it, because the rdtsc is not fenced (fencing cost more than
+// clock_gettime): usually by tens of nanoseconds, but on the development VM by up to
+// 1.4 us under a mutex and 15 us through release/acquire atomics (docs/design.md).
+// Compare times across threads with that slack, or use KWQ_CLOCK=kernel. The environment variable
 // KWQ_CLOCK=kernel, read once before main() runs, keeps clock_gettime, as does a kernel
 // on another clocksource at start-up (the choice is not revisited). Not
 // async-signal-safe on the TSC path. docs/design.md ("A TSC-read RealClock") has the

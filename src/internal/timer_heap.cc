@@ -30,10 +30,31 @@ uint32_t TimerHeap::NewSlot(absl::Time deadline) {
     slots_.emplace_back();
   }
   Slot& s = slots_[slot];
-  s.deadline = deadline;
   s.next_free = kNoSlot;
-  heap_.Push(slot, DeadlineKey(deadline));
+  const int64_t key = DeadlineKey(deadline);
+  heap_.Push(slot, key);
+  SetDeadline(slot, deadline, key);
   return slot;
+}
+
+void TimerHeap::SetDeadline(uint32_t slot, absl::Time deadline, int64_t key) {
+  Slot& s = slots_[slot];
+  if (s.inexact) --inexact_;
+  s.deadline = deadline;
+  s.inexact = Inexact(deadline, key);
+  if (s.inexact) ++inexact_;
+}
+
+uint32_t TimerHeap::FirstWithTopKey() const {
+  uint32_t first = heap_.TopId();
+  if (inexact_ == 0) return first;  // equal keys are equal deadlines: FIFO is the order
+  heap_.ForEachWithTopKey([&](uint32_t slot) {
+    const absl::Time d = slots_[slot].deadline;
+    if (d < slots_[first].deadline || (d == slots_[first].deadline && heap_.Before(slot, first))) {
+      first = slot;
+    }
+  });
+  return first;
 }
 
 uint64_t TimerHeap::Insert(absl::Time deadline, Fn&& fn) {
@@ -84,8 +105,9 @@ bool TimerHeap::Remove(uint64_t id, Callback* fn) {
 bool TimerHeap::Update(uint64_t id, absl::Time deadline) {
   const uint32_t slot = Find(id);
   if (slot == kNoSlot) return false;
-  slots_[slot].deadline = deadline;
-  heap_.Update(slot, DeadlineKey(deadline));
+  const int64_t key = DeadlineKey(deadline);
+  heap_.Update(slot, key);
+  SetDeadline(slot, deadline, key);
   return true;
 }
 
@@ -93,7 +115,7 @@ absl::Time TimerHeap::NextDeadline() const {
   if (heap_.empty()) return absl::InfiniteFuture();
   const int64_t key = heap_.TopKey();
   if (key == kNever) return absl::InfiniteFuture();
-  if (key == kFar || key == kPast) return slots_[heap_.TopId()].deadline;
+  if (key == kFar || key == kPast) return slots_[FirstWithTopKey()].deadline;
   return origin_ + absl::Nanoseconds(key);
 }
 
@@ -105,18 +127,15 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
   // One key ahead of `now`, the deadline may still be at or before it: both can lie in
   // the same nanosecond of the origin's grid (a deadline rounds up, a reading down, and
   // either may fall between two whole nanoseconds of it). The exact times decide.
-  if (key > now_key &&
-      (key != now_key + 1 || slots_[heap_.TopId()].deadline > now)) {  // now_key < kNever here
-    return false;
-  }
+  if (key > now_key && key != now_key + 1) return false;  // now_key < kNever here
+  const uint32_t slot = FirstWithTopKey();
+  if (key > now_key && slots_[slot].deadline > now) return false;
   // Within the range a tie means the deadline, rounded up, is at most `now` rounded down,
-  // so it is due; only where both keys saturated can the exact deadline tell otherwise
-  // (and only then is the slot read).
-  if (key == now_key && (key == kFar || key == kPast) && slots_[heap_.TopId()].deadline > now) {
+  // so it is due; only where both keys saturated can the exact deadline tell otherwise.
+  if (key == now_key && (key == kFar || key == kPast) && slots_[slot].deadline > now) {
     return false;
   }
-  const uint32_t slot = heap_.TopId();
-  heap_.Pop();
+  heap_.Remove(slot);
   Slot& s = slots_[slot];
   *id = IdOf(slot, s.generation);
   TakeCallback(slot, fn);
@@ -126,6 +145,8 @@ bool TimerHeap::PopDue(absl::Time now, uint64_t* id, Callback* fn) {
 
 void TimerHeap::FreeSlot(uint32_t slot) {
   Slot& s = slots_[slot];
+  if (s.inexact) --inexact_;
+  s.inexact = false;
   // Its last generation used: a wrap would issue its first id again, so retire it (it
   // stays in slots_, off the free list, and Find rejects its ids since it is not pending).
   if (s.generation == UINT32_MAX) return;

@@ -86,10 +86,25 @@ class TimerHeap {
   static constexpr int64_t kPast = std::numeric_limits<int64_t>::min();
   struct Slot {
     Callback cb;
-    absl::Time deadline;  // exact, for keys that saturated (kFar, kPast)
+    absl::Time deadline;  // exact: for keys that saturated (kFar, kPast) or rounded up
     uint32_t generation = 1;
     uint32_t next_free = kNoSlot;
+    bool inexact = false;  // the key is not the deadline itself (see Inexact)
   };
+  // Whether `key` stands for more than one deadline: one between two whole nanoseconds of
+  // the origin's grid (rounded up), or one too far for the range (saturated).
+  bool Inexact(absl::Time deadline, int64_t key) const {
+    if (key == kNever) return false;
+    return key == kFar || key == kPast || origin_ + absl::Nanoseconds(key) != deadline;
+  }
+  // The pending slot that goes first among those with the top key: the earliest exact
+  // deadline, then the earliest scheduled. Timers whose deadlines share a key (in one
+  // nanosecond, or saturated) sit in the heap in scheduling order, and a later one at
+  // the top hid an earlier one that was due. Looks past the top only while some timer
+  // is inexact.
+  uint32_t FirstWithTopKey() const;
+  // Sets slot `slot`'s deadline and its inexact flag, keeping inexact_ counted.
+  void SetDeadline(uint32_t slot, absl::Time deadline, int64_t key);
   // The key of a deadline (rounded up) and of the time it is compared with (rounded down).
   int64_t DeadlineKey(absl::Time deadline) const { return KeyOf(deadline, /*round_up=*/true); }
   int64_t NowKey(absl::Time now) const { return KeyOf(now, /*round_up=*/false); }
@@ -109,6 +124,7 @@ class TimerHeap {
   std::vector<Slot> slots_;
   IndexedHeap heap_;  // pending slots by deadline key
   uint32_t free_head_ = kNoSlot;
+  size_t inexact_ = 0;  // pending slots with inexact set
 };
 
 }  // namespace kwq::internal

@@ -28,7 +28,8 @@
 // reads are ordered: the writer opens the sequence lock before it reads the TSC at which
 // the new parameters take over, but a reader's rdtsc is unordered (Ticks(); fencing it
 // cost more than clock_gettime) and may run before the load that ordered it, so such a
-// reading can be earlier by that load's latency (tens of nanoseconds). Within about a
+// reading can be earlier: by that load's latency (tens of nanoseconds) on bare metal, by
+// up to microseconds on a VM (docs/design.md, "Unordered rdtsc"). Within about a
 // microsecond of CLOCK_MONOTONIC while the kernel keeps its rate; a change of the
 // kernel's rate by r shows as up to r * resync_ns, steered out over the next interval.
 // An rdtsc that runs ahead of the parameter loads reads the base time rather than a

@@ -94,6 +94,27 @@ class IndexedHeap {
     heap_.clear();
   }
 
+  // Calls `f(id)` for every entry whose key is TopKey() (the heap must not be empty), in
+  // no particular order; the first is TopId(). They form a subtree at the root (a parent's
+  // key is at most its children's), so only they and their children are visited.
+  template <typename F>
+  void ForEachWithTopKey(F f) const {
+    const int64_t key = heap_[0].key;
+    uint32_t stack[64];  // a 4-ary heap of 2^32 entries is 16 levels: 3 * 16 + 1 suffice
+    int depth = 0;
+    stack[depth++] = 0;
+    while (depth > 0) {
+      const uint32_t p = stack[--depth];
+      f(heap_[p].id);
+      const size_t first = size_t{4} * p + 1;
+      for (size_t c = first; c < first + 4 && c < heap_.size(); ++c) {
+        if (heap_[c].key == key) stack[depth++] = static_cast<uint32_t>(c);
+      }
+    }
+  }
+  // Whether present `a` goes before present `b` (key, then sequence).
+  bool Before(uint32_t a, uint32_t b) const { return Less(heap_[pos_[a]], heap_[pos_[b]]); }
+
   int64_t KeyOf(uint32_t id) const { return heap_[pos_[id]].key; }
   uint32_t TopId() const { return heap_[0].id; }
   int64_t TopKey() const { return heap_[0].key; }
