@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <latch>
 #include <mutex>
 #include <optional>
@@ -1334,6 +1335,33 @@ TEST_F(FakeTimeWorkqueueTest, FlushOfAWorkOnItsTimerDoesNotWait) {
   EXPECT_EQ(runs.load(), 1);
 }
 
+// An instance that ModDelayed took back to a timer while an earlier one ran: once the
+// earlier one finished, Flush(work) returns false at once (nothing queued or running).
+// The finishing worker stored its own instance number over the taken-back one's, and
+// Flush waited for the timer (here: for ever, the clock does not move).
+TEST_F(FakeTimeWorkqueueTest, FlushAfterAnInstanceWasTakenBackBehindARunningOneDoesNotWait) {
+  auto wq = *Workqueue::Create({.name = "taken-back", .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  std::atomic<bool> gate{false};
+  DelayedWork delayed([&] {
+    if (runs.fetch_add(1) == 0) {
+      while (!gate.load()) std::this_thread::yield();
+    }
+  });
+  ASSERT_TRUE(wq->Queue(&delayed.work()));  // instance 1 runs and holds
+  ASSERT_TRUE(testing::Eventually([&] { return runs.load() == 1; }));
+  ASSERT_TRUE(wq->Queue(&delayed.work()));                // instance 2 pending behind it
+  ASSERT_TRUE(wq->ModDelayed(&delayed, absl::Hours(1)));  // instance 2 back on a timer
+  gate = true;
+  ASSERT_TRUE(testing::Eventually([&] { return wq->stats().completed == 1; }));
+  auto flush = std::async(std::launch::async, [&] { return wq->Flush(&delayed.work()); });
+  const bool returned = flush.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!returned) clock_.Advance(absl::Hours(1));  // the timer runs it: the Flush ends
+  EXPECT_TRUE(returned) << "Flush waited for the timer";
+  EXPECT_FALSE(flush.get() && returned);
+  EXPECT_EQ(wq->Cancel(&delayed), returned);  // still on its timer, unless it ran
+}
+
 // A Flush(work) waiting for a pending instance returns once ModDelayed takes that
 // instance back to a timer: it is gone, as if cancelled. Flush used to wait for the
 // re-armed timer to fire and the work to run (here: never, the clock does not move).
@@ -1382,6 +1410,23 @@ TEST_F(FakeTimeWorkqueueTest, CancelThroughAnotherRuntimesWorkqueue) {
   }
   EXPECT_FALSE(other->delayed.pending());
   EXPECT_EQ(timers_->Pending(), 0u);
+}
+
+// A delayed work flushed through another workqueue runs on the one whose timer it was on,
+// as its timer would have queued it (it ran on the flusher's: its pools, its max_active,
+// its stats, beside an ordered owner's running work).
+TEST_F(FakeTimeWorkqueueTest, FlushThroughAnotherWorkqueueRunsTheDelayedWorkOnItsOwn) {
+  auto owner = *Workqueue::Create({.name = "owner", .flags = kOrdered, .runtime = runtime_.get()});
+  auto other = *Workqueue::Create({.name = "other", .flags = kUnbound, .runtime = runtime_.get()});
+  std::atomic<int> runs{0};
+  DelayedWork delayed([&] { ++runs; });
+  ASSERT_TRUE(owner->QueueDelayed(&delayed, absl::Hours(1)));
+  EXPECT_TRUE(other->Flush(&delayed));
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(owner->stats().started, 1u);
+  EXPECT_EQ(owner->stats().completed, 1u);
+  EXPECT_EQ(other->stats().started, 0u);
+  EXPECT_FALSE(delayed.pending());
 }
 
 // Drain does not wait for delayed works still on their timers.

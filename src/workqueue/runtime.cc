@@ -320,8 +320,16 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   self->hog = false;
   // Clearing running_pool is the last touch of `w` (a waiter may free it next): Flush
   // checks it, and running_seq, besides done_seq (FinishedAndReleased).
-  A::done_seq(w).store(A::running_seq(w).load(std::memory_order_relaxed),
-                       std::memory_order_release);
+  // Never lowered: a later instance taken back meanwhile (TakenBack) counts as finished
+  // already, and storing this instance's number over it made a Flush of the work wait for
+  // its timer (ModDelayed) to fire and run it.
+  {
+    const uint64_t seq = A::running_seq(w).load(std::memory_order_relaxed);
+    uint64_t done = A::done_seq(w).load(std::memory_order_relaxed);
+    while (done < seq && !A::done_seq(w).compare_exchange_weak(done, seq, std::memory_order_release,
+                                                               std::memory_order_relaxed)) {
+    }
+  }
   TestHook(HookPoint::kWorkerWillRelease, w);
   A::runner(w) = nullptr;
   A::running_pool(w).store(nullptr, std::memory_order_release);

@@ -48,9 +48,8 @@ bool FinishedAndReleased(Work* w, uint64_t target) {
 
 // A pending instance was taken back (cancelled, or moved back to a timer by ModDelayed)
 // by the holder of the pending bit: it counts as finished for Flush, which would
-// otherwise wait for a later instance to run. Only done_seq's other writer, a worker
-// finishing an earlier instance, may store a smaller value after this; that only makes
-// a Flush wait longer, never return early. Returns true (GrabPending's result).
+// otherwise wait for a later instance to run. done_seq's other writer, a worker
+// finishing an earlier instance, never lowers it. Returns true (GrabPending's result).
 bool TakenBack(Work* w) {
   A::done_seq(w).store(A::queued_seq(w).load(std::memory_order_relaxed), std::memory_order_release);
   return true;
@@ -709,13 +708,17 @@ bool WorkqueueCore::FlushDelayed(DelayedWork* d) {
     }
     if (where != WorkWhere::kTimer) break;
     TestHook(HookPoint::kFlushDelayedWillGrab, w);
-    const TimerGrab grab = GrabFromTimer(w, A::pwq(w).load(std::memory_order_acquire));
+    PoolWorkqueue* const pwq = A::pwq(w).load(std::memory_order_acquire);
+    const TimerGrab grab = GrabFromTimer(w, pwq);
     if (grab == TimerGrab::kGrabbed) {
-      // Under timer_mu_, as in TimerFired, so that Stats never sees one count without the
+      // Queued on the workqueue whose timer it was on, as TimerFired would (this one may
+      // be another: it ran on the caller's pools, beside an ordered owner's running work),
+      // under that workqueue's timer_mu_, so that Stats never sees one count without the
       // other.
-      MutexLock lock(&timer_mu_);
-      timer_entered_.fetch_add(1, std::memory_order_relaxed);
-      Enqueue(A::target_cpu(d), -1, w);
+      WorkqueueCore* const owner_wq = pwq->wq;
+      MutexLock lock(&owner_wq->timer_mu_);
+      owner_wq->timer_entered_.fetch_add(1, std::memory_order_relaxed);
+      owner_wq->Enqueue(A::target_cpu(d), -1, w);
       queued_now = true;
       break;
     }
