@@ -749,6 +749,29 @@ TEST_F(WorkqueueTest, OverlappingFlushesEachWaitForOlderWorks) {
   EXPECT_TRUE(held.finished.load());
 }
 
+// A Flush waits for every work queued before it was called, also one whose Queue read
+// the flush color just before another Flush bumped it. That Queue counted its work in the
+// old color's bucket, which the other Flush had found empty; the next Flush waited only
+// for the new color's bucket and returned before the work ran.
+TEST_F(WorkqueueTest, AFlushAfterAQueueThatRacedAnotherFlushWaitsForItsWork) {
+  auto wq = Make({.flags = kUnbound});
+  internal::WorkqueueCore* core = internal::WorkAccess::core(wq.get());
+  HeldWork held;
+  testing::PausePoints hooks;
+  auto& pause = hooks.Arm(internal::HookPoint::kEnqueueReadColor, core);
+  std::thread producer([&] { EXPECT_TRUE(wq->Queue(&held.work)); });
+  ASSERT_TRUE(pause.WaitPaused());  // the color read, not yet counted
+  wq->Flush();                      // concurrent with that Queue: may return at once
+  pause.Resume();
+  producer.join();  // Queue returned: every later Flush must wait for the work
+  auto flush = std::async(std::launch::async, [&] { wq->Flush(); });
+  EXPECT_NE(flush.wait_for(std::chrono::milliseconds(100)), std::future_status::ready)
+      << "Flush returned before a work queued before it ran";
+  held.gate.Open();
+  flush.get();
+  EXPECT_TRUE(held.finished.load());
+}
+
 TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {
   auto wq = Make({.flags = kUnbound});
   std::atomic<int> chain{0};

@@ -4,16 +4,22 @@
 
 namespace kwq::internal {
 
-int64_t TimerHeap::KeyOf(absl::Time t, bool round_up) const {
+int64_t TimerHeap::KeyOf(absl::Time t, bool round_up, bool* inexact) const {
+  if (inexact != nullptr) *inexact = false;
   if (t == absl::InfiniteFuture()) return kNever;
   if (t == absl::InfinitePast()) return kPast;
   const absl::Duration since = t - origin_;      // saturates to +-InfiniteDuration
   int64_t ns = absl::ToInt64Nanoseconds(since);  // truncates toward zero; saturates
-  if (ns == kNever) return kFar;                 // only InfiniteFuture means never
-  if (ns == kPast) return kPast;
+  if (ns == kNever || ns == kPast || ns == kFar) {
+    if (inexact != nullptr) *inexact = true;
+    return ns == kPast ? kPast : kFar;  // only InfiniteFuture means never
+  }
   const absl::Duration whole = absl::Nanoseconds(ns);
   if (round_up) {
-    if (whole < since && ns < kFar) ++ns;  // kFar stays kFar, never kNever
+    if (whole < since) {
+      ++ns;  // below kFar here, so at most kFar
+      if (inexact != nullptr) *inexact = true;
+    }
   } else if (whole > since) {
     --ns;  // ns > kPast here
   }
@@ -31,18 +37,18 @@ uint32_t TimerHeap::NewSlot(absl::Time deadline) {
   }
   Slot& s = slots_[slot];
   s.next_free = kNoSlot;
-  const int64_t key = DeadlineKey(deadline);
-  heap_.Push(slot, key);
-  SetDeadline(slot, deadline, key);
+  bool inexact;
+  heap_.Push(slot, DeadlineKey(deadline, &inexact));
+  SetDeadline(slot, deadline, inexact);
   return slot;
 }
 
-void TimerHeap::SetDeadline(uint32_t slot, absl::Time deadline, int64_t key) {
+void TimerHeap::SetDeadline(uint32_t slot, absl::Time deadline, bool inexact) {
   Slot& s = slots_[slot];
   if (s.inexact) --inexact_;
+  if (inexact) ++inexact_;
   s.deadline = deadline;
-  s.inexact = Inexact(deadline, key);
-  if (s.inexact) ++inexact_;
+  s.inexact = inexact;
 }
 
 uint32_t TimerHeap::FirstWithTopKey() const {
@@ -105,9 +111,9 @@ bool TimerHeap::Remove(uint64_t id, Callback* fn) {
 bool TimerHeap::Update(uint64_t id, absl::Time deadline) {
   const uint32_t slot = Find(id);
   if (slot == kNoSlot) return false;
-  const int64_t key = DeadlineKey(deadline);
-  heap_.Update(slot, key);
-  SetDeadline(slot, deadline, key);
+  bool inexact;
+  heap_.Update(slot, DeadlineKey(deadline, &inexact));
+  SetDeadline(slot, deadline, inexact);
   return true;
 }
 

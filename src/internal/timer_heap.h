@@ -89,14 +89,8 @@ class TimerHeap {
     absl::Time deadline;  // exact: for keys that saturated (kFar, kPast) or rounded up
     uint32_t generation = 1;
     uint32_t next_free = kNoSlot;
-    bool inexact = false;  // the key is not the deadline itself (see Inexact)
+    bool inexact = false;  // pending, and the key stands for more than one deadline
   };
-  // Whether `key` stands for more than one deadline: one between two whole nanoseconds of
-  // the origin's grid (rounded up), or one too far for the range (saturated).
-  bool Inexact(absl::Time deadline, int64_t key) const {
-    if (key == kNever) return false;
-    return key == kFar || key == kPast || origin_ + absl::Nanoseconds(key) != deadline;
-  }
   // The pending slot that goes first among those with the top key: the earliest exact
   // deadline, then the earliest scheduled. Timers whose deadlines share a key (in one
   // nanosecond, or saturated) sit in the heap in scheduling order, and a later one at
@@ -104,11 +98,16 @@ class TimerHeap {
   // is inexact.
   uint32_t FirstWithTopKey() const;
   // Sets slot `slot`'s deadline and its inexact flag, keeping inexact_ counted.
-  void SetDeadline(uint32_t slot, absl::Time deadline, int64_t key);
+  void SetDeadline(uint32_t slot, absl::Time deadline, bool inexact);
   // The key of a deadline (rounded up) and of the time it is compared with (rounded down).
-  int64_t DeadlineKey(absl::Time deadline) const { return KeyOf(deadline, /*round_up=*/true); }
-  int64_t NowKey(absl::Time now) const { return KeyOf(now, /*round_up=*/false); }
-  int64_t KeyOf(absl::Time t, bool round_up) const;
+  // `*inexact`: whether the key stands for more than one deadline (one between two whole
+  // nanoseconds of the origin's grid, or one too far for the range), so that the exact
+  // deadline must order it among equal keys.
+  int64_t DeadlineKey(absl::Time deadline, bool* inexact) const {
+    return KeyOf(deadline, /*round_up=*/true, inexact);
+  }
+  int64_t NowKey(absl::Time now) const { return KeyOf(now, /*round_up=*/false, nullptr); }
+  int64_t KeyOf(absl::Time t, bool round_up, bool* inexact) const;
   static uint64_t IdOf(uint32_t slot, uint32_t generation) {
     return (static_cast<uint64_t>(generation) << 32) | slot;
   }

@@ -69,6 +69,9 @@ enum class HookPoint : uint8_t {
   // firing (the service could not cancel it) and is about to release timer_mu_ and let
   // its caller retry. Holds the owner workqueue's timer_mu_. Subject: the Work.
   kGrabFoundFiring,
+  // Enqueue read the flush color for a new instance and is about to count it in that
+  // color's bucket (then it re-reads the color). Subject: the WorkqueueCore. Per item.
+  kEnqueueReadColor,
 };
 
 // What a test installs. At() is called at every point reached while installed.

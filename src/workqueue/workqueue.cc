@@ -248,9 +248,21 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   if (WorkerPool* running = A::running_pool(w).load(std::memory_order_acquire)) {
     if (PoolWorkqueue* there = PwqOfPool(running)) pwq = there;
   }
-  const uint64_t color = color_.load(std::memory_order_acquire);
+  // Counted in the bucket of the flush color current once counted: a Flush (FlushAll)
+  // may bump the color between this read and the count, find the old bucket empty and
+  // return (it ran concurrently with this Queue: fine), and a Flush called after this
+  // Queue returned waits only for the newer color's bucket: it returned before this work
+  // ran. So the color is read again after the count (both seq_cst, as FlushAll's bump and
+  // its bucket reads: either that flush sees this count or this sees its bump), and a
+  // count that went to a bucket already flushed moves to the current one.
+  uint64_t color = color_.load(std::memory_order_seq_cst);
+  TestHook(HookPoint::kEnqueueReadColor, this);
+  color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
+  for (uint64_t now; (now = color_.load(std::memory_order_seq_cst)) != color; color = now) {
+    color_queued_[now % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
+    InstanceGone(color);  // the old bucket's count, as if that instance had finished
+  }
   A::color(w) = color;
-  color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
   A::pwq(w).store(pwq, std::memory_order_release);
   Node& n = *nodes_[pwq->node];
   // Take a free slot only when no work waits: a parked work must not be overtaken (FIFO,
@@ -502,7 +514,8 @@ void WorkqueueCore::FlushAll() {
   MutexLock flush_lock(&flush_mu_);
   MutexLock lock(&mu_);
   // Works queued from now on take the next color; wait for this one's bucket to empty.
-  const uint64_t mine = color_.fetch_add(1, std::memory_order_acq_rel);
+  // seq_cst, as Enqueue's count and its re-read of the color (see there).
+  const uint64_t mine = color_.fetch_add(1, std::memory_order_seq_cst);
   waiters_.fetch_add(1, std::memory_order_seq_cst);
   // Wait until the bucket is empty, re-reading both counts each time: a producer that
   // read the old color before the bump may still add to it, and a snapshot of `queued`
@@ -510,7 +523,7 @@ void WorkqueueCore::FlushAll() {
   const int b = static_cast<int>(mine % kColorBuckets);
   for (;;) {
     const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
-    if (gone >= color_queued_[b].load(std::memory_order_acquire)) break;
+    if (gone >= color_queued_[b].load(std::memory_order_seq_cst)) break;
     TestHook(HookPoint::kFlushAllWaits, this);
     cv_.WaitFor(&mu_, kPollPeriod);
   }
