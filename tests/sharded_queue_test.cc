@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -20,6 +21,7 @@
 #include "kwq/metrics.h"
 #include "testing/eventually.h"
 #include "testing/ranges.h"
+#include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 
 namespace kwq {
@@ -492,6 +494,70 @@ TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
   provider.names.clear();
   { auto q = *ShardedQueue<int>::Create(2, {.name = "jobs", .metrics = &provider}); }
   EXPECT_EQ(provider.names, (std::vector<std::string>{"jobs/0", "jobs/1"}));
+}
+
+// A stolen item is counted by its home shard only: its add, its hand-out (queue latency),
+// its Done (work duration) and the depth back to 0; the thief's shard records nothing.
+TEST(ShardedQueueTest, AStolenItemsMetricsGoToItsHomeShard) {
+  // Each queue name's metrics apart.
+  struct PerQueue : MetricsProvider {
+    std::map<std::string, testing::RecordedMetrics> recorded;
+    std::map<std::string, std::unique_ptr<testing::RecordingProvider>> providers;
+    testing::RecordingProvider& For(std::string_view name) {
+      auto& p = providers[std::string(name)];
+      if (!p) {
+        p = std::make_unique<testing::RecordingProvider>(&recorded[std::string(name)],
+                                                         /*refresh_gauges=*/false);
+      }
+      return *p;
+    }
+    std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view q) override {
+      return For(q).NewDepthMetric(q);
+    }
+    std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view q) override {
+      return For(q).NewAddsMetric(q);
+    }
+    std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view q) override {
+      return For(q).NewLatencyMetric(q);
+    }
+    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view q) override {
+      return For(q).NewWorkDurationMetric(q);
+    }
+    std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(
+        std::string_view q) override {
+      return For(q).NewUnfinishedWorkSecondsMetric(q);
+    }
+    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+        std::string_view q) override {
+      return For(q).NewLongestRunningProcessorSecondsMetric(q);
+    }
+    std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view q) override {
+      return For(q).NewRetriesMetric(q);
+    }
+    std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view q) override {
+      return For(q).NewDelayedMetric(q);
+    }
+  } provider;
+  auto q = *ShardedQueue<int>::Create(2, {.name = "jobs", .metrics = &provider});
+  int item = 0;
+  while (q->ShardOf(item) != 0) ++item;  // at home in shard 0
+  ASSERT_TRUE(q->Add(item));
+  {
+    auto lease = q->Get(1);  // shard 1 is empty: steals it
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(**lease, item);
+  }
+  testing::RecordedMetrics& home = provider.recorded["jobs/0"];
+  testing::RecordedMetrics& thief = provider.recorded["jobs/1"];
+  EXPECT_EQ(home.Get("adds"), 1);
+  EXPECT_EQ(home.Get("depth"), 0);
+  EXPECT_EQ(home.Observations("latency"), 1);
+  EXPECT_EQ(home.Observations("work"), 1);
+  EXPECT_EQ(thief.Get("adds"), 0);
+  EXPECT_EQ(thief.Get("depth"), 0);
+  EXPECT_EQ(thief.Observations("latency"), 0);
+  EXPECT_EQ(thief.Observations("work"), 0);
+  q->ShutDown();
 }
 
 // Exclusivity while workers steal, every add followed by a run that saw it, one run per
