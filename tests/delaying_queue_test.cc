@@ -33,6 +33,12 @@ struct internal::QueuePeer {
   static int Polling(Q& q) {
     return q.queue_.spinners_.load();
   }
+  // Whether sleeping Gets wake in steps to look for due items themselves.
+  template <typename Q>
+  static bool SleepsInSteps(Q& q) {
+    internal::MutexLock lock(&q.queue_.mu_);
+    return q.queue_.sleep_in_steps_;
+  }
 };
 
 namespace {
@@ -814,6 +820,23 @@ TEST_F(DelayingQueueClockTest, AnAddAfterThatMakesTheTimerArmsItForTheItemsWaiti
   fake_.Advance(absl::Milliseconds(4));
   EXPECT_EQ(q_->Len(), 2u) << "no timer moved the due items";
   EXPECT_EQ(q_->Waiting(), 0u);
+}
+
+// Plain Adds that end the last waits of items with no timer also end the Gets' sleeping in
+// steps: nothing is left to look for. It stayed on (every sleeping Get woke each
+// millisecond) until the stale ready hint came due, an hour here.
+TEST_F(DelayingQueueClockTest, AnAddThatEndsTheLastTimerlessWaitEndsTheSteps) {
+  q_->AddAfter("a", absl::Milliseconds(1));
+  q_->AddAfter("b", absl::Hours(1));
+  clock_.ThrowNext(1);  // the firing's first reading: it ends with no timer
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
+  EXPECT_TRUE(internal::QueuePeer::SleepsInSteps(*q_));
+  q_->Add("b");
+  EXPECT_TRUE(internal::QueuePeer::SleepsInSteps(*q_));  // "a" still waits
+  q_->Add("a");
+  EXPECT_FALSE(internal::QueuePeer::SleepsInSteps(*q_));
+  EXPECT_EQ(q_->Waiting(), 0u);
+  EXPECT_EQ(q_->Len(), 2u);
 }
 
 // A Get whose clock throws while it polls (it reads the clock to look for due items)

@@ -503,6 +503,10 @@ class Queue {
   // Ends the wait of a waiting slot (it may be idle afterwards).
   void RemoveWaitingLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     waiting_.Remove(slot);
+    // Nothing waits: no Get needs to look for due items in steps. (The DelayingQueue sets
+    // and clears the flag as it publishes; a plain Add that ended the last wait did not
+    // publish, and sleeping Gets woke every kSleepStep until the stale ready hint came due.)
+    if (waiting_.empty()) sleep_in_steps_ = false;
     EndWaitLocked(slot);
     delayed_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_relaxed);
     RecordDelayedLocked(-1);
