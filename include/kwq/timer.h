@@ -28,7 +28,7 @@
 // With a manual clock (FakeClock) there is no thread at all: due timers run inside
 // FakeClock::Advance/SetTime on the calling thread, deterministically. A timer scheduled
 // at or before Now() then runs at the next Advance (Advance(absl::ZeroDuration()) is
-// enough; for a Now() between two nanoseconds, see Schedule's rounding). The callbacks
+// enough, also for times between two nanoseconds: see Schedule). The callbacks
 // then run inside the clock's move, which holds FakeClock's move lock: they may schedule
 // and cancel timers and create or destroy other services on the same clock, but must not
 // move the clock (FakeClock fails a check) or wait for a thread that moves it or adds or
@@ -105,12 +105,12 @@ class TimerService {
   TimerService& operator=(const TimerService&) = delete;
 
   // Runs `fn` once, on the service thread, at or soon after `deadline`, never before it
-  // (clock().Now() >= deadline when it runs; a deadline between two nanoseconds counts
-  // from the later one). A deadline in the past runs as soon as possible;
+  // (clock().Now() >= deadline when it runs, compared exactly, to absl::Time's quarter
+  // nanosecond: a FakeClock at 10.5 ns runs a timer at 10.25 ns; a real clock reads whole
+  // nanoseconds). A deadline in the past runs as soon as possible;
   // absl::InfiniteFuture() never runs (it can still be cancelled or rescheduled). Timers
-  // more than about 292 years from the service's creation are never early either, but
-  // run in scheduling order among themselves. Never blocks on the service thread or on
-  // callbacks.
+  // more than about 292 years from the service's creation keep all of this too. Never blocks on the
+  // service thread or on callbacks.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.
   TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);

@@ -9,10 +9,12 @@
 //
 // Heap keys are whole nanoseconds from an origin (the service's start), deadlines rounded
 // up and the time they are compared with rounded down, so a timer is never due before its
-// deadline: a deadline that is not a whole nanosecond counts from the next one. Keys
-// saturate about 292 years either side of the origin; out there the exact deadline kept
-// in the slot decides (never early), though timers past the range run in scheduling order
-// among themselves rather than by deadline.
+// deadline. Keys saturate about 292 years either side of the origin. Where a key stands
+// for more than one deadline (fractional ones in one nanosecond, or saturated ones), the
+// exact deadline kept in the slot decides both whether it is due and the order among the
+// entries with that key (FirstWithTopKey). That look at the entries sharing the top key
+// happens only while some pending timer is inexact; with many timers at one fractional
+// nanosecond it costs each pop a visit of all of them.
 
 #ifndef KWQ_SRC_INTERNAL_TIMER_HEAP_H_
 #define KWQ_SRC_INTERNAL_TIMER_HEAP_H_
