@@ -516,7 +516,7 @@ TEST(FakeTimerTest, DeadlinesInOneNanosecondRunInDeadlineOrder) {
   EXPECT_EQ(order, "yx");
 }
 
-// Deadlines more than 292 years after the service was made share its one saturated key:
+// Deadlines more than 73 years after the service was made share its one saturated key:
 // they too run in deadline order, each when due (a later one scheduled first hid an
 // earlier one until its own deadline). The test below starts its service at year 2286,
 // where its deadlines stay inside the range.

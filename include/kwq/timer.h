@@ -109,7 +109,7 @@ class TimerService {
   // nanosecond: a FakeClock at 10.5 ns runs a timer at 10.25 ns; a real clock reads whole
   // nanoseconds). A deadline in the past runs as soon as possible;
   // absl::InfiniteFuture() never runs (it can still be cancelled or rescheduled). Timers
-  // more than about 292 years from the service's creation keep all of this too. Never blocks on the
+  // more than about 73 years from the service's creation keep all of this too. Never blocks on the
   // service thread or on callbacks.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.

@@ -7,14 +7,13 @@
 // id is never issued twice: that keeps one unused slot (about 70 bytes with its heap
 // index) per 2^32 - 1 timers.
 //
-// Heap keys are whole nanoseconds from an origin (the service's start), deadlines rounded
-// up and the time they are compared with rounded down, so a timer is never due before its
-// deadline. Keys saturate about 292 years either side of the origin. Where a key stands
-// for more than one deadline (fractional ones in one nanosecond, or saturated ones), the
-// exact deadline kept in the slot decides both whether it is due and the order among the
-// entries with that key (FirstWithTopKey). That look at the entries sharing the top key
-// happens only while some pending timer is inexact; with many timers at one fractional
-// nanosecond it costs each pop a visit of all of them.
+// Heap keys are quarter nanoseconds (absl::Time's resolution) from an origin (the
+// service's start): within about 73 years of it a key is the exact deadline, so a timer
+// is due exactly when the time compared reaches it, and equal keys are equal deadlines
+// (FIFO). Beyond that, keys saturate (kFar, kPast) and the exact deadline kept in the slot
+// decides both whether such a timer is due and its order among the saturated ones
+// (FirstWithTopKey, which looks at all the entries sharing the top key, but only while
+// some pending timer is saturated).
 
 #ifndef KWQ_SRC_INTERNAL_TIMER_HEAP_H_
 #define KWQ_SRC_INTERNAL_TIMER_HEAP_H_
@@ -54,8 +53,8 @@ class TimerHeap {
     }
   };
 
-  // `origin`: the instant keys count from; timers within about 292 years of it are
-  // ordered exactly (to the nanosecond).
+  // `origin`: the instant keys count from; timers within about 73 years of it are keyed
+  // by their exact deadlines, the others by a saturated key and their exact deadline.
   explicit TimerHeap(absl::Time origin = absl::UnixEpoch()) : origin_(origin) {}
 
   // Adds a timer; returns its id (never 0).
@@ -91,25 +90,18 @@ class TimerHeap {
     absl::Time deadline;  // exact: for keys that saturated (kFar, kPast) or rounded up
     uint32_t generation = 1;
     uint32_t next_free = kNoSlot;
-    bool inexact = false;  // pending, and the key stands for more than one deadline
+    bool inexact = false;  // pending, and its key saturated
   };
   // The pending slot that goes first among those with the top key: the earliest exact
-  // deadline, then the earliest scheduled. Timers whose deadlines share a key (in one
-  // nanosecond, or saturated) sit in the heap in scheduling order, and a later one at
-  // the top hid an earlier one that was due. Looks past the top only while some timer
-  // is inexact.
+  // deadline, then the earliest scheduled. Timers whose deadlines share a saturated key
+  // sit in the heap in scheduling order, and a later one at the top hid an earlier one
+  // that was due. Looks past the top only while some timer is inexact (saturated).
   uint32_t FirstWithTopKey() const;
   // Sets slot `slot`'s deadline and its inexact flag, keeping inexact_ counted.
   void SetDeadline(uint32_t slot, absl::Time deadline, bool inexact);
-  // The key of a deadline (rounded up) and of the time it is compared with (rounded down).
-  // `*inexact`: whether the key stands for more than one deadline (one between two whole
-  // nanoseconds of the origin's grid, or one too far for the range), so that the exact
-  // deadline must order it among equal keys.
-  int64_t DeadlineKey(absl::Time deadline, bool* inexact) const {
-    return KeyOf(deadline, /*round_up=*/true, inexact);
-  }
-  int64_t NowKey(absl::Time now) const { return KeyOf(now, /*round_up=*/false, nullptr); }
-  int64_t KeyOf(absl::Time t, bool round_up, bool* inexact) const;
+  // The key of a time (a deadline, or the time it is compared with). `*inexact` (when
+  // given): whether the key saturated, so that it stands for more than one time.
+  int64_t KeyOf(absl::Time t, bool* inexact) const;
   static uint64_t IdOf(uint32_t slot, uint32_t generation) {
     return (static_cast<uint64_t>(generation) << 32) | slot;
   }
