@@ -126,5 +126,26 @@ TEST(IndexedHeapTest, TiesStayFifoWhenTheSequenceRunsOut) {
   EXPECT_TRUE(heap.empty());
 }
 
+// ForEachWithTopKey visits exactly the entries with the smallest key, wherever they sit
+// in the heap; Before is the heap's own order.
+TEST(IndexedHeapTest, ForEachWithTopKeyVisitsExactlyTheTopKeysEntries) {
+  IndexedHeap heap;
+  std::mt19937 rng(7);
+  std::set<uint32_t> top;
+  for (uint32_t id = 0; id < 500; ++id) {
+    const int64_t key = static_cast<int64_t>(rng() % 5);  // about 100 entries per key
+    heap.Push(id, key);
+    if (key == 0) top.insert(id);
+  }
+  ASSERT_EQ(heap.TopKey(), 0);
+  std::set<uint32_t> seen;
+  heap.ForEachWithTopKey([&](uint32_t id) { EXPECT_TRUE(seen.insert(id).second) << id; });
+  EXPECT_EQ(seen, top);
+  const uint32_t first = heap.TopId();
+  for (uint32_t id : top) EXPECT_EQ(heap.Before(id, first), false) << id;
+  heap.Push(1000, -1);
+  EXPECT_TRUE(heap.Before(1000, first));
+}
+
 }  // namespace
 }  // namespace kwq::internal

@@ -87,7 +87,7 @@ class TimerHeap {
   static constexpr int64_t kPast = std::numeric_limits<int64_t>::min();
   struct Slot {
     Callback cb;
-    absl::Time deadline;  // exact: for keys that saturated (kFar, kPast) or rounded up
+    absl::Time deadline;  // exact: it decides where the key saturated (kFar, kPast)
     uint32_t generation = 1;
     uint32_t next_free = kNoSlot;
     bool inexact = false;  // pending, and its key saturated
