@@ -108,7 +108,9 @@ struct ContextNode {
   // pending or running, so Destroy must CancelSync it before freeing the node.
   std::atomic<TimerId> timer{0};
 
-  // Membership in registrar()'s child list: P.
+  // Membership in registrar()'s child list: P. Once a cancellation has detached the node
+  // (linked false), next_sibling links that cancellation's work stack instead, owned by
+  // the cancelling thread (NodeStack in context.cc).
   ContextNode* prev_sibling = nullptr;
   ContextNode* next_sibling = nullptr;
   bool linked = false;
