@@ -192,8 +192,9 @@ class TimerCore final : public ClockObserver {
       // A real clock's callbacks must not throw: as on any thread, that terminates.
       if (std::exception_ptr thrown = RunDue(clock_->Now())) std::rethrow_exception(thrown);
       if (stopping_) break;
-      armed_ = heap_.NextDeadline();
-      if (armed_ <= clock_->Now()) continue;
+      const absl::Time now = clock_->Now();
+      armed_ = heap_.NextDeadline(now);
+      if (armed_ <= now) continue;
       waiter_->Wait(&mu_, armed_, *clock_);
     }
     mu_.Unlock();

@@ -80,7 +80,7 @@ TEST(TimerHeapTest, InfiniteDeadlineNeverPops) {
   uint64_t id;
   TimerHeap::Callback fn;
   EXPECT_FALSE(heap.PopDue(absl::InfiniteFuture(), &id, &fn));
-  EXPECT_EQ(heap.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_EQ(heap.NextDeadline(T(0)), absl::InfiniteFuture());
   heap.Insert(absl::InfinitePast(), [] {});
   EXPECT_TRUE(heap.PopDue(T(0), &id, &fn));
 }
@@ -91,8 +91,8 @@ TEST(TimerHeapTest, DeadlineBetweenNanosecondsIsNotDueBeforeIt) {
   heap.Insert(deadline, [] {});
   uint64_t id;
   TimerHeap::Callback fn;
-  EXPECT_FALSE(heap.PopDue(T(1), &id, &fn));  // half a nanosecond early
-  EXPECT_GE(heap.NextDeadline(), deadline);   // the service must not wake before it
+  EXPECT_FALSE(heap.PopDue(T(1), &id, &fn));     // half a nanosecond early
+  EXPECT_GE(heap.NextDeadline(T(1)), deadline);  // the service must not wake before it
   EXPECT_TRUE(heap.PopDue(T(1) + absl::Nanoseconds(1), &id, &fn));
 }
 
@@ -103,11 +103,31 @@ TEST(TimerHeapTest, DeadlinePastTheNanosecondRangeIsNotDueBeforeIt) {
   uint64_t id;
   TimerHeap::Callback fn;
   EXPECT_FALSE(heap.PopDue(far, &id, &fn));
-  EXPECT_EQ(heap.NextDeadline(), far + absl::Hours(1));
+  EXPECT_EQ(heap.NextDeadline(far), far + absl::Hours(1));
   EXPECT_TRUE(heap.PopDue(far + absl::Hours(1), &id, &fn));
   heap.Insert(absl::FromUnixSeconds(-10'000'000'000), [] {});  // before 1678
   EXPECT_FALSE(heap.PopDue(absl::FromUnixSeconds(-10'000'000'001), &id, &fn));
   EXPECT_TRUE(heap.PopDue(absl::FromUnixSeconds(-10'000'000'000), &id, &fn));
+}
+
+// While the time compared is within the key range, a timer past it is reported as due no
+// earlier than the range's end, without a look at the saturated timers (which cost the
+// service thread a pass over all of them each time it went back to sleep); from the
+// range's end on, the exact deadline, so a caller woken there does not spin.
+TEST(TimerHeapTest, TimersPastTheRangeReportTheRangesEndUntilTheTimeIsPastItToo) {
+  TimerHeap heap;  // keys count from the Unix epoch: the range ends in 2043
+  const absl::Time far = absl::FromUnixSeconds(10'000'000'000);  // 2286
+  for (int i = 0; i < 3; ++i) heap.Insert(far + absl::Hours(3 - i), [] {});
+  const absl::Time end = heap.NextDeadline(T(0));
+  EXPECT_GT(end, absl::FromUnixSeconds(2'000'000'000));  // 2033: some 73 years out
+  EXPECT_LT(end, absl::FromUnixSeconds(2'500'000'000));  // 2049: the range's end, not 2286
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(end, &id, &fn));
+  EXPECT_EQ(heap.NextDeadline(end), far + absl::Hours(1));
+  EXPECT_EQ(heap.NextDeadline(end - absl::Nanoseconds(1)), end);  // the last instant in range
+  heap.Insert(T(5), [] {});  // a timer in range goes first as ever
+  EXPECT_EQ(heap.NextDeadline(T(0)), T(5));
 }
 
 TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {
@@ -118,7 +138,7 @@ TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {
   heap.Insert(far + absl::Hours(1), [&] { order.push_back(1); });
   uint64_t id;
   TimerHeap::Callback fn;
-  EXPECT_EQ(heap.NextDeadline(), far + absl::Hours(1));
+  EXPECT_EQ(heap.NextDeadline(far), far + absl::Hours(1));
   while (heap.PopDue(far + absl::Hours(1), &id, &fn)) fn();
   EXPECT_EQ(order, (std::vector<int>{1}));
   while (heap.PopDue(far + absl::Hours(2), &id, &fn)) fn();
@@ -149,7 +169,7 @@ TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
     int64_t min_ms = INT64_MAX;
     for (auto& [id, ms] : model) min_ms = std::min(min_ms, ms);
     if (!model.empty()) {
-      ASSERT_EQ(heap.NextDeadline(), T(min_ms));
+      ASSERT_EQ(heap.NextDeadline(T(0)), T(min_ms));
     }
   }
   uint64_t id;

@@ -109,8 +109,10 @@ class TimerService {
   // nanosecond: a FakeClock at 10.5 ns runs a timer at 10.25 ns; a real clock reads whole
   // nanoseconds). A deadline in the past runs as soon as possible;
   // absl::InfiniteFuture() never runs (it can still be cancelled or rescheduled). Timers
-  // more than about 73 years from the service's creation keep all of this too. Never blocks on the
-  // service thread or on callbacks.
+  // more than about 73 years from the service's creation keep all of this too, and cost
+  // the service thread nothing while they wait (a "no timeout" of the largest Duration
+  // Go allows, 292 years, is such a timer). Never blocks on the service thread or on
+  // callbacks.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.
   TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);

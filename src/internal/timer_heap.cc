@@ -14,7 +14,6 @@ int64_t TimerHeap::KeyOf(absl::Time t, bool* inexact) const {
   // timers of that nanosecond: 20,000 at one third of a second took 834 ms to run.)
   const absl::Duration since = t - origin_;            // saturates to +-InfiniteDuration
   const int64_t ns = absl::ToInt64Nanoseconds(since);  // truncates toward zero; saturates
-  constexpr int64_t kMaxNs = kFar / 4 - 1;             // |since| below it: quarters below kFar
   if (ns > -kMaxNs && ns < kMaxNs) {
     // A whole nanosecond (a real clock's readings, and deadlines made from them) skips
     // the Duration multiplication.
@@ -24,6 +23,8 @@ int64_t TimerHeap::KeyOf(absl::Time t, bool* inexact) const {
   if (inexact != nullptr) *inexact = true;
   return ns > 0 ? kFar : kPast;
 }
+
+absl::Time TimerHeap::RangeEnd() const { return origin_ + absl::Nanoseconds(kMaxNs); }
 
 uint32_t TimerHeap::NewSlot(absl::Time deadline) {
   uint32_t slot;
@@ -116,10 +117,11 @@ bool TimerHeap::Update(uint64_t id, absl::Time deadline) {
   return true;
 }
 
-absl::Time TimerHeap::NextDeadline() const {
+absl::Time TimerHeap::NextDeadline(absl::Time now) const {
   if (heap_.empty()) return absl::InfiniteFuture();
   const int64_t key = heap_.TopKey();
   if (key == kNever) return absl::InfiniteFuture();
+  if (key == kFar && KeyOf(now, nullptr) != kFar) return RangeEnd();
   if (key == kFar || key == kPast) return slots_[FirstWithTopKey()].deadline;
   return origin_ + absl::Nanoseconds(key) / 4;
 }

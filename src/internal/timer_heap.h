@@ -13,7 +13,8 @@
 // (FIFO). Beyond that, keys saturate (kFar, kPast) and the exact deadline kept in the slot
 // decides both whether such a timer is due and its order among the saturated ones
 // (FirstWithTopKey, which looks at all the entries sharing the top key, but only while
-// some pending timer is saturated).
+// some pending timer is saturated, and for kFar only once the time compared is past the
+// range too: a process 73 years old, or a FakeClock moved that far).
 
 #ifndef KWQ_SRC_INTERNAL_TIMER_HEAP_H_
 #define KWQ_SRC_INTERNAL_TIMER_HEAP_H_
@@ -68,8 +69,12 @@ class TimerHeap {
   // Moves a pending timer (behind others with the same deadline); false if not pending.
   bool Update(uint64_t id, absl::Time deadline);
   // When the earliest timer becomes due (its deadline rounded up to a whole nanosecond),
-  // or absl::InfiniteFuture() when empty.
-  absl::Time NextDeadline() const;
+  // or absl::InfiniteFuture() when empty. When that deadline is past the key range and
+  // `now` is not, the range's end instead: a time before it, but at most 73 years early,
+  // that takes no look at the saturated timers (which cost every call a pass over them,
+  // 250 us for 100,000 timers 300 years out, each time the service thread went back to
+  // sleep). The caller asks again then.
+  absl::Time NextDeadline(absl::Time now) const;
   // If the earliest timer is due at `now` (its deadline <= now), removes it, moves its
   // callback to `*fn`, sets `*id` and returns true. A timer at absl::InfiniteFuture() is
   // never due.
@@ -85,6 +90,8 @@ class TimerHeap {
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   static constexpr int64_t kFar = kNever - 1;
   static constexpr int64_t kPast = std::numeric_limits<int64_t>::min();
+  // Whole nanoseconds from the origin below which (in magnitude) a time's key is exact.
+  static constexpr int64_t kMaxNs = kFar / 4 - 1;
   struct Slot {
     Callback cb;
     absl::Time deadline;  // exact: it decides where the key saturated (kFar, kPast)
@@ -102,6 +109,8 @@ class TimerHeap {
   // The key of a time (a deadline, or the time it is compared with). `*inexact` (when
   // given): whether the key saturated, so that it stands for more than one time.
   int64_t KeyOf(absl::Time t, bool* inexact) const;
+  // The first instant whose key saturates to kFar.
+  absl::Time RangeEnd() const;
   static uint64_t IdOf(uint32_t slot, uint32_t generation) {
     return (static_cast<uint64_t>(generation) << 32) | slot;
   }
