@@ -1,5 +1,6 @@
 #include "kwq/internal/failure_counts.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -29,7 +30,9 @@ void FailureCounts::Reserve(uint32_t limit) {
     // of the next chunk read past the old directory's end).
     const size_t n = chunks_.size();
     auto entries = std::make_unique<Entry[]>(kChunk);
-    chunks_.reserve(n + 1);
+    // Doubling: reserving n + 1 each time reallocated (and copied) the list of chunks
+    // for every new chunk.
+    if (chunks_.capacity() == n) chunks_.reserve(std::max<size_t>(4, 2 * n));
     if (n == dir_capacity_) {
       const size_t capacity = dir_capacity_ == 0 ? 4 : dir_capacity_ * 2;
       auto dir = std::make_unique<Entry*[]>(capacity);

@@ -25,6 +25,7 @@
 #include "kwq/delaying_queue.h"
 #include "kwq/internal/failure_counts.h"
 #include "kwq/internal/queue_metrics.h"
+#include "kwq/internal/ready_levels.h"
 #include "kwq/parallelize.h"
 #include "kwq/priority_queue.h"
 #include "kwq/queue.h"
@@ -1011,6 +1012,28 @@ TEST(PriorityQueueAllocTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt)
 // throws std::bad_alloc and leaves nothing behind; so do WithValue and WithoutCancel.
 // They leaked the node and a reference to the parent, so the parent was never freed
 // (LeakSanitizer reports it at exit in make test's ASan build).
+// Two late pins (raised items' places) held at once on one group: each reserved room in
+// the group's heap for one more id than it had, so together they reserved for one, and
+// the second Link (documented to allocate nothing: it runs where nothing may throw) grew
+// the heap. A pin now reserves for every pin outstanding.
+TEST(ReadyLevelsAllocTest, LatePinsHeldAtOnceLinkWithoutAllocating) {
+  internal::ReadyLevels levels;
+  levels.ReserveSlots(64);
+  for (uint32_t s = 0; s < 9; ++s) levels.Link(s, levels.Pin(0, 0), s);
+  levels.Link(20, levels.Pin(5, 0), 100);  // the group's newest sequence: 100
+  for (uint32_t s = 0; s < 7; ++s) {       // raised: older sequences, into the group's heap
+    const uint32_t g = levels.Pin(5, 0, /*late=*/true);
+    levels.Link(s, g, levels.Unlink(s));
+  }
+  const uint32_t g1 = levels.Pin(5, 0, /*late=*/true);
+  const uint32_t g2 = levels.Pin(5, 0, /*late=*/true);
+  EXPECT_EQ(AllocationsOf([&] { levels.Link(7, g1, levels.Unlink(7)); }), 0);
+  EXPECT_EQ(AllocationsOf([&] { levels.Link(8, g2, levels.Unlink(8)); }), 0);
+  std::vector<uint32_t> order;
+  while (!levels.empty()) order.push_back(levels.PopNext());
+  EXPECT_EQ(order, (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 20}));
+}
+
 TEST(ContextAllocTest, ContextsThatCannotAllocateLeaveNothingBehind) {
   FakeClock clock;
   auto timers = *TimerService::Create({.clock = &clock});

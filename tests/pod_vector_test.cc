@@ -1,6 +1,11 @@
 #include "kwq/internal/pod_vector.h"
 
+#include <malloc.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -12,6 +17,35 @@ struct Entry {
   int64_t key;
   uint32_t id;
 };
+
+// A realloc that always moves the block and scribbles over the old one before freeing
+// it, so that a read of the old block after the growth cannot pass by luck.
+void* MovingRealloc(void* old, size_t n) {
+  void* grown = std::malloc(n);
+  if (grown == nullptr || old == nullptr) return grown;
+  const size_t had = malloc_usable_size(old);
+  std::memcpy(grown, old, std::min(had, n));
+  std::memset(old, 0xab, had);
+  std::free(old);
+  return grown;
+}
+
+// push_back and resize of one of the vector's own elements, across growths: the value
+// was read after the growth had freed the block it lived in (as std::vector allows).
+TEST(PodVectorTest, AddingOneOfItsOwnElementsAcrossAGrowthCopiesIt) {
+  auto* const saved = pod_vector_realloc;
+  pod_vector_realloc = &MovingRealloc;
+  PodVector<Entry> v;
+  v.push_back(Entry{7, 1});
+  for (int i = 0; i < 100; ++i) v.push_back(v[0]);  // grows at 16, 32 and 64
+  v.resize(500, v[99]);
+  pod_vector_realloc = saved;
+  ASSERT_EQ(v.size(), 500u);
+  for (const Entry& e : v) {
+    ASSERT_EQ(e.key, 7);
+    ASSERT_EQ(e.id, 1u);
+  }
+}
 
 TEST(PodVectorTest, KeepsItsElementsThroughGrowthPastTheMmapThreshold) {
   PodVector<Entry> v;

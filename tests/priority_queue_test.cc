@@ -22,6 +22,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "kwq/metrics.h"
 #include "kwq/rate_limiter.h"
@@ -486,6 +487,10 @@ TEST_F(PriorityQueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(more, (Strings{"a-rather-long-key-2", "a-rather-long-key-3"}));
   EXPECT_EQ(q_->AddAll(testing::KeyValues(3)), 3u);
   EXPECT_EQ(q_->Len(), 7u);
+  // Nor is a range moved from that does not say what it is (absl::Span here), which was.
+  Strings last = {"a-rather-long-key-4"};
+  EXPECT_EQ(q_->AddAll(absl::MakeSpan(last)), 1u);
+  EXPECT_EQ(last, (Strings{"a-rather-long-key-4"}));
 }
 
 // ---- rate limiting ----

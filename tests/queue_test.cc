@@ -1,6 +1,7 @@
 #include "kwq/queue.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -15,8 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "kwq/internal/key_table.h"
+#include "kwq/internal/range_items.h"
 #include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
 #include "testing/cancel_check.h"
@@ -713,6 +716,33 @@ TEST(QueueTest, AddAllOfAnyViewLeavesTheCallersItems) {
   const std::vector<std::string> before = mine;
   EXPECT_EQ(q.AddAll(testing::RefView(mine)), 2u);
   EXPECT_EQ(mine, before);
+  EXPECT_FALSE(q.Add(mine[0]));  // waiting already, as the same key
+}
+
+// A range passed as an rvalue is moved from only when it provably owns its items. A
+// non-owning range that is neither a view nor borrowed (absl::Span in Debian's Abseil, a
+// range of the user's own) was moved out of, leaving the caller's strings empty.
+TEST(QueueTest, AddAllOfANonOwningRangeLeavesTheCallersItems) {
+  using S = std::string;
+  static_assert(internal::MovesItems<std::vector<S>>());
+  static_assert(internal::MovesItems<std::array<S, 2>>());
+  static_assert(internal::MovesItems<S[2]>());
+  static_assert(internal::MovesItems<testing::KeyValues>());
+  static_assert(internal::MovesItems<testing::KeyValues&>());
+  static_assert(!internal::MovesItems<std::vector<S>&>());
+  static_assert(!internal::MovesItems<std::span<S>>());
+  static_assert(!internal::MovesItems<absl::Span<S>>());
+  static_assert(!internal::MovesItems<testing::PlainRef<std::vector<S>>>());
+  StringQueue q;
+  std::vector<S> mine = {"a-rather-long-key-0", "a-rather-long-key-1"};
+  const std::vector<S> before = mine;
+  EXPECT_EQ(q.AddAll(absl::MakeSpan(mine)), 2u);
+  EXPECT_EQ(mine, before);
+  std::vector<S> more = {"a-rather-long-key-2"};
+  EXPECT_EQ(q.AddAll(testing::PlainRef(more)), 1u);
+  EXPECT_EQ(more, (std::vector<S>{"a-rather-long-key-2"}));
+  EXPECT_EQ(q.AddAll(std::array<S, 1>{"a-rather-long-key-3"}), 1u);  // owned: moved
+  EXPECT_EQ(q.Len(), 4u);
   EXPECT_FALSE(q.Add(mine[0]));  // waiting already, as the same key
 }
 

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "kwq/context.h"
 #include "kwq/internal/spread_hash.h"
@@ -131,6 +132,10 @@ TEST(ShardedQueueTest, AddAllOfAViewLeavesTheCallersItems) {
   EXPECT_EQ(more, (std::vector<std::string>{"a-rather-long-key-2", "a-rather-long-key-3"}));
   EXPECT_EQ(q->AddAll(testing::KeyValues(3)), 3u);
   EXPECT_EQ(q->Len(), 7u);
+  // Nor is a range moved from that does not say what it is (absl::Span here), which was.
+  std::vector<std::string> last = {"a-rather-long-key-4"};
+  EXPECT_EQ(q->AddAll(absl::MakeSpan(last)), 1u);
+  EXPECT_EQ(last, (std::vector<std::string>{"a-rather-long-key-4"}));
 }
 
 // Keys whose hashes differ only above bit 31 (std::hash of a 64-bit integer is the

@@ -284,9 +284,10 @@ class PriorityQueue {
 
   // Adds every item of `items` (a container or other multi-pass range of T, or of values
   // convertible to T) with the same `opts`, under one lock acquisition. Returns how many
-  // were not waiting before (as Add). Items of an rvalue container, or of a range that
-  // yields rvalues, are moved in; those of an lvalue or of a view (a span, a filter) are
-  // copied. The range is iterated twice.
+  // were not waiting before (as Add). Items of an rvalue container that owns them (one
+  // with an allocator, a std::array, a built-in array), or of a range that yields
+  // rvalues, are moved in; those of an lvalue, of a view (a span, a filter) or of any
+  // other range (absl::Span) are copied. The range is iterated twice.
   template <typename Range>
   size_t AddAll(Range&& items, AddOpts opts = {}) {
     constexpr bool kMove = internal::MovesItems<Range>();

@@ -171,9 +171,10 @@ class Queue {
   }
 
   // Adds every item of `items` under one acquisition of the table lock. Returns how many were
-  // queued. Items of an rvalue container, or of a range that yields rvalues (a transform),
-  // are moved in; those of an lvalue or of a view (a span, a filter) stay the caller's and
-  // are copied.
+  // queued. Items of an rvalue container that owns them (one with an allocator, a
+  // std::array, a built-in array), or of a range that yields rvalues (a transform), are
+  // moved in; those of an lvalue, of a view (a span, a filter) or of any other range
+  // (absl::Span) stay the caller's and are copied (kwq/internal/range_items.h).
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = internal::MovesItems<Range>();

@@ -77,12 +77,11 @@ class ShardedQueue {
   }
 
   // Adds every item of `items`, each to its shard, under one acquisition of each shard's
-  // lock (Queue::AddAll). Returns how many were queued. Items of an rvalue container, or of
-  // a range that yields rvalues, are moved in; those of an lvalue or of a view are copied
-  // once. An item whose copy (or a batch's growth) throws ends the batch, as on Queue:
-  // the items before it are still added, each to its shard, and then the exception goes
-  // on (the first one, when a shard's add throws too; the other shards' items are added
-  // all the same).
+  // lock (Queue::AddAll). Returns how many were queued. Items are moved in or copied
+  // once, as Queue::AddAll says. An item whose copy (or a batch's growth) throws ends the
+  // batch, as on Queue: the items before it are still added, each to its shard, and then
+  // the exception goes on (the first one, when a shard's add throws too; the other
+  // shards' items are added all the same).
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = internal::MovesItems<Range>();

@@ -2,6 +2,9 @@
 // libstdc++ 12's std::views:
 // - RefView: a view over the caller's container that is not a borrowed range (as
 //   std::views::filter or take_while over a vector are): its items stay the caller's.
+// - PlainRef: a range over the caller's container that says nothing of what it is: not a
+//   view, not borrowed, no allocator (as absl::Span in Debian's Abseil): its items stay
+//   the caller's too.
 // - KeyValues(n): a range that yields the strings "key-0" .. "key-<n-1>" by value (as a
 //   std::views::transform does).
 
@@ -28,6 +31,17 @@ class RefView : public std::ranges::view_base {
 
  private:
   C* c_ = nullptr;
+};
+
+template <typename C>
+class PlainRef {
+ public:
+  explicit PlainRef(C& c) : c_(&c) {}
+  auto begin() const { return c_->begin(); }
+  auto end() const { return c_->end(); }
+
+ private:
+  C* c_;
 };
 
 class KeyValues {
@@ -63,6 +77,8 @@ class KeyValues {
 
 static_assert(std::ranges::view<RefView<std::vector<int>>>);
 static_assert(std::ranges::forward_range<KeyValues>);
+static_assert(!std::ranges::view<PlainRef<std::vector<int>>>);
+static_assert(!std::ranges::borrowed_range<PlainRef<std::vector<int>>>);
 
 }  // namespace kwq::testing
 

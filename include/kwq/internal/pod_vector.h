@@ -71,16 +71,20 @@ class PodVector {
   const T* begin() const { return data_; }
   const T* end() const { return data_ + size_; }
 
+  // `value` may be one of the vector's own elements (read before any growth frees it).
   void push_back(const T& value) {
+    const T copy = value;
     if (size_ == capacity_) Reserve(size_ + 1);
-    data_[size_++] = value;
+    data_[size_++] = copy;
   }
   void pop_back() { --size_; }
   void clear() { size_ = 0; }
-  // Grows to `n` elements, the new ones set to `fill`; shrinks by dropping the tail.
+  // Grows to `n` elements, the new ones set to `fill` (which may be one of the vector's
+  // own); shrinks by dropping the tail.
   void resize(size_t n, const T& fill) {
+    const T copy = fill;
     if (n > capacity_) Reserve(n);
-    for (size_t i = size_; i < n; ++i) data_[i] = fill;
+    for (size_t i = size_; i < n; ++i) data_[i] = copy;
     size_ = n;
   }
   // Makes room for at least `n` elements (doubling, at least 16). Throws std::bad_alloc.

@@ -72,7 +72,9 @@ class ReadyLevels {
     Group& group = groups_[g];
     group.fifo.Reserve(group.fifo.size() + group.pins + 1);
     if (late) {
-      const size_t ids = group.slot_of.size() + 1;
+      // Room for every pin outstanding (any of them may be late): two late pins that each
+      // reserved one more id than the group had reserved for one between them.
+      const size_t ids = group.slot_of.size() + group.pins + 1;
       group.late.Reserve(ids);
       GrowFor(group.slot_of, ids);
       GrowFor(group.free_ids, ids);  // Unlink gives ids back
