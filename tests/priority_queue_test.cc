@@ -1,5 +1,7 @@
 #include "kwq/priority_queue.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1148,6 +1150,38 @@ TEST_F(PriorityQueueTest, GetsWaitingForAnOwedRunReturnOnceAnotherTookIt) {
   EXPECT_TRUE(drained.load());
 }
 
+// The same while the Get that took the owed run still holds its lease: the other returns
+// at once, not when that lease ends (and the drain with it). The test above could not
+// tell, as its taker's lease ended at once; a taker that did not signal passed it.
+TEST_F(PriorityQueueTest, AGetWaitingForAnOwedRunReturnsWhileAnotherHoldsIt) {
+  q_->Add("x");
+  auto lease = q_->TryGet();
+  q_->Add("x");  // owed a run after Done
+  std::atomic<bool> drained{false};
+  std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
+  std::atomic<int> empty_handed{0};
+  std::atomic<bool> release{false};
+  std::vector<std::thread> getters;
+  for (int i = 0; i < 2; ++i) {
+    getters.emplace_back([&] {
+      if (auto l = q_->Get()) {
+        while (!release.load()) std::this_thread::yield();  // holds x's lease
+      } else {
+        empty_handed.fetch_add(1);
+      }
+    });
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q_) == 2; }));
+  lease->Done();  // x is ready: one Get takes it and keeps it
+  EXPECT_TRUE(testing::Eventually([&] { return empty_handed.load() == 1; }))
+      << "the Get with nothing owed waits for the other's lease";
+  release = true;
+  for (auto& t : getters) t.join();
+  drainer.join();
+  EXPECT_TRUE(drained.load());
+}
+
 // A ShutDown that ends a drain also ends the Gets waiting for a run owed by a lease in
 // flight: no drain is left to wait for. They used to sleep on until that lease ended.
 TEST_F(PriorityQueueTest, ShutDownDuringADrainReleasesGetsWaitingForAnOwedRun) {
@@ -1360,6 +1394,28 @@ TEST(PriorityQueueClockTest, LateTimerKeepsReadyTimeOrder) {
   clock.Notify();
 }
 
+// The same for a Done that queues its item again: items that came due while the timer is
+// late are moved first, so the one due earlier goes first. Only the Add path was pinned;
+// a Done that queued its item before moving them passed everything.
+TEST(PriorityQueueClockTest, ADoneWhileTheTimerIsLateKeepsReadyTimeOrder) {
+  LateTimerClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  PQ::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  auto q = *PQ::Create(std::move(options));
+  q->Add("a");
+  auto lease = q->TryGet();
+  q->AddAfter("d", absl::Seconds(1));
+  q->Add("a");                                // owed a run after Done
+  clock.Set(clock.Now() + absl::Seconds(2));  // d's timer has not fired
+  lease->Done();
+  Strings out;
+  while (auto l = q->TryGet()) out.push_back(l->item());
+  EXPECT_EQ(out, (Strings{"d", "a"}));
+  clock.Notify();
+}
+
 // Aging is exact however long it is: two time keys can be up to about 584 years apart,
 // and an aging over 292 years saturated there, so an item counted as aged 300 years
 // into an aging of 5,000.
@@ -1557,6 +1613,59 @@ TEST_F(PriorityQueueTest, DepthWithoutAPriorityMetricIsThePlainDepth) {
   EXPECT_EQ(rec.Get("depth"), 2);
   q->TryGet()->Done();
   EXPECT_EQ(rec.Get("depth"), 1);
+}
+
+// ---- memory stays bounded ----
+
+// Bytes the process's malloc has handed out and not taken back (glibc's count; a
+// sanitizer's allocator keeps its own, and this then reads a constant).
+size_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+constexpr int kRounds = 50'000;
+constexpr size_t kBoundedGrowth = 256 << 10;  // the leaks below grew 1-50 MB here
+
+// A delayed item added again rate-limited, over and over: each add set a place aside for
+// an item that might be ready at once, and one that stayed delayed must give it back.
+TEST_F(PriorityQueueTest, RateLimitedReAddsOfADelayedItemTakeNoMemory) {
+  auto q = MakeExponential(absl::Seconds(1), absl::Seconds(100));
+  q->AddRateLimited("a");
+  const size_t before = HeapInUse();
+  for (int i = 0; i < kRounds; ++i) q->AddRateLimited("a");
+  EXPECT_LT(HeapInUse() - before, kBoundedGrowth);
+  EXPECT_EQ(q->Waiting(), 1u);
+}
+
+// An item raised out of a level over and over leaves a dead entry in that level's FIFO
+// behind a live front: the dead entries must be compacted away.
+TEST_F(PriorityQueueTest, RaisesBehindALiveFrontTakeNoMemory) {
+  q_->Add("a", {.priority = 0});
+  const size_t before = HeapInUse();
+  for (int i = 0; i < kRounds; ++i) {
+    q_->Add("b", {.priority = 0});
+    q_->Add("b", {.priority = 1});  // raised: its entry at 0 is dead, "a" stays in front
+    auto lease = q_->TryGet();
+    ASSERT_TRUE(lease.has_value());
+    ASSERT_EQ(lease->item(), "b");
+  }
+  EXPECT_LT(HeapInUse() - before, kBoundedGrowth);
+}
+
+// An in-flight item added again at a new priority and then raised before its Done: the
+// place set aside at the first priority is given back, and that group, empty, must be
+// swept like any other.
+TEST_F(PriorityQueueTest, RaisesOfAnInFlightItemTakeNoMemory) {
+  q_->Add("x");
+  const size_t before = HeapInUse();
+  for (int i = 0; i < kRounds; ++i) {
+    auto lease = q_->TryGet();
+    ASSERT_TRUE(lease.has_value());
+    q_->Add("x", {.priority = 3 * i + 1});
+    q_->Add("x", {.priority = 3 * i + 2});  // raised while in flight
+  }
+  EXPECT_LT(HeapInUse() - before, kBoundedGrowth);
 }
 
 // ---- model check ----
