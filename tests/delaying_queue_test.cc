@@ -253,6 +253,21 @@ TEST_F(DelayingQueueTest, EarliestReadyTimeWins) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
   clock_.Advance(absl::Seconds(30));
   EXPECT_TRUE(Ready().empty());  // one entry, so it ran once
+  // A later add after an earlier one keeps the earlier: above, the last add was also the
+  // earliest, so "the latest add wins" passed.
+  q_.AddAfter("b", absl::Seconds(5));
+  q_.AddAfter("b", absl::Seconds(20));
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"b"}));
+}
+
+// AddAfter with no delay is an Add, also on a clock between two nanoseconds: the item is
+// ready at once, not waiting for a ready time rounded up to the next nanosecond.
+TEST_F(DelayingQueueTest, ZeroDelayIsAnAddOnAClockBetweenNanoseconds) {
+  clock_.Advance(absl::Nanoseconds(0.5));
+  q_.AddAfter("z", absl::ZeroDuration());
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(q_.Len(), 1u);
 }
 
 TEST_F(DelayingQueueTest, AddOfWaitingItemRunsItOnceNow) {
@@ -735,6 +750,29 @@ TEST(DelayingQueueRealTest, AddRacingThePromotionQueuesTheItemOnce) {
   int wrong = 0;
   for (int k = 0; k < kKeys; ++k) wrong += runs[k] != 1;
   EXPECT_EQ(wrong, 0);
+}
+
+// ShutDown drops every waiting item, also one whose AddAfter races it: nothing is left
+// waiting once both are over. (An add that got past the inner queue's shutdown check
+// before the waiting items were dropped left an entry waiting for ever, counted in
+// Waiting() and the delayed metric.)
+TEST(DelayingQueueRealTest, AnAddAfterRacingShutDownLeavesNothingWaiting) {
+  int stray = 0;
+  for (int round = 0; round < 50; ++round) {
+    DelayingQueue<int> q;
+    std::atomic<bool> started{false};
+    std::thread adder([&] {
+      for (int i = 0; !q.ShuttingDown(); ++i) {
+        q.AddAfter(i % 10'000, absl::Hours(1));
+        if (i == 10) started = true;
+      }
+    });
+    while (!started.load()) std::this_thread::yield();
+    q.ShutDown();
+    adder.join();
+    if (q.Waiting() != 0) ++stray;
+  }
+  EXPECT_EQ(stray, 0);
 }
 
 TEST(DelayingQueueRealTest, DestroyWhileTimerArmedIsSafe) {

@@ -134,7 +134,8 @@ TEST_F(RateLimitingQueueTest, DeletingThroughADelayingQueuePointerDestroysTheLim
 }
 
 // AddRateLimited is AddAfter(item, When(item)) at the edges too: a zero delay adds now
-// (and ends a wait), with the queue keeping the counts and with a limiter keeping its own.
+// (and ends a wait), with the queue keeping the counts and with a limiter keeping its own;
+// also on a clock between two nanoseconds (the item waited for the next one).
 TEST_F(RateLimitingQueueTest, ZeroDelayAddsNowAndEndsAWait) {
   for (bool counted : {true, false}) {
     std::unique_ptr<RateLimiter<std::string>> limiter =
@@ -150,6 +151,12 @@ TEST_F(RateLimitingQueueTest, ZeroDelayAddsNowAndEndsAWait) {
     q.TryGet();  // handed out and done
     clock_.Advance(absl::Seconds(10));
     EXPECT_FALSE(q.TryGet().has_value()) << "counted " << counted;
+    clock_.Advance(absl::Nanoseconds(0.5));
+    q.AddRateLimited("b");
+    EXPECT_EQ(q.Waiting(), 0u) << "counted " << counted;
+    EXPECT_EQ(q.Len(), 1u) << "counted " << counted;
+    q.TryGet();
+    clock_.Advance(absl::Nanoseconds(0.5));
   }
 }
 
@@ -553,6 +560,14 @@ TEST_F(RateLimitingQueueTest, KeysWhoseCountsLapsedAreEvicted) {
   churn(3);
   EXPECT_LT(internal::QueuePeer::StoredKeys(q), 6000);  // lapsed: evicted down to ~4096
   EXPECT_EQ(q.NumRequeues("failed-0"), 0);
+  // New keys take the evicted keys' slots, and none inherits a count from them.
+  int inherited = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const std::string key = absl::StrCat("new-", i);
+    q.Add(key);  // queued: a count it had could not lapse
+    if (q.NumRequeues(key) != 0) ++inherited;
+  }
+  EXPECT_EQ(inherited, 0);
 }
 
 // Forget drops a queue-kept count, so the key becomes evictable at once: a caller that
@@ -812,6 +827,23 @@ TEST(RateLimitingQueueClockTest, CountsStampedWhileTheClockThrowsKeepTheirHorizo
   clock.ThrowNext(2);
   counts.Record(0, counts.Now(), /*busy=*/true);
   counts.Touch(0);  // the key goes idle
+  fake.Advance(absl::Seconds(1));
+  EXPECT_EQ(counts.Failures(0, counts.Now(), /*busy=*/false), 1);
+}
+
+// The time that stands in for a clock that throws is the latest reading, not the first:
+// a count stamped while the clock throws an hour after the counts were made keeps its
+// horizon. (With the first reading it lapsed at once; the test above could not tell.)
+TEST(RateLimitingQueueClockTest, CountsStampedWhileTheClockThrowsUseTheLatestReading) {
+  FakeClock fake(absl::FromUnixSeconds(1'000'000));
+  testing::CountingClock clock(&fake);
+  internal::FailureCounts counts(absl::Minutes(10), &clock);
+  counts.Reset(0);
+  fake.Advance(absl::Hours(1));
+  (void)counts.Now();  // a reading an hour after the first
+  clock.ThrowNext(2);
+  counts.Record(0, counts.Now(), /*busy=*/true);
+  counts.Touch(0);  // goes idle while the clock throws
   fake.Advance(absl::Seconds(1));
   EXPECT_EQ(counts.Failures(0, counts.Now(), /*busy=*/false), 1);
 }

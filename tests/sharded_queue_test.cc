@@ -57,7 +57,9 @@ TEST(ShardedQueueTest, RejectsBadShardCounts) {
   EXPECT_EQ(ShardedQueue<int>::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShardedQueue<int>::Create(-3).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShardedQueue<int>::Create(5000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardedQueue<int>::Create(4097).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ShardedQueue<int>::Create(1).ok());
+  EXPECT_TRUE(ShardedQueue<int>::Create(4096).ok());  // the bound is in range
 }
 
 TEST(ShardedQueueDeathTest, ShardIndexOutOfRangeFailsLoudly) {
@@ -173,6 +175,47 @@ TEST(ShardedQueueTest, AnAddAllCutShortAddsTheItemsBeforeTheThrow) {
   while (auto lease = q->TryGet(0)) got.push_back(lease->item().v);
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
+// A key whose copy throws (for the items with v == 1) and whose move throws too (v == 0,
+// while armed): an AddAll first copies the items into per-shard batches, then moves each
+// batch into its shard.
+struct CopyAndMoveBoom {
+  int v;
+  explicit CopyAndMoveBoom(int x) : v(x) {}
+  CopyAndMoveBoom(const CopyAndMoveBoom& o) : v(o.v) {
+    if (v == 1) throw std::runtime_error("copy");
+  }
+  CopyAndMoveBoom(CopyAndMoveBoom&& o) noexcept(false) : v(o.v) {
+    if (v == 0 && armed) throw std::logic_error("move");
+  }
+  CopyAndMoveBoom& operator=(const CopyAndMoveBoom&) = default;
+  CopyAndMoveBoom& operator=(CopyAndMoveBoom&&) = default;
+  bool operator==(const CopyAndMoveBoom& o) const { return v == o.v; }
+  template <typename H>
+  friend H AbslHashValue(H h, const CopyAndMoveBoom& key) {
+    return H::combine(std::move(h), key.v);
+  }
+  static inline bool armed = false;
+};
+
+// When the batching throws and then a shard's add of the items batched before it throws
+// too, AddAll rethrows the first exception, as its contract says.
+TEST(ShardedQueueTest, AnAddAllThatThrowsTwiceRethrowsTheFirst) {
+  auto q = *ShardedQueue<CopyAndMoveBoom>::Create(2);
+  std::vector<CopyAndMoveBoom> items;
+  items.reserve(2);
+  items.emplace_back(0);
+  items.emplace_back(1);
+  CopyAndMoveBoom::armed = true;
+  std::string what;
+  try {
+    q->AddAll(items);  // 0 copied; 1's copy throws; then 0's move into its shard throws
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  CopyAndMoveBoom::armed = false;
+  EXPECT_EQ(what, "copy");
 }
 
 TEST(ShardedQueueTest, KeysDifferingOnlyInTheirHashesHighHalfSpread) {
