@@ -23,6 +23,11 @@
 namespace kwq {
 
 struct internal::QueuePeer {
+  template <typename Q>
+  static size_t StoredKeys(Q& q) {
+    internal::MutexLock lock(&q.queue_.mu_);
+    return q.queue_.table_.size();
+  }
   // Gets asleep on the queue's condition variable (polling ones are not counted).
   template <typename Q>
   static int Sleepers(Q& q) {
@@ -259,6 +264,14 @@ TEST_F(DelayingQueueTest, EarliestReadyTimeWins) {
   q_.AddAfter("b", absl::Seconds(20));
   clock_.Advance(absl::Seconds(5));
   EXPECT_EQ(Ready(), (std::vector<std::string>{"b"}));
+}
+
+// Waiting items that ShutDown drops become idle keys like any other, so the table sheds
+// them instead of keeping them until the queue is destroyed.
+TEST_F(DelayingQueueTest, WaitingItemsShutDownDropsAreEvicted) {
+  for (int i = 0; i < 10'000; ++i) q_.AddAfter(absl::StrCat("d", i), absl::Hours(1));
+  q_.ShutDown();
+  EXPECT_LT(internal::QueuePeer::StoredKeys(q_), 6000u);  // evicted down to ~4096
 }
 
 // AddAfter with no delay is an Add, also on a clock between two nanoseconds: the item is

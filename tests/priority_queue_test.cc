@@ -1668,6 +1668,14 @@ TEST_F(PriorityQueueTest, RaisesOfAnInFlightItemTakeNoMemory) {
   EXPECT_LT(HeapInUse() - before, kBoundedGrowth);
 }
 
+// Delayed items that ShutDown drops become idle keys like any other, so the table sheds
+// them: they stayed stored until the queue was destroyed.
+TEST_F(PriorityQueueTest, DelayedItemsShutDownDropsAreEvicted) {
+  for (int i = 0; i < 10'000; ++i) q_->AddAfter(absl::StrCat("d", i), absl::Hours(1));
+  q_->ShutDown();
+  EXPECT_LT(internal::QueuePeer::StoredKeys(*q_), 6000u);  // evicted down to ~4096
+}
+
 // ---- model check ----
 
 // A direct, slow transcription of the promises and of the order of hand-out in

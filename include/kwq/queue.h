@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -583,7 +584,9 @@ class Queue {
   // lapse, see FailureCounts). Lock-free; a caller without mu_ gets a snapshot.
   bool Busy(uint32_t slot) { return State(slot).load(std::memory_order_relaxed) & kBusyBits; }
 
-  // Ends every wait (DelayingQueue's shutdown).
+  // Ends every wait (DelayingQueue's shutdown). The keys dropped are idle now, and are
+  // evicted here as any idle keys beyond kMaxIdle would be: once the queue is shut down
+  // no add comes to evict them, and they stayed stored until it was destroyed.
   void DropWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = waiting_.size();
     waiting_.Clear([this](uint32_t slot) {
@@ -592,6 +595,9 @@ class Queue {
     });
     delayed_.store(0, std::memory_order_relaxed);
     for (size_t i = 0; i < n; ++i) RecordDelayedLocked(-1);
+    if (n > 0) {
+      EvictLocked(static_cast<int>(std::min<size_t>(table_.slot_limit(), INT_MAX)), kMaxIdle);
+    }
   }
 
   // For RateLimitingQueue with a counting limiter (RateLimiter::Counting): from now on
