@@ -130,6 +130,20 @@ TEST(TimerHeapTest, TimersPastTheRangeReportTheRangesEndUntilTheTimeIsPastItToo)
   EXPECT_EQ(heap.NextDeadline(T(0)), T(5));
 }
 
+// Equal deadlines past the key range keep FIFO order like any others (the scan of the
+// saturated timers breaks ties by scheduling order).
+TEST(TimerHeapTest, EqualDeadlinesPastTheKeyRangePopFifo) {
+  TimerHeap heap;
+  const absl::Time far = absl::UnixEpoch() + absl::Hours(24 * 365 * 300);
+  std::vector<int> order;
+  for (int i = 0; i < 6; ++i) heap.Insert(far, [&order, i] { order.push_back(i); });
+  uint64_t id;
+  TimerHeap::Callback fn;
+  EXPECT_FALSE(heap.PopDue(far - absl::Nanoseconds(1), &id, &fn));
+  while (heap.PopDue(far, &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
 TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {
   const absl::Time far = absl::FromUnixSeconds(10'000'000'000);
   TimerHeap heap(far);

@@ -193,12 +193,56 @@ TEST_P(RealTimerTest, RescheduleMovesAPendingTimer) {
   EXPECT_FALSE(service->Reschedule(id, absl::InfiniteFuture()));  // already ran
 }
 
+// The same for a Reschedule that moves a pending timer earlier: the service sleeping
+// towards its old deadline is woken. (The test above reschedules before the service
+// sleeps, so a Reschedule that never woke it passed.)
+TEST_P(RealTimerTest, RescheduleEarlierWakesASleepingService) {
+  auto& service = service_;
+  auto fired = std::make_shared<std::atomic<bool>>(false);
+  const TimerId id = service->ScheduleAfter(absl::Hours(1), [fired] { *fired = true; });
+  auto service_tid = std::make_shared<std::atomic<pid_t>>(0);
+  service->Schedule(absl::InfinitePast(), [service_tid] { *service_tid = testing::CurrentTid(); });
+  ASSERT_TRUE(testing::Eventually([&] { return service_tid->load() != 0; }));
+  EXPECT_TRUE(testing::Eventually([&] {
+    const char state = testing::ThreadState(service_tid->load());
+    return state == 'S' || state == '?';
+  }));
+  ASSERT_TRUE(service->Reschedule(id, service->clock().Now() + absl::Milliseconds(1)));
+  EXPECT_TRUE(testing::Eventually([&] { return fired->load(); }))
+      << "the service kept sleeping towards the old deadline";
+}
+
 TEST_P(RealTimerTest, DestructionDropsPendingTimersAndJoins) {
   std::atomic<int> ran{0};
   for (int i = 0; i < 100; ++i) service_->ScheduleAfter(absl::Hours(1), [&] { ++ran; });
   EXPECT_EQ(service_->Pending(), 100u);
   service_.reset();
   EXPECT_EQ(ran.load(), 0);
+}
+
+// Destruction drops timers already due but not yet run, too: one scheduled while a
+// callback runs is not run once the callback returns into a stopping service.
+TEST_P(RealTimerTest, DestructionDropsDueTimersNotYetRun) {
+  std::latch holding(1);
+  std::atomic<bool> release{false}, second_ran{false};
+  service_->Schedule(absl::InfinitePast(), [&] {
+    holding.count_down();
+    while (!release.load()) std::this_thread::yield();
+  });
+  holding.wait();
+  service_->Schedule(absl::InfinitePast(), [&] { second_ran = true; });
+  std::atomic<pid_t> destroyer{0};
+  std::thread destroying([&] {
+    destroyer = testing::CurrentTid();
+    service_.reset();
+  });
+  ASSERT_TRUE(testing::Eventually([&] { return destroyer.load() != 0; }));
+  // Until the destructor sleeps in the join, with the service marked stopping.
+  (void)testing::Eventually([&] { return testing::ThreadState(destroyer.load()) == 'S'; },
+                            absl::Seconds(2));
+  release = true;
+  destroying.join();
+  EXPECT_FALSE(second_ran.load());
 }
 
 TEST_P(RealTimerTest, ManyThreadsScheduleAndCancel) {
