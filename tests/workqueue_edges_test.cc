@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kwq/workqueue.h"
 #include "testing/eventually.h"
+#include "testing/gate.h"
 #include "testing/pause_points.h"
 #include "testing/pool_workers.h"
 #include "workqueue/internal.h"
@@ -27,16 +28,7 @@ using internal::WorkAccess;
 using testing::Eventually;
 using testing::PausePoints;
 
-class Gate {
- public:
-  void Open() { open_.store(true, std::memory_order_release); }
-  void Wait() const {
-    while (!open_.load(std::memory_order_acquire)) std::this_thread::yield();
-  }
-
- private:
-  std::atomic<bool> open_{false};
-};
+using testing::Gate;
 
 bool Parked(Work* w) {
   return static_cast<internal::WorkWhere>(WorkAccess::where(w).load()) ==

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
+#include "testing/gate.h"
 #include "testing/pause_points.h"
 #include "testing/pool_workers.h"
 #include "testing/two_socket_xml.h"
@@ -34,17 +35,7 @@ namespace {
 
 using testing::Eventually;
 
-// A gate a work can wait on (without a BlockingScope, so it looks like CPU work).
-class Gate {
- public:
-  void Open() { open_.store(true, std::memory_order_release); }
-  void Wait() const {
-    while (!open_.load(std::memory_order_acquire)) std::this_thread::yield();
-  }
-
- private:
-  std::atomic<bool> open_{false};
-};
+using testing::Gate;
 
 // A work held on a gate until the test opens it; `finished` once it ran to its end.
 struct HeldWork {
