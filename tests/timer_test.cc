@@ -28,6 +28,20 @@ namespace {
 
 // Each test gets `service_` on the backend under test, or is skipped where that is
 // io_uring and the process may not use it (Docker's default seccomp profile, for one).
+// Learns the service thread's id from a callback, then waits until that thread sleeps
+// (where /proc can be read: state 'S', or '?' where it cannot). False when the callback
+// never ran.
+bool ServiceThreadSleeps(TimerService& service) {
+  auto tid = std::make_shared<std::atomic<pid_t>>(0);
+  service.Schedule(absl::InfinitePast(), [tid] { *tid = testing::CurrentTid(); });
+  if (!testing::Eventually([&] { return tid->load() != 0; })) return false;
+  EXPECT_TRUE(testing::Eventually([&] {
+    const char state = testing::ThreadState(tid->load());
+    return state == 'S' || state == '?';
+  }));
+  return true;
+}
+
 class RealTimerTest : public ::testing::TestWithParam<TimerService::Backend> {
  protected:
   void SetUp() override {
@@ -98,15 +112,8 @@ TEST_P(RealTimerTest, EarlierTimerWakesASleepingService) {
   auto& service = service_;
   auto fired = std::make_shared<std::atomic<bool>>(false);
   service->ScheduleAfter(absl::Hours(1), [] { ADD_FAILURE() << "far timer fired"; });
-  // Learn the service thread's id from a callback, then wait until it sleeps towards the
-  // far timer, so the near one is scheduled while it sleeps (where /proc can be read).
-  auto service_tid = std::make_shared<std::atomic<pid_t>>(0);
-  service->Schedule(absl::InfinitePast(), [service_tid] { *service_tid = testing::CurrentTid(); });
-  ASSERT_TRUE(testing::Eventually([&] { return service_tid->load() != 0; }));
-  EXPECT_TRUE(testing::Eventually([&] {
-    const char state = testing::ThreadState(service_tid->load());
-    return state == 'S' || state == '?';
-  }));
+  // The near one is scheduled while the service sleeps towards the far timer.
+  ASSERT_TRUE(ServiceThreadSleeps(*service));
   service->ScheduleAfter(absl::Milliseconds(1), [fired] { *fired = true; });
   EXPECT_TRUE(testing::Eventually([&] { return fired->load(); }))
       << "the service kept sleeping towards the far timer";
@@ -200,13 +207,7 @@ TEST_P(RealTimerTest, RescheduleEarlierWakesASleepingService) {
   auto& service = service_;
   auto fired = std::make_shared<std::atomic<bool>>(false);
   const TimerId id = service->ScheduleAfter(absl::Hours(1), [fired] { *fired = true; });
-  auto service_tid = std::make_shared<std::atomic<pid_t>>(0);
-  service->Schedule(absl::InfinitePast(), [service_tid] { *service_tid = testing::CurrentTid(); });
-  ASSERT_TRUE(testing::Eventually([&] { return service_tid->load() != 0; }));
-  EXPECT_TRUE(testing::Eventually([&] {
-    const char state = testing::ThreadState(service_tid->load());
-    return state == 'S' || state == '?';
-  }));
+  ASSERT_TRUE(ServiceThreadSleeps(*service));
   ASSERT_TRUE(service->Reschedule(id, service->clock().Now() + absl::Milliseconds(1)));
   EXPECT_TRUE(testing::Eventually([&] { return fired->load(); }))
       << "the service kept sleeping towards the old deadline";
