@@ -99,7 +99,10 @@ class DelayingQueue {
   // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
   // the queue down. Virtual: a RateLimitingQueue may be owned and deleted as a
   // DelayingQueue (Go embeds the one interface in the other).
-  virtual ~DelayingQueue() { ShutDown(); }
+  virtual ~DelayingQueue() {
+    StopWaiting(/*evict=*/false);  // the table goes whole
+    queue_.ShutDown();
+  }
 
   friend struct internal::QueuePeer;  // tests: the keys stored
 
@@ -510,9 +513,10 @@ class DelayingQueue {
     }
   }
 
-  // Queues the waiting items already due, drops the rest and stops the timer. After it
-  // returns no Fire is running and none will start.
-  void StopWaiting() {
+  // Queues the waiting items already due, drops the rest (evicting their keys beyond the
+  // idle allowance with `evict`) and stops the timer. After it returns no Fire is running
+  // and none will start.
+  void StopWaiting(bool evict = true) {
     TimerId timer;
     {
       internal::MutexLock lock(&queue_.mu_);
@@ -524,7 +528,7 @@ class DelayingQueue {
         queue_.PromoteDueLocked(ToKey(clock_->Now()), std::numeric_limits<size_t>::max(), &more);
       } catch (...) {  // a user's clock that throws: the due items are dropped with the rest
       }
-      queue_.DropWaitingLocked();
+      queue_.DropWaitingLocked(evict);
       PublishLocked();
     }
     // A Fire that has not taken the lock yet is this timer's callback: wait for it (it

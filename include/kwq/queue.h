@@ -584,10 +584,12 @@ class Queue {
   // lapse, see FailureCounts). Lock-free; a caller without mu_ gets a snapshot.
   bool Busy(uint32_t slot) { return State(slot).load(std::memory_order_relaxed) & kBusyBits; }
 
-  // Ends every wait (DelayingQueue's shutdown). The keys dropped are idle now, and are
-  // evicted here as any idle keys beyond kMaxIdle would be: once the queue is shut down
-  // no add comes to evict them, and they stayed stored until it was destroyed.
-  void DropWaitingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Ends every wait (DelayingQueue's shutdown). The keys dropped are idle now, and with
+  // `evict` are evicted here as any idle keys beyond kMaxIdle would be: once the queue is
+  // shut down no add comes to evict them, and they stayed stored until it was destroyed.
+  // (Not when the queue is being destroyed: erasing them one by one doubled the time a
+  // queue with 1,000,000 waiting keys took to destroy, 26 -> 52 ms.)
+  void DropWaitingLocked(bool evict) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = waiting_.size();
     waiting_.Clear([this](uint32_t slot) {
       mu_.AssertHeld();  // the lambda runs here, under mu_
@@ -595,7 +597,7 @@ class Queue {
     });
     delayed_.store(0, std::memory_order_relaxed);
     for (size_t i = 0; i < n; ++i) RecordDelayedLocked(-1);
-    if (n > 0) {
+    if (evict && n > 0) {
       EvictLocked(static_cast<int>(std::min<size_t>(table_.slot_limit(), INT_MAX)), kMaxIdle);
     }
   }
