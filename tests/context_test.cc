@@ -1,7 +1,5 @@
 #include "kwq/context.h"
 
-#include <malloc.h>
-
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -23,6 +21,7 @@
 #include "kwq/stop_token.h"
 #include "kwq/timer.h"
 #include "testing/eventually.h"
+#include "testing/heap_in_use.h"
 #include "testing/small_stack.h"
 #include "testing/thread_state.h"
 
@@ -1130,10 +1129,7 @@ TEST(ContextTest, ValueDestructorMayCancelTheAncestorBeingCancelled) {
     root_canceller.detach();  // stuck for good; the test has failed
   }
 }
-size_t HeapInUse() {
-  const struct mallinfo2 m = mallinfo2();
-  return m.uordblks + m.hblkhd;
-}
+using testing::HeapInUse;
 
 // Stop frees the registration, so AfterFunc+Stop per request on a long-lived
 // context takes no memory (a Stop that left its record on the context's list grew it

@@ -1,7 +1,5 @@
 #include "kwq/priority_queue.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +31,7 @@
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
+#include "testing/heap_in_use.h"
 #include "testing/hint_recorder.h"
 #include "testing/late_timer.h"
 #include "testing/not_counting.h"
@@ -1617,12 +1616,7 @@ TEST_F(PriorityQueueTest, DepthWithoutAPriorityMetricIsThePlainDepth) {
 
 // ---- memory stays bounded ----
 
-// Bytes the process's malloc has handed out and not taken back (glibc's count; a
-// sanitizer's allocator keeps its own, and this then reads a constant).
-size_t HeapInUse() {
-  const struct mallinfo2 m = mallinfo2();
-  return m.uordblks + m.hblkhd;
-}
+using testing::HeapInUse;
 
 constexpr int kRounds = 50'000;
 constexpr size_t kBoundedGrowth = 256 << 10;  // the leaks below grew 1-50 MB here

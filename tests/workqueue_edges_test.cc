@@ -16,6 +16,7 @@
 #include "kwq/workqueue.h"
 #include "testing/eventually.h"
 #include "testing/gate.h"
+#include "testing/parked.h"
 #include "testing/pause_points.h"
 #include "testing/pool_workers.h"
 #include "workqueue/internal.h"
@@ -30,10 +31,7 @@ using testing::PausePoints;
 
 using testing::Gate;
 
-bool Parked(Work* w) {
-  return static_cast<internal::WorkWhere>(WorkAccess::where(w).load()) ==
-         internal::WorkWhere::kInactive;
-}
+using testing::Parked;
 
 class WorkqueueEdgeTest : public ::testing::Test {
  protected:

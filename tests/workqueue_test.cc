@@ -25,6 +25,7 @@
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/gate.h"
+#include "testing/parked.h"
 #include "testing/pause_points.h"
 #include "testing/pool_workers.h"
 #include "testing/two_socket_xml.h"
@@ -1838,10 +1839,7 @@ using internal::HookPoint;
 using internal::WorkAccess;
 using testing::PausePoints;
 
-bool Parked(Work* w) {
-  return static_cast<internal::WorkWhere>(WorkAccess::where(w).load()) ==
-         internal::WorkWhere::kInactive;
-}
+using testing::Parked;
 
 // ModDelayed reads the clock before it takes the work from where it waits: a clock that
 // throws (a user's) leaves the work as it was. The clock was read after the work was
