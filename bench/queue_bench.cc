@@ -136,6 +136,23 @@ void BM_AddAfterDistinct(benchmark::State& state) {
 }
 BENCHMARK(BM_AddAfterDistinct)->Unit(benchmark::kMillisecond);
 
+// Destroying a DelayingQueue with 1,000,000 keys waiting an hour, and shutting one down
+// (range(0) = 1: ShutDown first, which evicts the dropped keys beyond the idle allowance;
+// the destructor frees the table whole instead).
+void BM_DelayingQueueDropsWaitingKeys(benchmark::State& state) {
+  const std::vector<std::string> keys = Keys(1'000'000);
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto q = std::make_unique<DelayingQueue<std::string>>();
+    for (const auto& k : keys) q->AddAfter(k, absl::Hours(1));
+    state.ResumeTiming();
+    if (state.range(0) == 1) q->ShutDown();
+    q.reset();
+  }
+  state.SetLabel(state.range(0) == 1 ? "ShutDown, then destroy" : "destroy");
+}
+BENCHMARK(BM_DelayingQueueDropsWaitingKeys)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 // Two workers drain 200,000 keys added up front: one shared Queue vs a 2-shard
 // ShardedQueue (each worker owns a shard and steals when it runs dry).
 void BM_TwoWorkersDrain(benchmark::State& state) {
