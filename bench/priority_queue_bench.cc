@@ -226,5 +226,22 @@ BENCHMARK(BM_PriorityQueue_DistinctPriorities)
     ->ArgsProduct({{10'000, 80'000}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 
+// Destroying a PriorityQueue with 1,000,000 keys delayed an hour. Its destructor runs
+// ShutDown, which takes the delayed items out one at a time and lists each key idle,
+// evicting as it goes (a DelayingQueue's destructor frees its table whole:
+// queue_bench's BM_DelayingQueueDropsWaitingKeys/0).
+void BM_PriorityQueue_DestroyWithDelayed1M(benchmark::State& state) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 1'000'000; ++i) keys.push_back(absl::StrCat("default/object-", i));
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto q = *kwq::PriorityQueue<std::string>::Create();
+    for (const auto& k : keys) q->AddAfter(k, absl::Hours(1));
+    state.ResumeTiming();
+    q.reset();
+  }
+}
+BENCHMARK(BM_PriorityQueue_DestroyWithDelayed1M)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace kwq
