@@ -134,5 +134,33 @@ BENCHMARK(BM_NearTimerWithFarTimersPending)
     ->MeasureProcessCPUTime()
     ->Unit(benchmark::kMicrosecond);
 
+// 20,000 timers sharing one deadline (1 ms out) fire, with range(0) timers 300 years out
+// pending (their keys saturate: src/internal/timer_heap.h). While any saturated timer was
+// pending, every pop looked at all the timers still sharing the top deadline: 20,000
+// timers took N^2 / 2 = 200,000,000 looks to fire. Wall time from the first Schedule to
+// the last callback.
+void BM_EqualDeadlinesFire(benchmark::State& state) {
+  constexpr int kTimers = 20'000;
+  auto service = NewService(0);
+  std::vector<TimerId> far;
+  for (int64_t i = 0; i < state.range(0); ++i) {
+    far.push_back(service->ScheduleAfter(absl::Hours(24 * 365 * 300), [] {}));
+  }
+  for (auto _ : state) {
+    std::atomic<int> left{kTimers};
+    absl::Notification all_ran;
+    const absl::Time deadline = service->clock().Now() + absl::Milliseconds(1);
+    for (int i = 0; i < kTimers; ++i) {
+      service->Schedule(deadline, [&left, &all_ran] {
+        if (left.fetch_sub(1, std::memory_order_relaxed) == 1) all_ran.Notify();
+      });
+    }
+    all_ran.WaitForNotification();
+  }
+  for (TimerId id : far) service->Cancel(id);
+  state.SetItemsProcessed(state.iterations() * kTimers);
+}
+BENCHMARK(BM_EqualDeadlinesFire)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace kwq

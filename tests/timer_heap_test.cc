@@ -4,8 +4,10 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace kwq::internal {
@@ -142,6 +144,46 @@ TEST(TimerHeapTest, EqualDeadlinesPastTheKeyRangePopFifo) {
   EXPECT_FALSE(heap.PopDue(far - absl::Nanoseconds(1), &id, &fn));
   while (heap.PopDue(far, &id, &fn)) fn();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
+// Deadlines more than 73 years before the origin share the key of absl::InfinitePast():
+// among them the exact deadline decides, whatever the scheduling order, and the timers at
+// absl::InfinitePast() itself go first, FIFO.
+TEST(TimerHeapTest, DeadlinesBeforeTheKeyRangePopInDeadlineOrder) {
+  const absl::Time origin = absl::FromUnixSeconds(10'000'000'000);  // 2286
+  TimerHeap heap(origin);
+  std::vector<std::string> order;
+  auto record = [&order](std::string name) { return [&order, name] { order.push_back(name); }; };
+  for (int h = 3; h >= 1; --h) {
+    heap.Insert(absl::UnixEpoch() + absl::Hours(h), record(absl::StrCat("epoch+", h, "h")));
+  }
+  heap.Insert(absl::InfinitePast(), record("past0"));
+  heap.Insert(absl::InfinitePast(), record("past1"));
+  heap.Insert(origin, record("origin"));
+  uint64_t id;
+  TimerHeap::Callback fn;
+  while (heap.PopDue(origin, &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<std::string>{"past0", "past1", "epoch+1h", "epoch+2h", "epoch+3h",
+                                             "origin"}));
+}
+
+// A pre-range timer moved into the range, and one moved out of it, are ordered by their
+// new deadlines; so are those freed and scheduled again.
+TEST(TimerHeapTest, TimersMovedAcrossTheRangesStartKeepDeadlineOrder) {
+  const absl::Time origin = absl::FromUnixSeconds(10'000'000'000);
+  TimerHeap heap(origin);
+  std::vector<std::string> order;
+  auto record = [&order](std::string name) { return [&order, name] { order.push_back(name); }; };
+  const uint64_t moved_in = heap.Insert(absl::UnixEpoch(), record("moved in"));
+  ASSERT_TRUE(heap.Update(moved_in, origin + absl::Seconds(1)));
+  ASSERT_TRUE(heap.Remove(heap.Insert(absl::UnixEpoch() - absl::Hours(1), [] {})));
+  heap.Insert(absl::UnixEpoch() + absl::Hours(2), record("epoch+2h"));
+  const uint64_t moved_out = heap.Insert(origin, record("moved out"));
+  ASSERT_TRUE(heap.Update(moved_out, absl::UnixEpoch() + absl::Hours(1)));
+  uint64_t id;
+  TimerHeap::Callback fn;
+  while (heap.PopDue(origin + absl::Seconds(1), &id, &fn)) fn();
+  EXPECT_EQ(order, (std::vector<std::string>{"moved out", "epoch+2h", "moved in"}));
 }
 
 TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {

@@ -12,9 +12,11 @@
 // is due exactly when the time compared reaches it, and equal keys are equal deadlines
 // (FIFO). Beyond that, keys saturate (kFar, kPast) and the exact deadline kept in the slot
 // decides both whether such a timer is due and its order among the saturated ones
-// (FirstWithTopKey, which looks at all the entries sharing the top key, but only while
-// some pending timer is saturated, and for kFar only once the time compared is past the
-// range too: a process 73 years old, or a FakeClock moved that far).
+// (FirstWithTopKey, which looks at all the entries sharing the top key, but only when
+// that key is saturated and stands for more than one deadline, and for kFar only once the
+// time compared is past the range too: a process 73 years old, or a FakeClock moved that
+// far). Many saturated timers of one side still cost their pops N^2 / 2 looks between
+// them: deadlines 73 years from the service's start are not worth an ordered index.
 
 #ifndef KWQ_SRC_INTERNAL_TIMER_HEAP_H_
 #define KWQ_SRC_INTERNAL_TIMER_HEAP_H_
@@ -102,9 +104,10 @@ class TimerHeap {
   // The pending slot that goes first among those with the top key: the earliest exact
   // deadline, then the earliest scheduled. Timers whose deadlines share a saturated key
   // sit in the heap in scheduling order, and a later one at the top hid an earlier one
-  // that was due. Looks past the top only while some timer is inexact (saturated).
+  // that was due. Looks past the top only where the top key is saturated and may stand for
+  // more than one deadline: kFar, or kPast while some finite pre-range timer is pending.
   uint32_t FirstWithTopKey() const;
-  // Sets slot `slot`'s deadline and its inexact flag, keeping inexact_ counted.
+  // Sets slot `slot`'s deadline and its inexact flag, keeping inexact_past_ counted.
   void SetDeadline(uint32_t slot, absl::Time deadline, bool inexact);
   // The key of a time (a deadline, or the time it is compared with). `*inexact` (when
   // given): whether the key saturated, so that it stands for more than one time.
@@ -126,7 +129,9 @@ class TimerHeap {
   std::vector<Slot> slots_;
   IndexedHeap heap_;  // pending slots by deadline key
   uint32_t free_head_ = kNoSlot;
-  size_t inexact_ = 0;  // pending slots with inexact set
+  // Pending slots with inexact set and a deadline before the range (keyed kPast beside
+  // any at absl::InfinitePast()).
+  size_t inexact_past_ = 0;
 };
 
 }  // namespace kwq::internal
