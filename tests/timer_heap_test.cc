@@ -240,5 +240,72 @@ TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
   EXPECT_TRUE(model.empty());
 }
 
+// The same against a model over every kind of deadline: absl::InfinitePast(), before the
+// key range, within it, past it and absl::InfiniteFuture(), with few distinct values so
+// that many timers share each. Pops must come in (deadline, scheduling order) order, and
+// only once due, while the time compared moves from inside the range to past its end.
+TEST(TimerHeapTest, MatchesModelAcrossTheKeyRangeUnderRandomOperations) {
+  const absl::Duration century = absl::Hours(24 * 365 * 100);
+  const std::vector<absl::Time> deadlines = {absl::InfinitePast(),
+                                             absl::UnixEpoch() - 3 * century,
+                                             absl::UnixEpoch() - century,
+                                             T(0),
+                                             T(5),
+                                             absl::UnixEpoch() + century,
+                                             absl::UnixEpoch() + 3 * century,
+                                             absl::InfiniteFuture()};
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    TimerHeap heap;
+    struct Entry {
+      absl::Time deadline;
+      uint64_t seq;
+    };
+    std::map<uint64_t, Entry> model;  // id -> deadline, scheduling order
+    uint64_t seq = 0;
+    auto pick = [&] { return deadlines[rng() % deadlines.size()]; };
+    for (int step = 0; step < 300; ++step) {
+      const int op = rng() % 4;
+      if (op <= 1 || model.empty()) {
+        const absl::Time d = pick();
+        model[heap.Insert(d, [] {})] = {d, seq++};
+      } else if (op == 2) {
+        auto it = std::next(model.begin(), rng() % model.size());
+        ASSERT_TRUE(heap.Remove(it->first));
+        model.erase(it);
+      } else {
+        auto it = std::next(model.begin(), rng() % model.size());
+        const absl::Time d = pick();
+        ASSERT_TRUE(heap.Update(it->first, d));
+        it->second = {d, seq++};
+      }
+    }
+    for (const absl::Time now : {T(0), T(5), absl::UnixEpoch() + century,
+                                 absl::UnixEpoch() + 3 * century, absl::InfiniteFuture()}) {
+      for (;;) {
+        auto first = model.end();
+        for (auto it = model.begin(); it != model.end(); ++it) {
+          if (it->second.deadline == absl::InfiniteFuture() || it->second.deadline > now) {
+            continue;
+          }
+          if (first == model.end() || it->second.deadline < first->second.deadline ||
+              (it->second.deadline == first->second.deadline &&
+               it->second.seq < first->second.seq)) {
+            first = it;
+          }
+        }
+        uint64_t id;
+        TimerHeap::Callback fn;
+        const bool popped = heap.PopDue(now, &id, &fn);
+        ASSERT_EQ(popped, first != model.end()) << "round " << round;
+        if (!popped) break;
+        ASSERT_EQ(id, first->first) << "round " << round;
+        model.erase(first);
+      }
+    }
+    EXPECT_EQ(heap.size(), model.size());  // only those at absl::InfiniteFuture() are left
+  }
+}
+
 }  // namespace
 }  // namespace kwq::internal
