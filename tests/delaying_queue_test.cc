@@ -274,6 +274,18 @@ TEST_F(DelayingQueueTest, WaitingItemsShutDownDropsAreEvicted) {
   EXPECT_LT(internal::QueuePeer::StoredKeys(q_), 6000u);  // evicted down to ~4096
 }
 
+// Keys whose waits were cancelled go idle with no hand-out to evict them: they are evicted
+// as they are cancelled, down to about twice the idle allowance (all 20,000 stayed stored).
+TEST_F(DelayingQueueTest, CancelledKeysAreEvicted) {
+  for (int i = 0; i < 20'000; ++i) q_.AddAfter(absl::StrCat("c", i), absl::Hours(1));
+  for (int i = 0; i < 20'000; ++i) ASSERT_TRUE(q_.CancelAfter(absl::StrCat("c", i)));
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_LT(internal::QueuePeer::StoredKeys(q_), 10'000u);  // about 2 * 4096
+  q_.AddAfter("c7", absl::Seconds(1));                      // an evicted key comes back whole
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"c7"}));
+}
+
 // AddAfter with no delay is an Add, also on a clock between two nanoseconds: the item is
 // ready at once, not waiting for a ready time rounded up to the next nanosecond.
 TEST_F(DelayingQueueTest, ZeroDelayIsAnAddOnAClockBetweenNanoseconds) {

@@ -140,7 +140,7 @@ class Queue {
   using Lease = internal::Lease<Queue, T>;
   friend Lease;  // calls Finish
   template <typename, typename, typename>
-  friend class DelayingQueue;  // calls GetPromoting, AddHashed
+  friend class DelayingQueue;  // calls GetPromoting, AddHashed, EvictBackstopLocked
   template <typename, typename, typename>
   friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, StopAdds, DrainUntil
   friend struct internal::QueuePeer;
@@ -872,14 +872,8 @@ class Queue {
     table_.Prefetch(item, hash);
     uint32_t slot = table_.Find(item, hash);
     if (slot == Table::kNone) {
-      // Backstop for when workers do not keep up with eviction, every kEvictBatch inserts
-      // (IdleEstimate reads the workers' finished_ counter: a cache miss on a line they
-      // keep writing). Before the insert: the new slot is idle until MarkDirtyLocked.
-      if (++inserts_ % kEvictBatch == 0 &&
-          IdleEstimate() >
-              std::max(2 * kMaxIdle, evict_floor_.load(std::memory_order_relaxed) + kEvictBatch)) {
-        EvictLocked(kEvictBatch * kEvictScan, 2 * kMaxIdle);
-      }
+      // Before the insert: the new slot is idle until MarkDirtyLocked.
+      EvictBackstopLocked();
       // Room for what the add does next, before the key is moved in (the last step that
       // can fail for memory), so that an add that throws std::bad_alloc has not taken the
       // caller's item: the push, and the new slot's failure count.
@@ -1070,6 +1064,19 @@ class Queue {
     }
   }
 
+  // Backstop for when workers do not keep up with eviction (or there are none to hand
+  // out to): every kEvictBatch calls, on the producer's side of the queue (key inserts,
+  // and a DelayingQueue's CancelAfter, whose keys go idle with no hand-out to evict
+  // them), erases idle keys beyond twice kMaxIdle. (IdleEstimate reads the workers'
+  // finished_ counter: a cache miss on a line they keep writing, hence not every call.)
+  void EvictBackstopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (++backstop_calls_ % kEvictBatch == 0 &&
+        IdleEstimate() >
+            std::max(2 * kMaxIdle, evict_floor_.load(std::memory_order_relaxed) + kEvictBatch)) {
+      EvictLocked(kEvictBatch * kEvictScan, 2 * kMaxIdle);
+    }
+  }
+
   // Every kEvictBatch hand-outs: once a batch of idle keys beyond kMaxIdle has piled up,
   // the worker erases them, if the table lock is free (workers usually have time to
   // spare; the producer only evicts as a backstop, see FindOrInsertLocked). Trying on
@@ -1141,8 +1148,8 @@ class Queue {
   // pushing end of the ready order (Add, and a Done whose item was added again).
   alignas(64) mutable internal::Mutex mu_;
   Table table_ ABSL_GUARDED_BY(mu_);
-  uint32_t hand_ ABSL_GUARDED_BY(mu_) = 0;     // next slot the idle-key hand looks at
-  uint64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;  // keys inserted, ever
+  uint32_t hand_ ABSL_GUARDED_BY(mu_) = 0;            // next slot the idle-key hand looks at
+  uint64_t backstop_calls_ ABSL_GUARDED_BY(mu_) = 0;  // EvictBackstopLocked's, ever
   internal::SlotFifo overflow_ ABSL_GUARDED_BY(mu_);
   // Items added again while in flight, whose Done will push them (room for them is kept in
   // overflow_, see ReservePushLocked).
