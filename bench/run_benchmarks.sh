@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p docs/data
-for b in timer_bench context_bench queue_bench rate_limiter_bench priority_queue_bench metrics_bench; do
+for b in timer_bench context_bench queue_bench rate_limiter_bench priority_queue_bench metrics_bench \
+  workqueue_bench; do
   ./build/release/bench/$b --benchmark_min_time=0.3 \
     --benchmark_out=docs/data/$b.json --benchmark_out_format=json
 done

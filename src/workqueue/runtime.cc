@@ -349,7 +349,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
     if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
     next = nullptr;
   }
-  wq->Finished(color);  // last touch of `wq` (unless `next` keeps it busy)
+  wq->Finished(color, w);  // last touch of `wq` (unless `next` keeps it busy)
   return next;
 }
 

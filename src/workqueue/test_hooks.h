@@ -41,6 +41,11 @@ enum class HookPoint : uint8_t {
   // Flush(work) found the instance it waits for not finished and released, and is about
   // to wait (again). Holds the workqueue's mu_. Subject: the Work.
   kFlushWorkWaits,
+  // A wait for instances to leave the workqueue ended by a signal, not by its poll period
+  // (an instance gone that concerns it, or a spurious wake-up). Holds the workqueue's mu_.
+  // Subject: the Work for Flush(work) and CancelSync, the WorkqueueCore for Flush() and
+  // Freeze.
+  kWaitSignalled,
   // Flush() (FlushAll) found its color's bucket not empty and is about to wait (again).
   // Holds the workqueue's flush_mu_ and mu_. Subject: the WorkqueueCore.
   kFlushAllWaits,
@@ -54,7 +59,8 @@ enum class HookPoint : uint8_t {
   // about to take the workqueue's mu_. Subject: the WorkqueueCore.
   kInstanceGoneWillLock,
   // The same counter counted the instance gone under the workqueue's mu_ and is about to
-  // signal cv_ and unlock mu_. Holds mu_ (and, from a worker, its pool's lock). Subject:
+  // signal the waiters it concerns and unlock mu_. Holds mu_ (and, from a worker, its pool's lock).
+  // Subject:
   // the WorkqueueCore.
   kInstanceGoneCounted,
   // A delayed work's timer fired: TimerFired is about to take timer_mu_ and queue the

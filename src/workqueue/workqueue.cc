@@ -177,7 +177,7 @@ WorkqueueCore::~WorkqueueCore() {
     if (timed_head_ == nullptr && Queued() == 0) break;
   }
   // A worker counting the last instance gone with a waiter does so under mu_ and then
-  // signals cv_ (InstanceGone): wait for it to let go before the memory goes.
+  // signals the waiters (InstanceGone): wait for it to let go before the memory goes.
   { MutexLock lock(&mu_); }
   rt->Unregister(this);
   if (rescuer_.joinable()) {
@@ -260,7 +260,7 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
   for (uint64_t now; (now = color_.load(std::memory_order_seq_cst)) != color; color = now) {
     color_queued_[now % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
-    InstanceGone(color);  // the old bucket's count, as if that instance had finished
+    InstanceGone(color, nullptr);  // the old bucket's count, as if that instance had finished
   }
   A::color(w) = color;
   A::pwq(w).store(pwq, std::memory_order_release);
@@ -342,19 +342,40 @@ void WorkqueueCore::ActivateWaiting(int node) {
   }
 }
 
-void WorkqueueCore::InstanceGone(uint64_t color) {
+void WorkqueueCore::InstanceGone(uint64_t color, const Work* w) {
   // The color_gone_ increment is the last touch of this object: a drain waiting for
   // nothing to be queued may destroy it right after. With a waiter, count and signal
   // under mu_ (the waiter re-checks under mu_); without one, a later waiter polls.
+  const int bucket = static_cast<int>(color % kColorBuckets);
   if (waiters_.load(std::memory_order_seq_cst) > 0) {
     TestHook(HookPoint::kInstanceGoneWillLock, this);
     MutexLock lock(&mu_);
-    color_gone_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
+    color_gone_[bucket].fetch_add(1, std::memory_order_acq_rel);
     TestHook(HookPoint::kInstanceGoneCounted, this);
-    cv_.SignalAll();
+    for (CompletionWaiter* x = completion_waiters_; x != nullptr; x = x->next) {
+      if (x->any || x->bucket == bucket || (w != nullptr && x->work == w)) x->cv.Signal();
+    }
     return;
   }
-  color_gone_[color % kColorBuckets].fetch_add(1, std::memory_order_acq_rel);
+  color_gone_[bucket].fetch_add(1, std::memory_order_acq_rel);
+}
+
+void WorkqueueCore::AddWaiterLocked(CompletionWaiter* waiter) {
+  waiter->prev = nullptr;
+  waiter->next = completion_waiters_;
+  if (completion_waiters_ != nullptr) completion_waiters_->prev = waiter;
+  completion_waiters_ = waiter;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void WorkqueueCore::RemoveWaiterLocked(CompletionWaiter* waiter) {
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  if (waiter->prev != nullptr) {
+    waiter->prev->next = waiter->next;
+  } else {
+    completion_waiters_ = waiter->next;
+  }
+  if (waiter->next != nullptr) waiter->next->prev = waiter->prev;
 }
 
 int64_t WorkqueueCore::Queued() const {
@@ -388,7 +409,7 @@ Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, WorkerPool* here) {
   return nullptr;
 }
 
-void WorkqueueCore::Finished(uint64_t color) { InstanceGone(color); }
+void WorkqueueCore::Finished(uint64_t color, const Work* w) { InstanceGone(color, w); }
 
 WorkqueueCore::TimerGrab WorkqueueCore::GrabFromTimer(Work* w, PoolWorkqueue* pwq) {
   WorkqueueCore* owner_wq = pwq->wq;
@@ -439,7 +460,7 @@ bool WorkqueueCore::GrabPending(Work* w) {
           SetWhere(w, WorkWhere::kNone);
           n.unparked.fetch_add(1, std::memory_order_seq_cst);
         }
-        owner_wq->InstanceGone(A::color(w));
+        owner_wq->InstanceGone(A::color(w), w);
         return TakenBack(w);
       }
       case WorkWhere::kPool:
@@ -456,7 +477,7 @@ bool WorkqueueCore::GrabPending(Work* w) {
         WorkqueueCore* owner_wq = removed->wq;
         owner_wq->Release(*owner_wq->nodes_[removed->node]);
         owner_wq->ActivateWaiting(removed->node);
-        owner_wq->InstanceGone(A::color(w));
+        owner_wq->InstanceGone(A::color(w), w);
         return TakenBack(w);
       }
       case WorkWhere::kNone:
@@ -475,9 +496,13 @@ bool WorkqueueCore::Cancel(Work* w) {
 void WorkqueueCore::WaitIdle(Work* w) {
   BlockingScope blocking;  // waiting from a work must not hold up its pool
   MutexLock lock(&mu_);
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
-  while (Running(w)) cv_.WaitFor(&mu_, kPollPeriod);
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  CompletionWaiter me;
+  me.work = w;
+  AddWaiterLocked(&me);
+  while (Running(w)) {
+    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, w);
+  }
+  RemoveWaiterLocked(&me);
 }
 
 bool WorkqueueCore::CancelSync(Work* w) {
@@ -497,12 +522,14 @@ bool WorkqueueCore::Flush(Work* w) {
   if (FinishedAndReleased(w, target)) return false;
   BlockingScope blocking;
   MutexLock lock(&mu_);
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  CompletionWaiter me;
+  me.work = w;
+  AddWaiterLocked(&me);
   while (!FinishedAndReleased(w, target) && (Pending(w) || Running(w))) {
     TestHook(HookPoint::kFlushWorkWaits, w);
-    cv_.WaitFor(&mu_, kPollPeriod);
+    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, w);
   }
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  RemoveWaiterLocked(&me);
   return true;
 }
 
@@ -516,18 +543,20 @@ void WorkqueueCore::FlushAll() {
   // Works queued from now on take the next color; wait for this one's bucket to empty.
   // seq_cst, as Enqueue's count and its re-read of the color (see there).
   const uint64_t mine = color_.fetch_add(1, std::memory_order_seq_cst);
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  CompletionWaiter me;
+  me.bucket = static_cast<int>(mine % kColorBuckets);
+  AddWaiterLocked(&me);
   // Wait until the bucket is empty, re-reading both counts each time: a producer that
   // read the old color before the bump may still add to it, and a snapshot of `queued`
   // could then be matched by that newer work finishing before an older one.
-  const int b = static_cast<int>(mine % kColorBuckets);
+  const int b = me.bucket;
   for (;;) {
     const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
     if (gone >= color_queued_[b].load(std::memory_order_seq_cst)) break;
     TestHook(HookPoint::kFlushAllWaits, this);
-    cv_.WaitFor(&mu_, kPollPeriod);
+    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, this);
   }
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  RemoveWaiterLocked(&me);
 }
 
 void WorkqueueCore::Drain() {
@@ -566,12 +595,14 @@ void WorkqueueCore::Freeze() {
   };
   BlockingScope blocking;
   MutexLock lock(&mu_);
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  CompletionWaiter me;
+  me.any = true;  // any instance may be the last active one
+  AddWaiterLocked(&me);
   while (busy()) {
     TestHook(HookPoint::kFreezeWaits, this);
-    cv_.WaitFor(&mu_, kPollPeriod);
+    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, this);
   }
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  RemoveWaiterLocked(&me);
 }
 
 void WorkqueueCore::Thaw() {
