@@ -201,33 +201,48 @@ TEST(TimerHeapTest, KeysCountFromTheOriginSoFarTimesKeepDeadlineOrder) {
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
 
-// Random inserts, removes and updates against a std::multimap model.
-TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
-  std::mt19937 rng(42);
-  TimerHeap heap;
-  std::map<uint64_t, int64_t> model;  // id -> deadline ms
-  for (int step = 0; step < 20000; ++step) {
+// Runs `steps` random operations on `heap` (half inserts, a quarter each removes and
+// updates of a random pending timer), mirrored in `model` (id -> V): `next()` gives the
+// deadline and model value of an insert or update. `check()` runs after each step.
+template <typename V, typename Next, typename Check>
+void RandomOperations(TimerHeap& heap, std::map<uint64_t, V>& model, std::mt19937& rng, int steps,
+                      Next next, Check check) {
+  for (int step = 0; step < steps; ++step) {
     const int op = rng() % 4;
     if (op <= 1 || model.empty()) {
-      const int64_t ms = rng() % 1000;
-      model[heap.Insert(T(ms), [] {})] = ms;
+      auto [deadline, value] = next();
+      model[heap.Insert(deadline, [] {})] = value;
     } else if (op == 2) {
       auto it = std::next(model.begin(), rng() % model.size());
       ASSERT_TRUE(heap.Remove(it->first));
       model.erase(it);
     } else {
       auto it = std::next(model.begin(), rng() % model.size());
-      const int64_t ms = rng() % 1000;
-      ASSERT_TRUE(heap.Update(it->first, T(ms)));
-      it->second = ms;
+      auto [deadline, value] = next();
+      ASSERT_TRUE(heap.Update(it->first, deadline));
+      it->second = value;
     }
+    check();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(TimerHeapTest, MatchesModelUnderRandomOperations) {
+  std::mt19937 rng(42);
+  TimerHeap heap;
+  std::map<uint64_t, int64_t> model;  // id -> deadline ms
+  auto next = [&rng] {
+    const int64_t ms = rng() % 1000;
+    return std::pair(T(ms), ms);
+  };
+  ASSERT_NO_FATAL_FAILURE(RandomOperations(heap, model, rng, 20000, next, [&] {
     ASSERT_EQ(heap.size(), model.size());
     int64_t min_ms = INT64_MAX;
     for (auto& [id, ms] : model) min_ms = std::min(min_ms, ms);
     if (!model.empty()) {
       ASSERT_EQ(heap.NextDeadline(T(0)), T(min_ms));
     }
-  }
+  }));
   uint64_t id;
   TimerHeap::Callback fn;
   int64_t last = -1;
@@ -263,23 +278,11 @@ TEST(TimerHeapTest, MatchesModelAcrossTheKeyRangeUnderRandomOperations) {
     };
     std::map<uint64_t, Entry> model;  // id -> deadline, scheduling order
     uint64_t seq = 0;
-    auto pick = [&] { return deadlines[rng() % deadlines.size()]; };
-    for (int step = 0; step < 300; ++step) {
-      const int op = rng() % 4;
-      if (op <= 1 || model.empty()) {
-        const absl::Time d = pick();
-        model[heap.Insert(d, [] {})] = {d, seq++};
-      } else if (op == 2) {
-        auto it = std::next(model.begin(), rng() % model.size());
-        ASSERT_TRUE(heap.Remove(it->first));
-        model.erase(it);
-      } else {
-        auto it = std::next(model.begin(), rng() % model.size());
-        const absl::Time d = pick();
-        ASSERT_TRUE(heap.Update(it->first, d));
-        it->second = {d, seq++};
-      }
-    }
+    auto next = [&] {
+      const absl::Time d = deadlines[rng() % deadlines.size()];
+      return std::pair(d, Entry{d, seq++});
+    };
+    ASSERT_NO_FATAL_FAILURE(RandomOperations(heap, model, rng, 300, next, [] {}));
     for (const absl::Time now : {T(0), T(5), absl::UnixEpoch() + century,
                                  absl::UnixEpoch() + 3 * century, absl::InfiniteFuture()}) {
       for (;;) {
