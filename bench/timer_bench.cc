@@ -162,5 +162,25 @@ void BM_EqualDeadlinesFire(benchmark::State& state) {
 }
 BENCHMARK(BM_EqualDeadlinesFire)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// range(0) observers (a DelayingQueue or TimerService each, on a test's FakeClock) added,
+// then removed oldest first. Removal erased from a vector: N^2 / 2 pointer moves in all
+// (80,000 queues on one FakeClock took 2 s to destroy).
+void BM_FakeClockObserversAddedAndRemoved(benchmark::State& state) {
+  struct Nothing : ClockObserver {
+    void OnClockMoved(absl::Time) override {}
+  };
+  std::vector<Nothing> observers(state.range(0));
+  FakeClock clock;
+  for (auto _ : state) {
+    for (auto& o : observers) clock.AddObserver(&o);
+    for (auto& o : observers) clock.RemoveObserver(&o);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_FakeClockObserversAddedAndRemoved)
+    ->Arg(5'000)
+    ->Arg(80'000)
+    ->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace kwq

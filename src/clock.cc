@@ -205,8 +205,14 @@ void FakeClock::MoveTo(absl::Time t) {
     }
   }
   mover_.store(std::thread::id(), std::memory_order_relaxed);
-  std::erase(observers_, nullptr);
+  if (removed_ > 0) CompactObservers();
   if (thrown) std::rethrow_exception(thrown);
+}
+
+void FakeClock::CompactObservers() {
+  std::erase(observers_, nullptr);
+  for (size_t i = 0; i < observers_.size(); ++i) index_.find(observers_[i])->second = i;
+  removed_ = 0;
 }
 
 size_t FakeClock::NumSleepers() const {
@@ -215,25 +221,44 @@ size_t FakeClock::NumSleepers() const {
 }
 
 bool FakeClock::AddObserver(ClockObserver* observer) {
+  auto add = [this, observer] {
+    move_mu_.AssertHeld();
+    if (index_.contains(observer)) return;
+    observers_.push_back(observer);  // may throw: before index_ changes
+    try {
+      index_.emplace(observer, observers_.size() - 1);
+    } catch (...) {
+      observers_.pop_back();
+      throw;
+    }
+  };
   if (CalledByObserver()) {
     move_mu_.AssertHeld();  // by this thread, in MoveTo, which calls `observer` from the next move
-    observers_.push_back(observer);
+    add();
     return true;
   }
   internal::MutexLock move_lock(&move_mu_);
-  observers_.push_back(observer);
+  add();
   return true;
 }
 
 void FakeClock::RemoveObserver(ClockObserver* observer) {
+  auto remove = [this, observer] {
+    move_mu_.AssertHeld();
+    const auto it = index_.find(observer);
+    if (it == index_.end()) return;
+    observers_[it->second] = nullptr;
+    index_.erase(it);
+    ++removed_;
+  };
   if (CalledByObserver()) {
-    move_mu_.AssertHeld();  // by this thread, in MoveTo, which erases the null afterwards
-    std::replace(observers_.begin(), observers_.end(), observer,
-                 static_cast<ClockObserver*>(nullptr));
+    move_mu_.AssertHeld();  // by this thread, in MoveTo, which compacts the list afterwards
+    remove();
     return;
   }
   internal::MutexLock move_lock(&move_mu_);
-  std::erase(observers_, observer);
+  remove();
+  if (2 * removed_ > observers_.size()) CompactObservers();
 }
 
 }  // namespace kwq

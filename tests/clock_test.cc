@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -240,6 +241,34 @@ TEST(FakeClockTest, ConcurrentMovesAreSerialised) {
     ASSERT_LE(recorder.seen[i - 1], recorder.seen[i]) << "move " << i;
   }
   EXPECT_EQ(recorder.seen.back() - recorder.seen.front(), absl::Nanoseconds(899));
+}
+
+// Observers are called in the order they were added, also after others were removed
+// (the list is compacted once half of it is removed, and renumbered), and one added twice
+// is called once per move and gone after one removal.
+TEST(FakeClockTest, ObserversKeepTheirOrderAcrossRemovals) {
+  FakeClock clock;
+  std::vector<int> order;
+  std::vector<std::unique_ptr<CallbackObserver>> observers;
+  for (int i = 0; i < 10; ++i) {
+    observers.push_back(std::make_unique<CallbackObserver>());
+    observers.back()->on_move = [&order, i] { order.push_back(i); };
+    ASSERT_TRUE(clock.AddObserver(observers.back().get()));
+  }
+  for (int i : {0, 2, 3, 5, 6, 8}) clock.RemoveObserver(observers[i].get());  // compacts
+  clock.RemoveObserver(observers[0].get());                                   // gone already
+  ASSERT_TRUE(clock.AddObserver(observers[2].get()));                         // back, last
+  ASSERT_TRUE(clock.AddObserver(observers[4].get()));                         // observing already
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(order, (std::vector<int>{1, 4, 7, 9, 2}));
+  clock.RemoveObserver(observers[4].get());
+  order.clear();
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(order, (std::vector<int>{1, 7, 9, 2}));
+  for (auto& o : observers) clock.RemoveObserver(o.get());
+  order.clear();
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(order.empty());
 }
 
 TEST(FakeClockTest, ObserversMayAddAndRemoveObserversDuringAMove) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "kwq/internal/mutex.h"
 
@@ -161,10 +162,13 @@ class FakeClock final : public Clock {
   bool is_manual() const override { return true; }
   // Always true. Waits for a move in progress, except from inside one of its observer
   // calls, where it does not wait: the new observer is first called for the next move.
+  // Observers are called in the order they were added; adding one that is observing
+  // already changes nothing (it is still called once per move). O(1) amortised.
   bool AddObserver(ClockObserver* observer) override;
   // Waits for a move in progress, except from inside one of its observer calls, where it
   // does not wait: the observer is not called again (and is not being called, unless it
-  // is the observer making the call, whose own call of course goes on).
+  // is the observer making the call, whose own call of course goes on). O(1) amortised
+  // (destroying N queues on one clock took N^2 / 2 steps: 80,000 took 2 s).
   void RemoveObserver(ClockObserver* observer) override;
 
  private:
@@ -178,8 +182,14 @@ class FakeClock final : public Clock {
   // Held for the whole of a move, so observers are called by one mover at a time and
   // RemoveObserver waits for a move in progress. Acquired before mu_.
   internal::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  // Null entries are observers removed during a move, erased when it ends.
+  // Drops the null entries of observers_ and renumbers index_.
+  void CompactObservers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+
+  // The observers in the order added. Null entries are removed ones, erased at the end of
+  // a move or once they are half the list (not during a move, which walks it by position).
   std::vector<ClockObserver*> observers_ ABSL_GUARDED_BY(move_mu_);
+  absl::flat_hash_map<ClockObserver*, size_t> index_ ABSL_GUARDED_BY(move_mu_);  // position
+  size_t removed_ ABSL_GUARDED_BY(move_mu_) = 0;  // null entries in observers_
   // The thread calling the observers, or none. Written only by that thread, with
   // move_mu_ held; read by any thread only to compare with its own id, which it can see
   // there only if it wrote it itself, so relaxed order is enough.
