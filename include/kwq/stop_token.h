@@ -25,6 +25,11 @@ namespace kwq {
 // ancestor's (the registration does not stay behind on the ancestor). Once it is freed
 // the token's stop_possible() is false. For a context that can never be cancelled the
 // token never stops (and stop_possible() is false).
+// Each call makes a link of its own (about 176 bytes, measured: 1,000,000 calls on one
+// root grew the process by 172 MB), kept until `ctx` is done or freed, whether or not the
+// token is still held: on a long-lived context (a server's root) call it once and share
+// the token, or call it on a child made for the operation (WithCancel, cancelled when the
+// operation ends), which frees the link with the child.
 std::stop_token ToStopToken(const Context& ctx);
 
 // A child of `parent`, also cancelled (Err() Cancelled, Cause() Cancelled "stop
