@@ -153,6 +153,31 @@ void BM_DelayingQueueDropsWaitingKeys(benchmark::State& state) {
 }
 BENCHMARK(BM_DelayingQueueDropsWaitingKeys)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
+// One worker whose home shard is empty steals 20,000 items that all sit in the shard its
+// scan reaches last (range(0) shards): the scan looks at every other shard per item.
+void BM_ShardedStealFromTheFarShard(benchmark::State& state) {
+  const int shards = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto q = *ShardedQueue<int>::Create(shards);
+    int target = -1;
+    for (int key = 0, added = 0; added < 20'000; ++key) {
+      const int s = q->ShardOf(key);
+      if (target < 0) target = s;
+      if (s == target) added += q->Add(key) ? 1 : 0;
+    }
+    state.ResumeTiming();
+    while (auto lease = q->TryGet((target + 1) % shards)) {
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * 20'000);
+}
+BENCHMARK(BM_ShardedStealFromTheFarShard)
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond);
+
 // Two workers drain 200,000 keys added up front: one shared Queue vs a 2-shard
 // ShardedQueue (each worker owns a shard and steals when it runs dry).
 void BM_TwoWorkersDrain(benchmark::State& state) {

@@ -142,7 +142,8 @@ class Queue {
   template <typename, typename, typename>
   friend class DelayingQueue;  // calls GetPromoting, AddHashed, EvictBackstopLocked
   template <typename, typename, typename>
-  friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, StopAdds, DrainUntil
+  friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, StopAdds, DrainUntil,
+                              // ReadyHint
   friend struct internal::QueuePeer;
 
   Queue() : Queue(Options{}) {}
