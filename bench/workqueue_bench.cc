@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "benchmark/benchmark.h"
+#include "kwq/topology.h"
 #include "kwq/workqueue.h"
 
 namespace kwq {
@@ -49,6 +50,45 @@ BENCHMARK(BM_FlushWithOtherFlushersWaiting)
     ->Arg(32)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// Queue of 2,048 works on each of range(0) workqueues sharing one pool (their max_active,
+// so all of them go to the pool's worklist) while no worker thread can be made (the
+// runtime's fail_thread_creation), with no kMemReclaim workqueue to ask for rescue. Each
+// Queue walked the pool's whole worklist looking for rescuers to ask: O(pending) per
+// Queue. The works run once spawning works again (not timed).
+void BM_QueueWhileSpawningFails(benchmark::State& state) {
+  constexpr int kPerWorkqueue = 2048;
+  auto topology = *Topology::FromSynthetic("core:1 pu:1");
+  std::vector<std::unique_ptr<Work>> works;
+  for (int64_t i = 0; i < kPerWorkqueue * state.range(0); ++i) {
+    works.push_back(std::make_unique<Work>([] {}));
+  }
+  for (auto _ : state) {
+    state.PauseTiming();  // a runtime with no worker yet, each time
+    std::atomic<bool> fail{true};
+    auto runtime = *WorkqueueRuntime::Create(
+        {.topology = topology, .bind_workers = false, .fail_thread_creation = [&fail] {
+           return fail.load();
+         }});
+    std::vector<std::unique_ptr<Workqueue>> wqs;
+    for (int64_t i = 0; i < state.range(0); ++i) {
+      wqs.push_back(*Workqueue::Create({.name = "spawn_fails",
+                                        .flags = kUnbound,
+                                        .max_active = kPerWorkqueue,
+                                        .runtime = runtime.get()}));
+    }
+    state.ResumeTiming();
+    for (size_t i = 0; i < works.size(); ++i) wqs[i % wqs.size()]->Queue(works[i].get());
+    state.PauseTiming();
+    fail = false;
+    for (auto& wq : wqs) wq->Flush();
+    wqs.clear();
+    runtime.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * works.size());
+}
+BENCHMARK(BM_QueueWhileSpawningFails)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kwq

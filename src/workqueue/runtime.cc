@@ -197,12 +197,15 @@ void WorkerPool::WakeOrCreateLocked() {
     }
     --nr_creating_;
   }
-  if (spawn_failed_) {
-    // No worker could be made: ask the rescuers of kMemReclaim workqueues with work here.
-    for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
-      PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_relaxed);
-      if (pwq != nullptr && (pwq->wq->options.flags & kMemReclaim)) pwq->wq->Mayday();
-    }
+  // No worker could be made: ask the rescuers of kMemReclaim workqueues with work here
+  // (once per run of consecutive works of one workqueue), if this pool serves any.
+  if (!spawn_failed_ || reclaim_pwqs_.load(std::memory_order_relaxed) == 0) return;
+  const WorkqueueCore* asked = nullptr;
+  for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
+    PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_relaxed);
+    if (pwq == nullptr || pwq->wq == asked || !(pwq->wq->options.flags & kMemReclaim)) continue;
+    pwq->wq->Mayday();
+    asked = pwq->wq;
   }
 }
 
