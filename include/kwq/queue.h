@@ -702,14 +702,19 @@ class Queue {
   uint64_t Finished() const { return finished_.load(std::memory_order_acquire) & ~kDrainFlag; }
   // Ready items in the ring, overflow list and outbox, read without their locks (a hint
   // for polling).
+  // The overflow list's count is read first, with acquire: NextSlotLocked counts a moved
+  // list in out_hint_ before it clears overflow_hint_ (release), so a reader that sees the
+  // list gone also sees its items in the outbox (a stealing ShardedQueue worker passed by
+  // a shard whose items were between the two, and a Get woken by ShutDown returned
+  // nullopt with items left to steal). The ring's items never move to the other two.
   size_t ReadyHint() const {
-    return ring_.SizeHint() + overflow_hint_.load(std::memory_order_relaxed) +
-           out_hint_.load(std::memory_order_relaxed);
+    const size_t overflow = overflow_hint_.load(std::memory_order_acquire);
+    return ring_.SizeHint() + overflow + out_hint_.load(std::memory_order_relaxed);
   }
   // The same with seq_cst loads (plain loads on x86), for TryGet's check after a take.
   size_t ReadyHintSeqCst() const {
-    return ring_.SizeHint(std::memory_order_seq_cst) +
-           overflow_hint_.load(std::memory_order_seq_cst) +
+    const size_t overflow = overflow_hint_.load(std::memory_order_seq_cst);
+    return ring_.SizeHint(std::memory_order_seq_cst) + overflow +
            out_hint_.load(std::memory_order_seq_cst);
   }
 
@@ -980,7 +985,9 @@ class Queue {
       }
       if (room) {
         std::swap(outbox_, overflow_);
-        overflow_hint_.store(0, std::memory_order_relaxed);
+        // Counted in the outbox before they leave the overflow list's count (see ReadyHint).
+        out_hint_.store(outbox_.size(), std::memory_order_relaxed);
+        overflow_hint_.store(0, std::memory_order_release);
         *slot = outbox_.front();
         outbox_.pop_front();
         out_hint_.store(outbox_.size(), std::memory_order_release);
