@@ -416,17 +416,32 @@ class WorkqueueCore {
   // woke every waiter, and each took mu_ again to find it was not its own: 32 threads
   // flushing their own works on one workqueue made each work cost 250 us instead of 20.)
   // The waits still poll every kPollPeriod (workqueue.cc), as they did.
-  struct CompletionWaiter {
-    const Work* work = nullptr;  // woken by this work's instances
-    int bucket = -1;             // woken by instances of this flush color bucket
-    bool any = false;            // woken by every instance
-    CondVar cv;
-    CompletionWaiter* prev = nullptr;
-    CompletionWaiter* next = nullptr;
+  // Listed on `core` from construction to destruction, both under core->mu_ (the
+  // destructor also runs when a wait throws, so no freed waiter stays listed).
+  class CompletionWaiter {
+   public:
+    // Woken by the instances of `work` (if not null), of flush color bucket `bucket` (if
+    // not -1), or by every instance (`any`).
+    CompletionWaiter(WorkqueueCore* core, const Work* work, int bucket, bool any)
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(core->mu_);
+    ~CompletionWaiter();
+    CompletionWaiter(const CompletionWaiter&) = delete;
+    CompletionWaiter& operator=(const CompletionWaiter&) = delete;
+
+    // Waits on `mu` (core's mu_) for a signal or kPollPeriod; true when signalled (or
+    // woken spuriously).
+    bool Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+   private:
+    friend class WorkqueueCore;
+    WorkqueueCore* const core_;
+    const Work* const work_;
+    const int bucket_;
+    const bool any_;
+    CondVar cv_;
+    CompletionWaiter* prev_ = nullptr;  // the list: core_->mu_
+    CompletionWaiter* next_ = nullptr;
   };
-  // Lists `waiter` (counted in waiters_) / takes it off the list again.
-  void AddWaiterLocked(CompletionWaiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveWaiterLocked(CompletionWaiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::vector<std::unique_ptr<Node>> nodes_;  // I: one per max_active node
   std::atomic<bool> frozen_{false};

@@ -361,31 +361,35 @@ void WorkqueueCore::InstanceGone(uint64_t color, const Work* w) {
     MutexLock lock(&mu_);
     color_gone_[bucket].fetch_add(1, std::memory_order_acq_rel);
     TestHook(HookPoint::kInstanceGoneCounted, this);
-    for (CompletionWaiter* x = completion_waiters_; x != nullptr; x = x->next) {
-      if (x->any || x->bucket == bucket || (w != nullptr && x->work == w)) x->cv.Signal();
+    for (CompletionWaiter* x = completion_waiters_; x != nullptr; x = x->next_) {
+      if (x->any_ || x->bucket_ == bucket || (w != nullptr && x->work_ == w)) x->cv_.Signal();
     }
     return;
   }
   color_gone_[bucket].fetch_add(1, std::memory_order_acq_rel);
 }
 
-void WorkqueueCore::AddWaiterLocked(CompletionWaiter* waiter) {
-  waiter->prev = nullptr;
-  waiter->next = completion_waiters_;
-  if (completion_waiters_ != nullptr) completion_waiters_->prev = waiter;
-  completion_waiters_ = waiter;
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
+WorkqueueCore::CompletionWaiter::CompletionWaiter(WorkqueueCore* core, const Work* work, int bucket,
+                                                  bool any)
+    : core_(core), work_(work), bucket_(bucket), any_(any) {
+  next_ = core->completion_waiters_;
+  if (next_ != nullptr) next_->prev_ = this;
+  core->completion_waiters_ = this;
+  core->waiters_.fetch_add(1, std::memory_order_seq_cst);
 }
 
-void WorkqueueCore::RemoveWaiterLocked(CompletionWaiter* waiter) {
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
-  if (waiter->prev != nullptr) {
-    waiter->prev->next = waiter->next;
+WorkqueueCore::CompletionWaiter::~CompletionWaiter() {
+  core_->mu_.AssertHeld();  // the waits hold it across their whole scope
+  core_->waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  if (prev_ != nullptr) {
+    prev_->next_ = next_;
   } else {
-    completion_waiters_ = waiter->next;
+    core_->completion_waiters_ = next_;
   }
-  if (waiter->next != nullptr) waiter->next->prev = waiter->prev;
+  if (next_ != nullptr) next_->prev_ = prev_;
 }
+
+bool WorkqueueCore::CompletionWaiter::Wait(Mutex* mu) { return !cv_.WaitFor(mu, kPollPeriod); }
 
 int64_t WorkqueueCore::Queued() const {
   int64_t n = 0;
@@ -469,8 +473,13 @@ bool WorkqueueCore::GrabPending(Work* w) {
           SetWhere(w, WorkWhere::kNone);
           n.unparked.fetch_add(1, std::memory_order_seq_cst);
         }
-        owner_wq->InstanceGone(A::color(w), w);
-        return TakenBack(w);
+        // Taken back before the signal, so a Flush(w) it wakes finds the instance gone
+        // (it slept on to its next poll); the color is read first (the count is the last
+        // touch of the workqueue, and a Flush returning may let the work go).
+        const uint64_t color = A::color(w);
+        TakenBack(w);
+        owner_wq->InstanceGone(color, w);
+        return true;
       }
       case WorkWhere::kPool:
       case WorkWhere::kScheduled: {
@@ -486,8 +495,13 @@ bool WorkqueueCore::GrabPending(Work* w) {
         WorkqueueCore* owner_wq = removed->wq;
         owner_wq->Release(*owner_wq->nodes_[removed->node]);
         owner_wq->ActivateWaiting(removed->node);
-        owner_wq->InstanceGone(A::color(w), w);
-        return TakenBack(w);
+        // Taken back before the signal, so a Flush(w) it wakes finds the instance gone
+        // (it slept on to its next poll); the color is read first (the count is the last
+        // touch of the workqueue, and a Flush returning may let the work go).
+        const uint64_t color = A::color(w);
+        TakenBack(w);
+        owner_wq->InstanceGone(color, w);
+        return true;
       }
       case WorkWhere::kNone:
         std::this_thread::yield();  // between lists for a moment
@@ -505,13 +519,10 @@ bool WorkqueueCore::Cancel(Work* w) {
 void WorkqueueCore::WaitIdle(Work* w) {
   BlockingScope blocking;  // waiting from a work must not hold up its pool
   MutexLock lock(&mu_);
-  CompletionWaiter me;
-  me.work = w;
-  AddWaiterLocked(&me);
+  CompletionWaiter me(this, w, -1, false);
   while (Running(w)) {
-    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, w);
+    if (me.Wait(&mu_)) TestHook(HookPoint::kWaitSignalled, w);
   }
-  RemoveWaiterLocked(&me);
 }
 
 bool WorkqueueCore::CancelSync(Work* w) {
@@ -531,14 +542,11 @@ bool WorkqueueCore::Flush(Work* w) {
   if (FinishedAndReleased(w, target)) return false;
   BlockingScope blocking;
   MutexLock lock(&mu_);
-  CompletionWaiter me;
-  me.work = w;
-  AddWaiterLocked(&me);
+  CompletionWaiter me(this, w, -1, false);
   while (!FinishedAndReleased(w, target) && (Pending(w) || Running(w))) {
     TestHook(HookPoint::kFlushWorkWaits, w);
-    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, w);
+    if (me.Wait(&mu_)) TestHook(HookPoint::kWaitSignalled, w);
   }
-  RemoveWaiterLocked(&me);
   return true;
 }
 
@@ -552,20 +560,17 @@ void WorkqueueCore::FlushAll() {
   // Works queued from now on take the next color; wait for this one's bucket to empty.
   // seq_cst, as Enqueue's count and its re-read of the color (see there).
   const uint64_t mine = color_.fetch_add(1, std::memory_order_seq_cst);
-  CompletionWaiter me;
-  me.bucket = static_cast<int>(mine % kColorBuckets);
-  AddWaiterLocked(&me);
+  const int b = static_cast<int>(mine % kColorBuckets);
+  CompletionWaiter me(this, nullptr, b, false);
   // Wait until the bucket is empty, re-reading both counts each time: a producer that
   // read the old color before the bump may still add to it, and a snapshot of `queued`
   // could then be matched by that newer work finishing before an older one.
-  const int b = me.bucket;
   for (;;) {
     const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
     if (gone >= color_queued_[b].load(std::memory_order_seq_cst)) break;
     TestHook(HookPoint::kFlushAllWaits, this);
-    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, this);
+    if (me.Wait(&mu_)) TestHook(HookPoint::kWaitSignalled, this);
   }
-  RemoveWaiterLocked(&me);
 }
 
 void WorkqueueCore::Drain() {
@@ -604,14 +609,11 @@ void WorkqueueCore::Freeze() {
   };
   BlockingScope blocking;
   MutexLock lock(&mu_);
-  CompletionWaiter me;
-  me.any = true;  // any instance may be the last active one
-  AddWaiterLocked(&me);
+  CompletionWaiter me(this, nullptr, -1, /*any=*/true);  // any may be the last active one
   while (busy()) {
     TestHook(HookPoint::kFreezeWaits, this);
-    if (!me.cv.WaitFor(&mu_, kPollPeriod)) TestHook(HookPoint::kWaitSignalled, this);
+    if (me.Wait(&mu_)) TestHook(HookPoint::kWaitSignalled, this);
   }
-  RemoveWaiterLocked(&me);
 }
 
 void WorkqueueCore::Thaw() {
