@@ -221,6 +221,7 @@ size_t FakeClock::NumSleepers() const {
 }
 
 bool FakeClock::AddObserver(ClockObserver* observer) {
+  if (observer == nullptr) return false;  // nothing to call (and null marks removed entries)
   auto add = [this, observer] {
     move_mu_.AssertHeld();
     if (index_.contains(observer)) return;
@@ -243,6 +244,7 @@ bool FakeClock::AddObserver(ClockObserver* observer) {
 }
 
 void FakeClock::RemoveObserver(ClockObserver* observer) {
+  if (observer == nullptr) return;
   auto remove = [this, observer] {
     move_mu_.AssertHeld();
     const auto it = index_.find(observer);

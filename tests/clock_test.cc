@@ -271,6 +271,22 @@ TEST(FakeClockTest, ObserversKeepTheirOrderAcrossRemovals) {
   EXPECT_TRUE(order.empty());
 }
 
+// A null observer is refused, and removing one does nothing (null entries mark removed
+// observers: a null added and then removed wrote past the list once it was compacted).
+TEST(FakeClockTest, ANullObserverIsRefused) {
+  FakeClock clock;
+  CallbackObserver a, b;
+  ASSERT_TRUE(clock.AddObserver(&a));
+  EXPECT_FALSE(clock.AddObserver(nullptr));
+  ASSERT_TRUE(clock.AddObserver(&b));
+  clock.RemoveObserver(&a);  // half removed: compacted
+  clock.RemoveObserver(nullptr);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(a.calls, 0);
+  EXPECT_EQ(b.calls, 1);
+  clock.RemoveObserver(&b);
+}
+
 TEST(FakeClockTest, ObserversMayAddAndRemoveObserversDuringAMove) {
   FakeClock clock;
   CallbackObserver a, b, c, d;
