@@ -81,6 +81,8 @@ void BM_QueueWhileSpawningFails(benchmark::State& state) {
     for (size_t i = 0; i < works.size(); ++i) wqs[i % wqs.size()]->Queue(works[i].get());
     state.PauseTiming();
     fail = false;
+    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
+    wqs[0]->Queue(&kick);
     for (auto& wq : wqs) wq->Flush();
     wqs.clear();
     runtime.reset();
@@ -88,7 +90,77 @@ void BM_QueueWhileSpawningFails(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * works.size());
 }
-BENCHMARK(BM_QueueWhileSpawningFails)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_QueueWhileSpawningFails)
+    ->Arg(1)
+    ->Arg(4)
+    ->Iterations(200)  // each sets up a runtime, untimed
+    ->Unit(benchmark::kMillisecond);
+
+// While no worker thread can be made, a kMemReclaim workqueue's rescuer runs 1,000 of its
+// works queued behind range(0) works of other workqueues that cannot run (one pool). It
+// looked for each of its works from the worklist's front, passing the stuck ones every
+// time. Timed from the first rescued work's release to the last one's end.
+void BM_RescueBehindStuckWorks(benchmark::State& state) {
+  constexpr int kRescued = 1000;
+  constexpr int kPerWorkqueue = 2048;
+  auto topology = *Topology::FromSynthetic("core:1 pu:1");
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::atomic<bool> fail{true};
+    auto runtime = *WorkqueueRuntime::Create(
+        {.topology = topology, .bind_workers = false, .fail_thread_creation = [&fail] {
+           return fail.load();
+         }});
+    std::vector<std::unique_ptr<Workqueue>> plain;
+    std::vector<std::unique_ptr<Work>> stuck;
+    for (int64_t i = 0; i < state.range(0); ++i) {
+      if (i % kPerWorkqueue == 0) {
+        plain.push_back(*Workqueue::Create({.name = "stuck",
+                                            .flags = kUnbound,
+                                            .max_active = kPerWorkqueue,
+                                            .runtime = runtime.get()}));
+      }
+      stuck.push_back(std::make_unique<Work>([] {}));
+      plain.back()->Queue(stuck.back().get());
+    }
+    auto reclaim = *Workqueue::Create({.name = "reclaim",
+                                       .flags = kUnbound | kMemReclaim,
+                                       .max_active = kPerWorkqueue,
+                                       .runtime = runtime.get()});
+    std::atomic<int> ran{0};
+    std::atomic<bool> go{false};
+    Work gate([&] {  // holds the rescuer until all are queued
+      while (!go.load()) std::this_thread::yield();
+      ran.fetch_add(1);
+    });
+    reclaim->Queue(&gate);
+    std::vector<std::unique_ptr<Work>> rescued;
+    for (int i = 1; i < kRescued; ++i) {
+      rescued.push_back(std::make_unique<Work>([&ran] { ran.fetch_add(1); }));
+      reclaim->Queue(rescued.back().get());
+    }
+    state.ResumeTiming();
+    go = true;
+    while (ran.load() < kRescued) std::this_thread::yield();
+    state.PauseTiming();
+    fail = false;
+    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
+    plain[0]->Queue(&kick);
+    for (auto& wq : plain) wq->Flush();
+    reclaim->Flush();
+    reclaim.reset();
+    plain.clear();
+    runtime.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * kRescued);
+}
+BENCHMARK(BM_RescueBehindStuckWorks)
+    ->Arg(2048)
+    ->Arg(8192)
+    ->Iterations(50)  // each sets up a runtime, untimed
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kwq

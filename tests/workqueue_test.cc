@@ -1782,6 +1782,47 @@ TEST_F(FakeTimeWorkqueueTest, InstanceScheduledToTheRescuerCanBeCancelled) {
   EXPECT_EQ(runs.load(), 1);
 }
 
+// The rescuer takes every work of its workqueue waiting in the worklist at once, onto its
+// own list (it looked for each from the worklist's front, O(pending) per rescued work);
+// one it holds but has not run yet can still be cancelled, and never runs.
+TEST_F(FakeTimeWorkqueueTest, TheRescuerTakesItsWorksAtOnceAndOneItHoldsCanBeCancelled) {
+  auto wq = *Workqueue::Create(
+      {.name = "reclaim5", .flags = kUnbound | kMemReclaim, .runtime = runtime_.get()});
+  fail_spawn_ = true;
+  Gate blocker_gate, first_gate;
+  std::atomic<bool> blocker_started{false}, first_started{false};
+  std::atomic<int> second_runs{0};
+  Work blocker([&] {
+    blocker_started = true;
+    blocker_gate.Wait();
+  });
+  Work first([&] {
+    first_started = true;
+    first_gate.Wait();
+  });
+  Work second([&] { second_runs.fetch_add(1); });
+  wq->Queue(&blocker);
+  ASSERT_TRUE(Eventually([&] { return blocker_started.load(); }));  // on the rescuer
+  wq->Queue(&first);  // both wait in the worklist while the rescuer is held
+  wq->Queue(&second);
+  blocker_gate.Open();
+  ASSERT_TRUE(Eventually([&] { return first_started.load(); }));
+  EXPECT_TRUE(Eventually([&] { return !absl::StrContains(runtime_->Dump(), " pending=1 "); }))
+      << "the rescuer left `second` in the worklist";
+  std::atomic<bool> returned{false}, cancelled{false};
+  std::thread canceller([&] {
+    cancelled = wq->Cancel(&second);
+    returned = true;
+  });
+  EXPECT_TRUE(Eventually([&] { return returned.load(); }));
+  first_gate.Open();
+  canceller.join();
+  EXPECT_TRUE(cancelled.load());
+  fail_spawn_ = false;
+  wq->Flush();
+  EXPECT_EQ(second_runs.load(), 0);
+}
+
 // A work the rescuer runs may queue itself again during a drain (chained queueing), as
 // on any worker; it used to be refused as an outsider.
 TEST_F(FakeTimeWorkqueueTest, RescuedWorkMayChainDuringDrain) {

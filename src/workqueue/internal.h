@@ -175,7 +175,6 @@ class WorkerPool {
 
  private:
   friend class WorkqueueCore;
-  friend class PoolWorkqueue;  // counts reclaim_pwqs_
   bool bound() const { return cpu >= 0; }
   bool NeedMoreWorkerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeOrCreateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -208,10 +207,14 @@ class WorkerPool {
   int nr_creating_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool spawn_failed_ ABSL_GUARDED_BY(mu_) = false;
-  // PoolWorkqueues of kMemReclaim workqueues on this pool (kept by PoolWorkqueue): without
+  // Works of kMemReclaim workqueues in worklist_ (kept by the three calls below): without
   // any, a failed spawn has no rescuer to ask and walks no worklist (it walked it on every
-  // Queue: 24 us per Queue with 16,384 works pending).
-  std::atomic<int> reclaim_pwqs_{0};
+  // Queue and every completion: 24 us per Queue with 16,384 works pending).
+  size_t reclaim_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // worklist_'s PushBack, Remove and PopFront, keeping reclaim_queued_.
+  void PushWorkLocked(Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveWorkLocked(Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Work* PopWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
   // Watchdog only: started_ when it last looked, since when it has not moved with work
   // pending, in which watch epoch; whether this stall was reported.
@@ -224,10 +227,7 @@ class WorkerPool {
 // The link between a workqueue and one pool it uses (the kernel's pool_workqueue).
 class PoolWorkqueue {
  public:
-  PoolWorkqueue(WorkqueueCore* wq, WorkerPool* pool, int node);  // counts reclaim_pwqs_
-  ~PoolWorkqueue();
-  PoolWorkqueue(const PoolWorkqueue&) = delete;
-  PoolWorkqueue& operator=(const PoolWorkqueue&) = delete;
+  PoolWorkqueue(WorkqueueCore* wq, WorkerPool* pool, int node) : wq(wq), pool(pool), node(node) {}
   WorkqueueCore* const wq;  // I
   WorkerPool* const pool;   // I
   const int node;           // I: max_active accounting node (index into WorkqueueCore)

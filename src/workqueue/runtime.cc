@@ -31,6 +31,12 @@ void SetWhere(Work* w, WorkWhere where) {
   A::where(w).store(static_cast<uint8_t>(where), std::memory_order_release);
 }
 
+// Whether `w`, queued to a pool (its pwq set, and fixed while it is queued), belongs to a
+// kMemReclaim workqueue.
+bool Reclaims(Work* w) {
+  return (A::pwq(w).load(std::memory_order_relaxed)->wq->options.flags & kMemReclaim) != 0;
+}
+
 // Appends `w` to the intrusive list that runs from *head to *tail, tagging it as `owner`'s.
 void AppendWork(Work* w, Work** head, Work** tail, void* owner) {
   A::prev(w) = *tail;
@@ -199,20 +205,39 @@ void WorkerPool::WakeOrCreateLocked() {
   }
   // No worker could be made: ask the rescuers of kMemReclaim workqueues with work here
   // (once per run of consecutive works of one workqueue), if this pool serves any.
-  if (!spawn_failed_ || reclaim_pwqs_.load(std::memory_order_relaxed) == 0) return;
+  if (!spawn_failed_ || reclaim_queued_ == 0) return;
   const WorkqueueCore* asked = nullptr;
-  for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
-    PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_relaxed);
-    if (pwq == nullptr || pwq->wq == asked || !(pwq->wq->options.flags & kMemReclaim)) continue;
-    pwq->wq->Mayday();
-    asked = pwq->wq;
+  size_t seen = 0;
+  for (Work* w = worklist_.front(); w != nullptr && seen < reclaim_queued_; w = A::next(w)) {
+    if (!Reclaims(w)) continue;
+    ++seen;
+    WorkqueueCore* wq = A::pwq(w).load(std::memory_order_relaxed)->wq;
+    if (wq == asked) continue;
+    wq->Mayday();
+    asked = wq;
   }
+}
+
+void WorkerPool::PushWorkLocked(Work* w) {
+  worklist_.PushBack(w);
+  reclaim_queued_ += Reclaims(w);
+}
+
+void WorkerPool::RemoveWorkLocked(Work* w) {
+  worklist_.Remove(w);
+  reclaim_queued_ -= Reclaims(w);
+}
+
+Work* WorkerPool::PopWorkLocked() {
+  Work* w = worklist_.PopFront();
+  if (w != nullptr) reclaim_queued_ -= Reclaims(w);
+  return w;
 }
 
 void WorkerPool::Insert(Work* w) {
   {
     MutexLock lock(&mu_);
-    worklist_.PushBack(w);
+    PushWorkLocked(w);
     SetWhere(w, WorkWhere::kPool);
     if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
   }
@@ -226,7 +251,7 @@ PoolWorkqueue* WorkerPool::TryRemove(Work* w) {
   if (pwq == nullptr || pwq->pool != this) return nullptr;
   const auto where = static_cast<WorkWhere>(A::where(w).load(std::memory_order_acquire));
   if (where == WorkWhere::kPool && worklist_.Contains(w)) {
-    worklist_.Remove(w);
+    RemoveWorkLocked(w);
     SetWhere(w, WorkWhere::kNone);
     return pwq;
   }
@@ -251,7 +276,7 @@ Work* WorkerPool::NextLocked(Worker* self) {
   if (!self->scheduled.empty()) return self->scheduled.PopFront();
   while (!worklist_.empty()) {
     if (nr_running_ >= concurrency()) return nullptr;  // concurrency management
-    Work* w = worklist_.PopFront();
+    Work* w = PopWorkLocked();
     // Non-reentrancy: an instance queued while the work runs here goes to the worker
     // running it, which runs it next.
     if (A::running_pool(w).load(std::memory_order_acquire) == this && A::runner(w) != nullptr &&
@@ -347,7 +372,7 @@ Work* WorkerPool::Execute(Worker* self, Work* w) {
   if (next != nullptr && (!worklist_.empty() || !self->scheduled.empty() || stopping_ ||
                           A::running_pool(next).load(std::memory_order_acquire) == this ||
                           nr_running_ >= concurrency())) {
-    worklist_.PushBack(next);
+    PushWorkLocked(next);
     SetWhere(next, WorkWhere::kPool);
     if (NeedMoreWorkerLocked()) WakeOrCreateLocked();
     next = nullptr;
@@ -537,24 +562,25 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
   rescuer->rescuing_next = rescuing_;
   rescuing_ = rescuer;
   for (;;) {
-    Work* found = nullptr;
-    for (Work* w = worklist_.front(); w != nullptr; w = A::next(w)) {
+    // Every work of `pwq` in the worklist moves to the rescuer's own list in one pass, as
+    // the kernel's rescuer assigns them (one whose instance runs here goes to that
+    // instance's runner, which runs it next); a Cancel finds them there (TryRemove looks
+    // at the rescuers' lists). Looking for each from the worklist's front cost O(pending)
+    // per rescued work: 32 -> 102 us per work with 4,096 -> 16,384 other works ahead.
+    for (Work* w = worklist_.front(); w != nullptr;) {
+      Work* const next = A::next(w);
       if (A::pwq(w).load(std::memory_order_relaxed) == pwq) {
-        found = w;
-        break;
+        RemoveWorkLocked(w);
+        Worker* runner =
+            A::running_pool(w).load(std::memory_order_acquire) == this ? A::runner(w) : nullptr;
+        (runner != nullptr ? runner : rescuer)->scheduled.PushBack(w);
+        SetWhere(w, WorkWhere::kScheduled);
       }
+      w = next;
     }
-    if (found == nullptr) break;
-    worklist_.Remove(found);
-    if (A::running_pool(found).load(std::memory_order_acquire) == this &&
-        A::runner(found) != nullptr) {
-      A::runner(found)->scheduled.PushBack(found);  // its runner runs it next
-      SetWhere(found, WorkWhere::kScheduled);
-      continue;
-    }
-    for (Work* w = found; w != nullptr; w = Execute(rescuer, w)) ++ran;
-    // Instances queued while the rescuer ran them were handed to it: run them too (its
-    // Worker object dies with this call).
+    if (rescuer->scheduled.empty()) break;
+    // With the instances queued to the rescuer while it runs these (its Worker object dies
+    // with this call); then a new pass, for works queued to the worklist meanwhile.
     while (Work* again = rescuer->scheduled.PopFront()) {
       for (Work* w = again; w != nullptr; w = Execute(rescuer, w)) ++ran;
     }

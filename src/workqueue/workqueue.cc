@@ -67,15 +67,6 @@ bool TryClaimPending(Work* w) {
 }
 }  // namespace
 
-PoolWorkqueue::PoolWorkqueue(WorkqueueCore* wq, WorkerPool* pool, int node)
-    : wq(wq), pool(pool), node(node) {
-  if (wq->options.flags & kMemReclaim) pool->reclaim_pwqs_.fetch_add(1, std::memory_order_relaxed);
-}
-
-PoolWorkqueue::~PoolWorkqueue() {
-  if (wq->options.flags & kMemReclaim) pool->reclaim_pwqs_.fetch_sub(1, std::memory_order_relaxed);
-}
-
 WorkqueueCore::WorkqueueCore(RuntimeCore* rt, WorkqueueOptions opts, Workqueue* owner)
     : rt(rt), options(std::move(opts)), owner(owner) {}
 
