@@ -161,10 +161,10 @@ class FakeClock final : public Clock {
 
   bool is_manual() const override { return true; }
   // True. Waits for a move in progress, except from inside one of its observer calls,
-  // where it does not wait: the new observer is first called for the next move. Observers are
-  // called in the order they were added; adding one that is observing already changes nothing (it
-  // is still called once per move). O(1) amortised. Returns false for nullptr (then
-  // RemoveObserver(nullptr) does nothing either).
+  // where it does not wait: the new observer is first called for the next move.
+  // Observers are called in the order they were added; adding one that is observing
+  // already changes nothing (it is still called once per move). O(1) amortised.
+  // Returns false for nullptr (and RemoveObserver(nullptr) does nothing).
   bool AddObserver(ClockObserver* observer) override;
   // Waits for a move in progress, except from inside one of its observer calls, where it
   // does not wait: the observer is not called again (and is not being called, unless it
