@@ -251,19 +251,8 @@ TEST_F(WorkqueueEdgeTest, AnActivatedWorkQueuesBehindThePoolsWorklist) {
 TEST_F(WorkqueueEdgeTest, TwoIdleWorkersStay) {
   auto wq = Make({});
   const int cpu = Cpu();
-  Gate gate;
-  std::vector<std::unique_ptr<Work>> works;
-  for (int i = 0; i < 5; ++i) {
-    works.push_back(std::make_unique<Work>([&] {
-      BlockingScope blocking;
-      gate.Wait();
-    }));
-    wq->QueueOn(cpu, works.back().get());
-  }
+  ASSERT_TRUE(testing::GrowPool(*wq, *runtime_, cpu, 5));
   auto workers = [&] { return testing::PoolWorkers(*runtime_, cpu); };
-  ASSERT_TRUE(Eventually([&] { return workers() >= 5; }));
-  gate.Open();
-  wq->Flush();
   ASSERT_TRUE(Eventually([&] { return workers() <= 2; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // 3 idle timeouts: none exits
   EXPECT_EQ(workers(), 2);

@@ -1204,20 +1204,9 @@ TEST_F(WorkqueueTest, RunTimeCoversTheExecutions) {
 TEST_F(WorkqueueTest, IdleWorkersAreReaped) {
   auto wq = Make({});
   const int cpu = runtime_->topology().cpus()[0].cpu;
-  Gate gate;
-  std::vector<std::unique_ptr<Work>> works;
-  for (int i = 0; i < 5; ++i) {
-    works.push_back(std::make_unique<Work>([&] {
-      BlockingScope blocking;  // each blocked work makes the pool wake another worker
-      gate.Wait();
-    }));
-    wq->QueueOn(cpu, works.back().get());
-  }
-  auto workers = [&] { return testing::PoolWorkers(*runtime_, cpu); };
-  ASSERT_TRUE(Eventually([&] { return workers() >= 5; }));
-  gate.Open();
-  wq->Flush();
-  EXPECT_TRUE(Eventually([&] { return workers() <= 2; }));  // idle_timeout is 200 ms
+  ASSERT_TRUE(testing::GrowPool(*wq, *runtime_, cpu, 5));
+  EXPECT_TRUE(Eventually([&] { return testing::PoolWorkers(*runtime_, cpu) <= 2; }))
+      << "idle_timeout is 200 ms";
 }
 
 TEST_F(WorkqueueTest, DumpNamesPoolsAndWorkqueues) {
