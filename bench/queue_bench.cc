@@ -178,6 +178,30 @@ BENCHMARK(BM_ShardedStealFromTheFarShard)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond);
 
+// AddAll of a batch of range(1) keys into a ShardedQueue of range(0) shards, taken out
+// again after each call (outside the timing): grouping the batch by shard cost O(shards)
+// per call (a vector per shard) until the batch's shard numbers were sorted instead.
+void BM_ShardedAddAll(benchmark::State& state) {
+  const int shards = static_cast<int>(state.range(0));
+  const int batch = static_cast<int>(state.range(1));
+  auto q = *ShardedQueue<std::string>::Create(shards);
+  const std::vector<std::string> keys = Keys(batch);
+  for (auto _ : state) {
+    q->AddAll(keys);
+    state.PauseTiming();
+    while (auto lease = q->TryGet(0)) {
+    }
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+BENCHMARK(BM_ShardedAddAll)
+    ->Args({16, 2})
+    ->Args({256, 2})
+    ->Args({4096, 2})
+    ->Args({16, 10'000})
+    ->Args({4096, 10'000});
+
 // Two workers drain 200,000 keys added up front: one shared Queue vs a 2-shard
 // ShardedQueue (each worker owns a shard and steals when it runs dry).
 void BM_TwoWorkersDrain(benchmark::State& state) {

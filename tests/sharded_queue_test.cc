@@ -189,8 +189,8 @@ struct CopyBoom {
 };
 
 // An AddAll whose copy of one item throws adds the items copied before it (to their
-// shards) and then throws, as Queue::AddAll does: they were copied into per-shard batches
-// first, and the throw destroyed the batches, so none was added.
+// shards) and then throws, as Queue::AddAll does (the batch is copied first, and a
+// version that let the throw destroy it added none).
 TEST(ShardedQueueTest, AnAddAllCutShortAddsTheItemsBeforeTheThrow) {
   auto q = *ShardedQueue<CopyBoom>::Create(4);
   std::vector<CopyBoom> items;
@@ -206,8 +206,8 @@ TEST(ShardedQueueTest, AnAddAllCutShortAddsTheItemsBeforeTheThrow) {
 }
 
 // A key whose copy throws (for the items with v == 1) and whose move throws too (v == 0,
-// while armed): an AddAll first copies the items into per-shard batches, then moves each
-// batch into its shard.
+// while armed): an AddAll first copies the items into its batch, then moves each shard's
+// share into its shard.
 struct CopyAndMoveBoom {
   int v;
   explicit CopyAndMoveBoom(int x) : v(x) {}
@@ -518,6 +518,61 @@ TEST(ShardedQueueTest, AddAllPutsEachKeyInItsShard) {
   EXPECT_EQ(q->InFlight(), 2u);
   a->Done();
   EXPECT_EQ(q->InFlight(), 1u);
+}
+
+// AddAll keeps each shard's items in batch order, whether the batch is far smaller than
+// the shard count (its shard numbers sorted) or not (counted), and queues every item
+// once; a shard's items from two calls queue in call order.
+TEST(ShardedQueueTest, AddAllKeepsEachShardsItemsInBatchOrder) {
+  constexpr int kShards = 64;
+  auto q = *ShardedQueue<int>::Create(kShards);
+  std::vector<std::vector<int>> want(kShards);
+  size_t total = 0;
+  // 3 items (3 * 8 < 64: sorted) with two in one shard, then 500 (counted).
+  const int a = KeyIn(*q, 5);
+  int b = a + 1;
+  while (q->ShardOf(b) != 5) ++b;
+  const std::vector<int> small = {b, KeyIn(*q, 9), a};
+  std::vector<int> large;
+  for (int i = 0; i < 500; ++i) large.push_back(1'000'000 - i);
+  for (const std::vector<int>* batch : {&small, &std::as_const(large)}) {
+    EXPECT_EQ(q->AddAll(*batch), batch->size());
+    for (int key : *batch) want[q->ShardOf(key)].push_back(key);
+    total += batch->size();
+  }
+  EXPECT_EQ(q->Len(), total);
+  for (int s = 0; s < kShards; ++s) {
+    std::vector<int> got;
+    while (auto lease = q->shard(s).TryGet()) got.push_back(lease->item());
+    EXPECT_EQ(got, want[s]) << "shard " << s;
+  }
+}
+
+// A key whose hash throws on demand.
+struct HashBoom {
+  static inline int throw_at = -1;
+  int v;
+  bool operator==(const HashBoom& other) const { return v == other.v; }
+  template <typename H>
+  friend H AbslHashValue(H h, const HashBoom& key) {
+    if (key.v == throw_at) throw std::runtime_error("hash");
+    return H::combine(std::move(h), key.v);
+  }
+};
+
+// An AddAll whose hash of one item throws adds the items before it, each to its shard,
+// and then throws; the items after it are not added.
+TEST(ShardedQueueTest, AnAddAllWhoseHashThrowsAddsTheItemsBeforeIt) {
+  auto q = *ShardedQueue<HashBoom>::Create(4);
+  std::vector<HashBoom> items;
+  for (int i = 0; i < 10; ++i) items.push_back(HashBoom{i});
+  HashBoom::throw_at = 6;
+  EXPECT_THROW(q->AddAll(std::move(items)), std::runtime_error);
+  HashBoom::throw_at = -1;
+  std::vector<int> got;
+  while (auto lease = q->TryGet(0)) got.push_back(lease->item().v);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 3, 4, 5}));
 }
 
 // Get(w) tries shard w first, then the others from w + 1 on, wrapping around.

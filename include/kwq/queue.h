@@ -58,10 +58,12 @@
 #include <new>
 #include <optional>
 #include <ranges>
+#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/cleanup/cleanup.h"
@@ -142,8 +144,8 @@ class Queue {
   template <typename, typename, typename>
   friend class DelayingQueue;  // calls GetPromoting, AddHashed, EvictBackstopLocked
   template <typename, typename, typename>
-  friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, StopAdds, DrainUntil,
-                              // ReadyHint
+  friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, AddEntries, StopAdds,
+                              // DrainUntil, ReadyHint
   friend struct internal::QueuePeer;
 
   Queue() : Queue(Options{}) {}
@@ -180,38 +182,16 @@ class Queue {
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = internal::MovesItems<Range>();
-    size_t added = 0;
-    bool wake;
-    // An item whose hash, comparison or copy throws ends the batch; the items before it
-    // stay added, so sleeping Gets are woken for them before the exception goes on.
-    std::exception_ptr thrown;
-    {
-      internal::MutexLock lock(&mu_);
-      try {
-        for (auto&& item : items) {
-          const uint32_t hash = Table::HashOf(item);
-          uint32_t slot;
-          bool fresh = false;
-          if constexpr (kMove) {
-            slot = FindOrInsertLocked(std::move(item), hash, &fresh);
-          } else {
-            slot = FindOrInsertLocked(item, hash, &fresh);
-          }
-          bool pushed = false;
-          if (slot != Table::kNone && MarkDirtyLocked(slot, fresh, &pushed)) ++added;
+    return AddBatch([&](size_t* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (auto&& item : items) {
+        const uint32_t hash = Table::HashOf(item);
+        if constexpr (kMove) {
+          AddOneLocked(std::move(item), hash, added);
+        } else {
+          AddOneLocked(item, hash, added);
         }
-      } catch (...) {
-        thrown = std::current_exception();
       }
-      wake = added > 0 && waiters_ > signaled_;
-      if (wake) {
-        signaled_ = waiters_;
-        PublishSleepersLocked();
-      }
-    }
-    if (wake) ready_cv_.SignalAll();
-    if (thrown) std::rethrow_exception(thrown);
-    return added;
+    });
   }
 
   // Blocks until an item is ready and returns its lease, or returns nullopt once the
@@ -891,6 +871,54 @@ class Queue {
       *fresh = true;
     }
     return slot;
+  }
+
+  // Runs `add_items(&added)` under one hold of the table lock, then wakes sleeping Gets
+  // for what it queued (add_items adds with AddOneLocked, which counts into `added`).
+  // Returns how many were queued. An exception from add_items (an item's hash,
+  // comparison or copy) ends the batch: the items before it stay added, so sleeping
+  // Gets are woken for them before the exception goes on.
+  template <typename AddItems>
+  size_t AddBatch(AddItems&& add_items) {
+    size_t added = 0;
+    bool wake;
+    std::exception_ptr thrown;
+    {
+      internal::MutexLock lock(&mu_);
+      try {
+        add_items(&added);
+      } catch (...) {
+        thrown = std::current_exception();
+      }
+      wake = added > 0 && waiters_ > signaled_;
+      if (wake) {
+        signaled_ = waiters_;
+        PublishSleepersLocked();
+      }
+    }
+    if (wake) ready_cv_.SignalAll();
+    if (thrown) std::rethrow_exception(thrown);
+    return added;
+  }
+
+  // One item of an AddBatch: `hash` is Table::HashOf(item). Counts it into *added when
+  // this call queued it.
+  template <typename K>
+  void AddOneLocked(K&& item, uint32_t hash, size_t* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool fresh = false;
+    const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
+    bool pushed = false;
+    if (slot != Table::kNone && MarkDirtyLocked(slot, fresh, &pushed)) ++*added;
+  }
+
+  // ShardedQueue::AddAll's share for this shard: moves in batch[i].item (whose
+  // Table::HashOf is batch[i].hash) for each i in `order`, in that order, as one
+  // AddBatch.
+  template <typename Entry>
+  size_t AddEntries(std::vector<Entry>& batch, std::span<const size_t> order) {
+    return AddBatch([&](size_t* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const size_t i : order) AddOneLocked(std::move(batch[i].item), batch[i].hash, added);
+    });
   }
 
   // Marks `slot` waiting and, unless a lease is active (its Done will), queues it. Returns
