@@ -96,6 +96,67 @@ BENCHMARK(BM_QueueWhileSpawningFails)
     ->Iterations(200)  // each sets up a runtime, untimed
     ->Unit(benchmark::kMillisecond);
 
+// Queue of 2,048 works while no worker thread can be made, with range(0) works of other
+// workqueues already pending ahead of one work of a kMemReclaim workqueue whose rescuer is
+// held (every workqueue at 2,048 works, its max_active, so that all are in the pool's
+// worklist). Each Queue's failed spawn walked the worklist up to that work to find the
+// rescuers to ask (O(pending)); the pool now lists the workqueues to ask.
+void BM_QueueWhileSpawningFailsBehindARescuersWork(benchmark::State& state) {
+  constexpr int kPerWorkqueue = 2048;
+  const int64_t ahead = state.range(0);
+  auto topology = *Topology::FromSynthetic("core:1 pu:1");
+  std::vector<std::unique_ptr<Work>> works;
+  for (int64_t i = 0; i < ahead + kPerWorkqueue; ++i) {
+    works.push_back(std::make_unique<Work>([] {}));
+  }
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::atomic<bool> fail{true};
+    auto runtime = *WorkqueueRuntime::Create(
+        {.topology = topology, .bind_workers = false, .fail_thread_creation = [&fail] {
+           return fail.load();
+         }});
+    std::vector<std::unique_ptr<Workqueue>> plain;
+    for (int64_t i = 0; i < ahead / kPerWorkqueue + 1; ++i) {
+      plain.push_back(*Workqueue::Create({.name = "plain",
+                                          .flags = kUnbound,
+                                          .max_active = kPerWorkqueue,
+                                          .runtime = runtime.get()}));
+    }
+    auto reclaim = *Workqueue::Create(
+        {.name = "reclaim", .flags = kUnbound | kMemReclaim, .runtime = runtime.get()});
+    std::atomic<bool> go{false}, held{false};
+    Work gate([&] {  // holds the rescuer
+      held = true;
+      while (!go.load()) std::this_thread::yield();
+    });
+    Work last([] {});
+    reclaim->Queue(&gate);
+    while (!held.load()) std::this_thread::yield();
+    for (int64_t i = 0; i < ahead; ++i) plain[i / kPerWorkqueue]->Queue(works[i].get());
+    reclaim->Queue(&last);  // waits behind them while the rescuer is held
+    state.ResumeTiming();
+    for (int64_t i = ahead; i < ahead + kPerWorkqueue; ++i) plain.back()->Queue(works[i].get());
+    state.PauseTiming();
+    go = true;
+    fail = false;
+    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
+    reclaim->Queue(&kick);
+    for (auto& wq : plain) wq->Flush();
+    reclaim->Flush();
+    reclaim.reset();
+    plain.clear();
+    runtime.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * kPerWorkqueue);
+}
+BENCHMARK(BM_QueueWhileSpawningFailsBehindARescuersWork)
+    ->Arg(2048)
+    ->Arg(8192)
+    ->Iterations(100)  // each sets up a runtime, untimed
+    ->Unit(benchmark::kMillisecond);
+
 // While no worker thread can be made, a kMemReclaim workqueue's rescuer runs 1,000 of its
 // works queued behind range(0) works of other workqueues that cannot run (one pool). It
 // looked for each of its works from the worklist's front, passing the stuck ones every

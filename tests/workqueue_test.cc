@@ -1967,6 +1967,60 @@ TEST(WorkqueueRescuerTest, AnInstanceScheduledToOneOfTwoRescuersIsCancelled) {
   fail_spawn = false;
 }
 
+// A pool lists the kMemReclaim workqueues with works in its worklist, for a failed spawn
+// to ask their rescuers (it walked the worklist for them, on every Queue): works leave
+// the list's middle, tail and head, each rescuer is asked again from the rebuilt list,
+// and a workqueue with no work left is off it (destroyed, it would be read by the next
+// failed spawn's walk: ASan).
+TEST(WorkqueueRescuerTest, EveryRescuerWithWorksWaitingIsAskedAndNoneAfter) {
+  std::atomic<bool> fail_spawn{true};
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
+                                       .cpu_intensive_threshold = absl::Seconds(30),
+                                       .fail_thread_creation = [&] { return fail_spawn.load(); }});
+  auto make = [&](const char* name, uint32_t flags) {  // all in the one unbound pool
+    return *Workqueue::Create({.name = name,
+                               .flags = kUnbound | flags,
+                               .affinity_scope = AffinityScope::kSystem,
+                               .runtime = rt.get()});
+  };
+  constexpr int kQueues = 3;
+  auto plain = make("plain", 0);
+  std::vector<std::unique_ptr<Workqueue>> reclaim;
+  Gate gates[kQueues];
+  std::atomic<bool> in[kQueues] = {};
+  std::atomic<int> runs[kQueues] = {};
+  std::vector<std::unique_ptr<Work>> held, waiting;
+  for (int i = 0; i < kQueues; ++i) {
+    reclaim.push_back(make(absl::StrCat("reclaim", i).c_str(), kMemReclaim));
+    held.push_back(std::make_unique<Work>([&, i] {
+      in[i] = true;
+      gates[i].Wait();
+    }));
+    waiting.push_back(std::make_unique<Work>([&, i] { runs[i].fetch_add(1); }));
+    ASSERT_TRUE(reclaim[i]->Queue(held[i].get()));
+    ASSERT_TRUE(Eventually([&] { return in[i].load(); }));  // on its rescuer, held
+  }
+  // Each waits in the worklist while its rescuer is held; listed 2, 1, 0.
+  for (int i = 0; i < kQueues; ++i) ASSERT_TRUE(reclaim[i]->Queue(waiting[i].get()));
+  for (int i : {1, 0, 2}) {  // the middle, the tail, the head
+    gates[i].Open();
+    ASSERT_TRUE(Eventually([&] { return runs[i].load() == 1; })) << i;
+  }
+  for (int i = 0; i < kQueues; ++i) {  // idle rescuers, asked by each Queue's failed spawn
+    ASSERT_TRUE(reclaim[i]->Queue(waiting[i].get()));
+    ASSERT_TRUE(Eventually([&] { return runs[i].load() == 2; })) << i;
+  }
+  for (auto& wq : reclaim) wq->Flush();
+  reclaim.clear();
+  Work orphan([] {});
+  ASSERT_TRUE(plain->Queue(&orphan));  // a failed spawn walks the pool's list
+  fail_spawn = false;
+  Work kick([] {});
+  ASSERT_TRUE(plain->Queue(&kick));  // makes a worker, which runs both
+  plain->Flush();
+  EXPECT_FALSE(orphan.pending());
+}
+
 // Freeze stores frozen_ and then counts the taken slots; a queuer that found the workqueue
 // not frozen takes its slot after that count must see the freeze and park the work (it
 // used to insert it, and the work started after Freeze had returned).

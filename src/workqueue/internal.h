@@ -207,14 +207,18 @@ class WorkerPool {
   int nr_creating_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool spawn_failed_ ABSL_GUARDED_BY(mu_) = false;
-  // Works of kMemReclaim workqueues in worklist_ (kept by the three calls below): without
-  // any, a failed spawn has no rescuer to ask and walks no worklist (it walked it on every
-  // Queue and every completion: 24 us per Queue with 16,384 works pending).
-  size_t reclaim_queued_ ABSL_GUARDED_BY(mu_) = 0;
-  // worklist_'s PushBack, Remove and PopFront, keeping reclaim_queued_.
+  // The pool workqueues of kMemReclaim workqueues with works in worklist_ (a list through
+  // PoolWorkqueue::reclaim_prev/next, kept by the three calls below with each one's
+  // reclaim_queued): the rescuers a failed spawn asks. It walked the worklist to find
+  // them, on every Queue while spawning failed: 24 us per Queue with 16,384 works
+  // pending and none a rescuer's, and up to the last rescuer's work when there was one.
+  PoolWorkqueue* reclaim_pwqs_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // worklist_'s PushBack, Remove and PopFront, keeping reclaim_pwqs_.
   void PushWorkLocked(Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveWorkLocked(Work* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Work* PopWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A kMemReclaim work of `pwq` entered (+1) or left (-1) worklist_.
+  void CountReclaimLocked(PoolWorkqueue* pwq, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t started_ ABSL_GUARDED_BY(mu_) = 0;
   // Watchdog only: started_ when it last looked, since when it has not moved with work
   // pending, in which watch epoch; whether this stall was reported.
@@ -237,6 +241,11 @@ class PoolWorkqueue {
   uint64_t completed = 0;
   uint64_t exceptions = 0;
   int64_t busy_ticks = 0;
+  // P, for a kMemReclaim workqueue only: its works in `pool`'s worklist, and while there
+  // are some, the links of the pool's list of such pool workqueues (reclaim_pwqs_).
+  size_t reclaim_queued = 0;
+  PoolWorkqueue* reclaim_prev = nullptr;
+  PoolWorkqueue* reclaim_next = nullptr;
 };
 
 // The runtime: topology, pools, watchdog.

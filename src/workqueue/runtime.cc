@@ -203,35 +203,41 @@ void WorkerPool::WakeOrCreateLocked() {
     }
     --nr_creating_;
   }
-  // No worker could be made: ask the rescuers of kMemReclaim workqueues with work here
-  // (once per run of consecutive works of one workqueue), if this pool serves any.
-  if (!spawn_failed_ || reclaim_queued_ == 0) return;
-  const WorkqueueCore* asked = nullptr;
-  size_t seen = 0;
-  for (Work* w = worklist_.front(); w != nullptr && seen < reclaim_queued_; w = A::next(w)) {
-    if (!Reclaims(w)) continue;
-    ++seen;
-    WorkqueueCore* wq = A::pwq(w).load(std::memory_order_relaxed)->wq;
-    if (wq == asked) continue;
-    wq->Mayday();
-    asked = wq;
-  }
+  // No worker could be made: ask the rescuer of each kMemReclaim workqueue with work here.
+  if (!spawn_failed_) return;
+  for (PoolWorkqueue* p = reclaim_pwqs_; p != nullptr; p = p->reclaim_next) p->wq->Mayday();
 }
 
 void WorkerPool::PushWorkLocked(Work* w) {
   worklist_.PushBack(w);
-  reclaim_queued_ += Reclaims(w);
+  if (Reclaims(w)) CountReclaimLocked(A::pwq(w).load(std::memory_order_relaxed), 1);
 }
 
 void WorkerPool::RemoveWorkLocked(Work* w) {
   worklist_.Remove(w);
-  reclaim_queued_ -= Reclaims(w);
+  if (Reclaims(w)) CountReclaimLocked(A::pwq(w).load(std::memory_order_relaxed), -1);
 }
 
 Work* WorkerPool::PopWorkLocked() {
   Work* w = worklist_.PopFront();
-  if (w != nullptr) reclaim_queued_ -= Reclaims(w);
+  if (w != nullptr && Reclaims(w)) {
+    CountReclaimLocked(A::pwq(w).load(std::memory_order_relaxed), -1);
+  }
   return w;
+}
+
+void WorkerPool::CountReclaimLocked(PoolWorkqueue* pwq, int delta) {
+  if (delta > 0 && pwq->reclaim_queued++ == 0) {  // listed first
+    pwq->reclaim_prev = nullptr;
+    pwq->reclaim_next = reclaim_pwqs_;
+    if (reclaim_pwqs_ != nullptr) reclaim_pwqs_->reclaim_prev = pwq;
+    reclaim_pwqs_ = pwq;
+  } else if (delta < 0 && --pwq->reclaim_queued == 0) {
+    (pwq->reclaim_prev != nullptr ? pwq->reclaim_prev->reclaim_next : reclaim_pwqs_) =
+        pwq->reclaim_next;
+    if (pwq->reclaim_next != nullptr) pwq->reclaim_next->reclaim_prev = pwq->reclaim_prev;
+    pwq->reclaim_prev = pwq->reclaim_next = nullptr;
+  }
 }
 
 void WorkerPool::Insert(Work* w) {
@@ -567,7 +573,8 @@ int WorkerPool::Rescue(PoolWorkqueue* pwq, Worker* rescuer) {
     // instance's runner, which runs it next); a Cancel finds them there (TryRemove looks
     // at the rescuers' lists). Looking for each from the worklist's front cost O(pending)
     // per rescued work: 32 -> 102 us per work with 4,096 -> 16,384 other works ahead.
-    for (Work* w = worklist_.front(); w != nullptr;) {
+    // (The pass ends at the last of them: the pool counts them.)
+    for (Work* w = worklist_.front(); w != nullptr && pwq->reclaim_queued > 0;) {
       Work* const next = A::next(w);
       if (A::pwq(w).load(std::memory_order_relaxed) == pwq) {
         RemoveWorkLocked(w);
