@@ -30,6 +30,7 @@
 #include "kwq/priority_queue.h"
 #include "kwq/queue.h"
 #include "kwq/rate_limiter.h"
+#include "kwq/sharded_queue.h"
 #include "kwq/stop_token.h"
 #include "kwq/timer.h"
 #include "kwq/topology.h"
@@ -433,6 +434,47 @@ TEST(QueueAllocTest, EveryAllocationOfAFailureTableInsertFailsWhole) {
   }
   EXPECT_EQ(limiter->TrackedItems(), 5000u);
   for (int item = 0; item < 5000; ++item) ASSERT_EQ(limiter->NumRequeues(item), 1) << item;
+}
+
+// Every allocation of a ShardedQueue::AddAll may fail: each shard then holds a prefix of
+// its share of the batch (in batch order), and nothing is queued twice. When the batch is
+// taken but cannot be put in shard order (the order, and the sort's or the count's
+// room), every item is still added, one at a time: the batch was dropped, its items with
+// it. Both ways of ordering: a batch far smaller than the shard count, and not.
+TEST(ShardedQueueAllocTest, AnAddAllThatCannotOrderItsBatchStillAddsIt) {
+  for (const auto& [shards, batch] : {std::pair{256, 8}, std::pair{4, 200}}) {
+    std::vector<int> items(batch);
+    for (int i = 0; i < batch; ++i) items[i] = 1000 + i;
+    int all_added_after_a_throw = 0;
+    for (int k = 1;; ++k) {
+      auto q = *ShardedQueue<int>::Create(shards);
+      FailAllocation(k);
+      bool threw = false;
+      try {
+        q->AddAll(items);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      if (!FailureUsed()) {
+        ASSERT_FALSE(threw);
+        ASSERT_EQ(q->Len(), items.size());
+        break;
+      }
+      ASSERT_TRUE(threw) << "allocation " << k;
+      all_added_after_a_throw += q->Len() == items.size();
+      for (int s = 0; s < shards; ++s) {
+        std::vector<int> share, got;
+        for (int item : items) {
+          if (q->ShardOf(item) == s) share.push_back(item);
+        }
+        while (auto lease = q->shard(s).TryGet()) got.push_back(lease->item());
+        ASSERT_LE(got.size(), share.size()) << "shard " << s << ", allocation " << k;
+        share.resize(got.size());
+        EXPECT_EQ(got, share) << "shard " << s << ", allocation " << k;
+      }
+    }
+    EXPECT_EQ(all_added_after_a_throw, 2) << shards << " shards: the order, and its room";
+  }
 }
 
 // An add of a new key that fails for memory has not taken the caller's item: the key is

@@ -552,6 +552,7 @@ TEST(ShardedQueueTest, AddAllKeepsEachShardsItemsInBatchOrder) {
 struct HashBoom {
   static inline int throw_at = -1;
   int v;
+  std::string payload;
   bool operator==(const HashBoom& other) const { return v == other.v; }
   template <typename H>
   friend H AbslHashValue(H h, const HashBoom& key) {
@@ -561,11 +562,13 @@ struct HashBoom {
 };
 
 // An AddAll whose hash of one item throws adds the items before it, each to its shard,
-// and then throws; the items after it are not added.
+// and then throws; that item and the ones after it are not added, and stay the caller's
+// even from a container passed to be moved from (the item was moved into the batch, then
+// hashed, and destroyed when its hash threw).
 TEST(ShardedQueueTest, AnAddAllWhoseHashThrowsAddsTheItemsBeforeIt) {
   auto q = *ShardedQueue<HashBoom>::Create(4);
   std::vector<HashBoom> items;
-  for (int i = 0; i < 10; ++i) items.push_back(HashBoom{i});
+  for (int i = 0; i < 10; ++i) items.push_back(HashBoom{i, absl::StrCat("a long payload ", i)});
   HashBoom::throw_at = 6;
   EXPECT_THROW(q->AddAll(std::move(items)), std::runtime_error);
   HashBoom::throw_at = -1;
@@ -573,6 +576,48 @@ TEST(ShardedQueueTest, AnAddAllWhoseHashThrowsAddsTheItemsBeforeIt) {
   while (auto lease = q->TryGet(0)) got.push_back(lease->item().v);
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  for (int i = 6; i < 10; ++i) EXPECT_EQ(items[i].payload, absl::StrCat("a long payload ", i));
+}
+
+// A key whose move throws for one value while armed (AddAll copies an lvalue range's
+// items into its batch, then moves each into its shard).
+struct MoveBoom {
+  static inline int throw_at = -1;
+  int v;
+  explicit MoveBoom(int value) : v(value) {}
+  MoveBoom(const MoveBoom&) = default;
+  MoveBoom(MoveBoom&& other) noexcept(false) : v(other.v) {
+    if (v == throw_at) throw std::runtime_error("move");
+  }
+  MoveBoom& operator=(const MoveBoom&) = default;
+  bool operator==(const MoveBoom& other) const { return v == other.v; }
+  template <typename H>
+  friend H AbslHashValue(H h, const MoveBoom& key) {
+    return H::combine(std::move(h), key.v);
+  }
+};
+
+// Each shard's share of an AddAll is one batch: a throw in it ends that shard's share
+// (a later item of the same shard is not added, as in Queue::AddAll) while the other
+// shards get theirs. Items a, b, c with a and c in one shard and a's move throwing: c
+// is not added, b is. (A batch left in its own order split shard 0's share in two.)
+TEST(ShardedQueueTest, AThrowEndsItsShardsShareOfAnAddAll) {
+  for (int shards : {2, 64}) {  // the batch's shard numbers counted, then sorted
+    auto q = *ShardedQueue<MoveBoom>::Create(shards);
+    auto key_in = [&](int shard, int from) {
+      int key = from;
+      while (q->ShardOf(MoveBoom(key)) != shard) ++key;
+      return key;
+    };
+    const int a = key_in(0, 0), b = key_in(1, 0), c = key_in(0, a + 1);
+    const std::vector<MoveBoom> items = {MoveBoom(a), MoveBoom(b), MoveBoom(c)};
+    MoveBoom::throw_at = a;
+    EXPECT_THROW(q->AddAll(items), std::runtime_error) << shards;
+    MoveBoom::throw_at = -1;
+    std::vector<int> got;
+    while (auto lease = q->TryGet(0)) got.push_back(lease->item().v);
+    EXPECT_EQ(got, std::vector<int>{b}) << shards << " shards";
+  }
 }
 
 // Get(w) tries shard w first, then the others from w + 1 on, wrapping around.

@@ -2021,6 +2021,60 @@ TEST(WorkqueueRescuerTest, EveryRescuerWithWorksWaitingIsAskedAndNoneAfter) {
   EXPECT_FALSE(orphan.pending());
 }
 
+// Works of two kMemReclaim workqueues wait while the pool's one worker runs a counted
+// work (no spawn is tried); then that work blocks, the spawn fails, and both rescuers run
+// their works, the second while the first one's work still holds its rescuer. (Fake
+// time: no watchdog pass tries again. A failed spawn that asked only the first listed
+// rescuer would pass too: the rescuer's start of a work tries to spawn again, and asks
+// the next.)
+TEST(WorkqueueRescuerTest, ABlockedWorkersFailedSpawnGetsEveryWaitingReclaimWorkRescued) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  std::atomic<bool> fail_spawn{false};
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
+                                       .clock = &clock,
+                                       .timers = timers.get(),
+                                       .fail_thread_creation = [&] { return fail_spawn.load(); }});
+  auto make = [&](const char* name, uint32_t flags) {  // all in the one unbound pool
+    return *Workqueue::Create({.name = name,
+                               .flags = kUnbound | flags,
+                               .affinity_scope = AffinityScope::kSystem,
+                               .runtime = rt.get()});
+  };
+  auto plain = make("plain", 0), a = make("a", kMemReclaim), b = make("b", kMemReclaim);
+  Work warm([] {});
+  ASSERT_TRUE(plain->Queue(&warm));
+  plain->Flush();  // the pool has its one worker
+  Gate block, release, b_gate;
+  std::atomic<bool> running{false}, a_ran{false}, b_ran{false};
+  Work busy([&] {
+    running = true;
+    block.Wait();
+    BlockingScope blocking;
+    release.Wait();
+  });
+  Work wa([&] { a_ran = true; });
+  Work wb([&] {  // holds b's rescuer
+    b_ran = true;
+    b_gate.Wait();
+  });
+  ASSERT_TRUE(plain->Queue(&busy));
+  ASSERT_TRUE(Eventually([&] { return running.load(); }));
+  fail_spawn = true;
+  ASSERT_TRUE(a->Queue(&wa));  // the worker counts as running: no spawn is tried
+  ASSERT_TRUE(b->Queue(&wb));
+  EXPECT_FALSE(a_ran.load() || b_ran.load());
+  block.Open();  // the worker blocks: one spawn, which fails
+  EXPECT_TRUE(Eventually([&] { return a_ran.load() && b_ran.load(); }, absl::Seconds(2)))
+      << "a ran: " << a_ran.load() << ", b ran: " << b_ran.load();
+  b_gate.Open();
+  release.Open();
+  fail_spawn = false;
+  plain->Flush();
+  a->Flush();
+  b->Flush();
+}
+
 // Freeze stores frozen_ and then counts the taken slots; a queuer that found the workqueue
 // not frozen takes its slot after that count must see the freeze and park the work (it
 // used to insert it, and the work started after Freeze had returned).

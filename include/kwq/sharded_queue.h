@@ -85,34 +85,43 @@ class ShardedQueue {
   // b is far below the shard count (never O(shards)). An item whose copy or hash (or a
   // batch's growth) throws ends the batch, as on Queue: the items before it are still
   // added, each to its shard, and then the exception goes on (the first one, when a
-  // shard's add throws too; the other shards' items are added all the same).
+  // shard's add throws too; the other shards' items are added all the same). A shard's
+  // share stops at its first item that throws. When there is no memory to put the batch
+  // in shard order, its items are added one at a time and then std::bad_alloc goes on.
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = internal::MovesItems<Range>();
     std::vector<Entry> batch;
-    if constexpr (std::ranges::sized_range<Range>) batch.reserve(std::ranges::size(items));
     std::exception_ptr thrown;
     try {
+      if constexpr (std::ranges::sized_range<Range>) batch.reserve(std::ranges::size(items));
       for (auto&& item : items) {
+        // Hashed before it is taken: an item whose hash throws stays the caller's.
+        const uint32_t hash = Shard::Table::HashOf(item);  // the shard's own hash, once
+        const auto shard = static_cast<uint32_t>(ShardOfHash(hash));
         if constexpr (kMove) {
-          batch.emplace_back(std::move(item));
+          batch.emplace_back(std::move(item), hash, shard);
         } else {
-          batch.emplace_back(item);
+          batch.emplace_back(item, hash, shard);
         }
-        Entry& e = batch.back();
-        try {
-          e.hash = Shard::Table::HashOf(e.item);  // the shard's own hash, computed once
-        } catch (...) {
-          batch.pop_back();
-          throw;
-        }
-        e.shard = static_cast<uint32_t>(ShardOfHash(e.hash));
       }
     } catch (...) {
       thrown = std::current_exception();
     }
-    const std::vector<size_t> order = ShardOrder(batch);
     size_t added = 0;
+    std::vector<size_t> order;
+    try {
+      order = ShardOrder(batch);
+    } catch (...) {  // out of memory: each item on its own, which allocates no order
+      if (!thrown) thrown = std::current_exception();
+      for (Entry& e : batch) {
+        try {
+          added += shards_[e.shard]->AddHashed(std::move(e.item), e.hash) ? 1 : 0;
+        } catch (...) {
+        }
+      }
+      std::rethrow_exception(thrown);
+    }
     for (size_t begin = 0; begin < order.size();) {
       const uint32_t s = batch[order[begin]].shard;
       size_t end = begin + 1;
@@ -234,11 +243,11 @@ class ShardedQueue {
   // One item of an AddAll batch, with its table hash and its shard.
   struct Entry {
     template <typename K>
-    requires(!std::is_same_v<std::remove_cvref_t<K>, Entry>) explicit Entry(K&& key)
-        : item(std::forward<K>(key)) {}  // the item's one copy or move
+    Entry(K&& key, uint32_t key_hash, uint32_t key_shard)
+        : item(std::forward<K>(key)), hash(key_hash), shard(key_shard) {}  // one copy or move
     T item;
-    uint32_t hash = 0;
-    uint32_t shard = 0;
+    uint32_t hash;
+    uint32_t shard;
   };
 
   // The indices of `batch` in shard order, each shard's in batch order. A counting sort
