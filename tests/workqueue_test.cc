@@ -2075,6 +2075,43 @@ TEST(WorkqueueRescuerTest, ABlockedWorkersFailedSpawnGetsEveryWaitingReclaimWork
   b->Flush();
 }
 
+// A completion that finds no work waiting releases its slot and then activates a work
+// parked meanwhile by a producer that found the slot taken: at each of the two moments
+// a worker holds the slot believing nothing waits (Completed's look, before its release;
+// ActivateWaiting's, which reserves the slot again, finds none and releases it), a Queue
+// parks its work, and the worker must then activate it. Without Completed's call to
+// ActivateWaiting, or without ActivateWaiting's second look, the work waited for the next
+// completion: here, for ever.
+TEST_F(WorkqueueTest, AWorkParkedWhileACompletionHoldsTheSlotIsActivated) {
+  for (HookPoint point :
+       {HookPoint::kCompletedFoundNoneWaiting, HookPoint::kActivateFoundNoneWaiting}) {
+    SCOPED_TRACE(static_cast<int>(point));
+    auto wq = Make({.flags = kOrdered});  // one active slot
+    internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+    Gate gate;
+    std::atomic<bool> running{false};
+    std::atomic<int> second_runs{0};
+    Work first([&] {
+      running = true;
+      gate.Wait();
+    });
+    Work second([&] { ++second_runs; });
+    ASSERT_TRUE(wq->Queue(&first));
+    ASSERT_TRUE(Eventually([&] { return running.load(); }));
+    PausePoints hooks;
+    PausePoints::Pause& found_none = hooks.Arm(point, core);
+    gate.Open();  // `first` completes; its worker holds the slot, nothing waiting
+    ASSERT_TRUE(found_none.WaitPaused());
+    ASSERT_TRUE(wq->Queue(&second));
+    EXPECT_TRUE(Parked(&second)) << "queued while the slot was held, yet not parked";
+    found_none.Resume();
+    EXPECT_TRUE(Eventually([&] { return second_runs.load() == 1; }, absl::Seconds(2)))
+        << "the parked work was left waiting";
+    wq->Cancel(&second);  // a work left waiting would hold up the Flush for ever
+    wq->Flush();
+  }
+}
+
 // Freeze stores frozen_ and then counts the taken slots; a queuer that found the workqueue
 // not frozen takes its slot after that count must see the freeze and park the work (it
 // used to insert it, and the work started after Freeze had returned).

@@ -31,6 +31,16 @@ enum class HookPoint : uint8_t {
   // for a waiting work (then it re-checks frozen_). Subject: the WorkqueueCore. Per item
   // (a completing worker calls ActivateWaiting when no work waited).
   kActivateWillReserve,
+  // A worker's Completed found no work waiting for the finished work's active slot and is
+  // about to release it (then it calls ActivateWaiting, for a work parked meanwhile by a
+  // producer that found the slot taken). Subject: the WorkqueueCore. Per item (with no
+  // work waiting).
+  kCompletedFoundNoneWaiting,
+  // ActivateWaiting reserved an active slot, found no work waiting, and is about to
+  // release the slot (then it looks again, for a work parked meanwhile by a producer that
+  // found the slot taken). Subject: the WorkqueueCore. Per item (a completing worker with
+  // no work waiting).
+  kActivateFoundNoneWaiting,
   // A worker finished a work and stored its done_seq, and is about to clear its runner
   // and running_pool (its last touch of the Work). The worker holds its pool's lock.
   // Subject: the Work. Per item.

@@ -333,6 +333,7 @@ void WorkqueueCore::ActivateWaiting(int node) {
     }
     Work* w = n.Waiting() > 0 ? PopWaiting(n) : nullptr;
     if (w == nullptr) {  // nothing waits (or another thread took it)
+      TestHook(HookPoint::kActivateFoundNoneWaiting, this);
       Release(n);
       // A work parked after our check sees the released slot itself (Dekker).
       if (n.Waiting() > 0) continue;
@@ -403,6 +404,7 @@ Work* WorkqueueCore::Completed(PoolWorkqueue* pwq, WorkerPool* here) {
     next = PopWaiting(n);
   }
   if (next == nullptr) {
+    TestHook(HookPoint::kCompletedFoundNoneWaiting, this);
     Release(n);
     ActivateWaiting(pwq->node);  // a producer may have parked a work meanwhile
     return nullptr;
