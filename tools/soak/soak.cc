@@ -3,8 +3,9 @@
 //   kwq-soak --seconds=60 [--keys=512] [--producers=3] [--workers=4]
 //
 // Runs, for the given time, producers that Add / AddAfter / AddRateLimited random keys
-// to a RateLimitingQueue and a ShardedQueue, workers that process them, and a
-// workqueue whose works requeue each other, and checks, continuously and at the end:
+// to a RateLimitingQueue and Add / AddAll them to a ShardedQueue, workers that process
+// them, and a workqueue whose works requeue each other, and checks, continuously and at
+// the end:
 //   - no key is ever held by two workers at once (per queue);
 //   - nothing is lost: after the producers stop, every key's last add is followed by a
 //     run that started after it (level-triggered), and ShutDownWithDrain completes;
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
         std::mt19937 rng(p);
         while (!stop.load(std::memory_order_relaxed)) {
           const int k = static_cast<int>(rng() % keys);
-          switch (rng() % 3) {
+          switch (rng() % 4) {
             case 0:
               rl.added[k].fetch_add(1);
               rlq.Add(k);
@@ -128,9 +129,18 @@ int main(int argc, char** argv) {
               rl.added[k].fetch_add(1);
               rlq.AddAfter(k, absl::Microseconds(rng() % 500));
               break;
-            default:
+            case 2:
               sh.added[k].fetch_add(1);
               shq->Add(k);
+              break;
+            default: {  // a batch over several shards, duplicates allowed
+              int batch[4];
+              for (int& b : batch) {
+                b = static_cast<int>(rng() % keys);
+                sh.added[b].fetch_add(1);
+              }
+              shq->AddAll(batch);
+            }
           }
         }
       });
