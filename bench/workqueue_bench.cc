@@ -51,6 +51,28 @@ BENCHMARK(BM_FlushWithOtherFlushersWaiting)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// A runtime on `topology` whose worker threads cannot be made until Finish.
+struct SpawnFailing {
+  explicit SpawnFailing(std::shared_ptr<const Topology> topology)
+      : runtime(
+            *WorkqueueRuntime::Create({.topology = std::move(topology),
+                                       .bind_workers = false,
+                                       .fail_thread_creation = [this] { return fail.load(); }})) {}
+  // Lets workers be made again, runs what `wqs` (made on `runtime`, in its one pool) hold,
+  // and destroys them and the runtime.
+  void Finish(std::vector<std::unique_ptr<Workqueue>>* wqs) {
+    fail = false;
+    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
+    wqs->front()->Queue(&kick);
+    for (auto& wq : *wqs) wq->Flush();
+    wqs->clear();
+    runtime.reset();
+  }
+
+  std::atomic<bool> fail{true};
+  std::unique_ptr<WorkqueueRuntime> runtime;
+};
+
 // Queue of 2,048 works on each of range(0) workqueues sharing one pool (their max_active,
 // so all of them go to the pool's worklist) while no worker thread can be made (the
 // runtime's fail_thread_creation), with no kMemReclaim workqueue to ask for rescue. Each
@@ -64,28 +86,19 @@ void BM_QueueWhileSpawningFails(benchmark::State& state) {
     works.push_back(std::make_unique<Work>([] {}));
   }
   for (auto _ : state) {
-    state.PauseTiming();  // a runtime with no worker yet, each time
-    std::atomic<bool> fail{true};
-    auto runtime = *WorkqueueRuntime::Create(
-        {.topology = topology, .bind_workers = false, .fail_thread_creation = [&fail] {
-           return fail.load();
-         }});
+    state.PauseTiming();
+    SpawnFailing spawning(topology);  // a runtime with no worker yet, each time
     std::vector<std::unique_ptr<Workqueue>> wqs;
     for (int64_t i = 0; i < state.range(0); ++i) {
       wqs.push_back(*Workqueue::Create({.name = "spawn_fails",
                                         .flags = kUnbound,
                                         .max_active = kPerWorkqueue,
-                                        .runtime = runtime.get()}));
+                                        .runtime = spawning.runtime.get()}));
     }
     state.ResumeTiming();
     for (size_t i = 0; i < works.size(); ++i) wqs[i % wqs.size()]->Queue(works[i].get());
     state.PauseTiming();
-    fail = false;
-    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
-    wqs[0]->Queue(&kick);
-    for (auto& wq : wqs) wq->Flush();
-    wqs.clear();
-    runtime.reset();
+    spawning.Finish(&wqs);
     state.ResumeTiming();
   }
   state.SetItemsProcessed(state.iterations() * works.size());
@@ -111,20 +124,16 @@ void BM_QueueWhileSpawningFailsBehindARescuersWork(benchmark::State& state) {
   }
   for (auto _ : state) {
     state.PauseTiming();
-    std::atomic<bool> fail{true};
-    auto runtime = *WorkqueueRuntime::Create(
-        {.topology = topology, .bind_workers = false, .fail_thread_creation = [&fail] {
-           return fail.load();
-         }});
+    SpawnFailing spawning(topology);
     std::vector<std::unique_ptr<Workqueue>> plain;
     for (int64_t i = 0; i < ahead / kPerWorkqueue + 1; ++i) {
       plain.push_back(*Workqueue::Create({.name = "plain",
                                           .flags = kUnbound,
                                           .max_active = kPerWorkqueue,
-                                          .runtime = runtime.get()}));
+                                          .runtime = spawning.runtime.get()}));
     }
     auto reclaim = *Workqueue::Create(
-        {.name = "reclaim", .flags = kUnbound | kMemReclaim, .runtime = runtime.get()});
+        {.name = "reclaim", .flags = kUnbound | kMemReclaim, .runtime = spawning.runtime.get()});
     std::atomic<bool> go{false}, held{false};
     Work gate([&] {  // holds the rescuer
       held = true;
@@ -139,14 +148,8 @@ void BM_QueueWhileSpawningFailsBehindARescuersWork(benchmark::State& state) {
     for (int64_t i = ahead; i < ahead + kPerWorkqueue; ++i) plain.back()->Queue(works[i].get());
     state.PauseTiming();
     go = true;
-    fail = false;
-    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
-    reclaim->Queue(&kick);
-    for (auto& wq : plain) wq->Flush();
-    reclaim->Flush();
-    reclaim.reset();
-    plain.clear();
-    runtime.reset();
+    plain.push_back(std::move(reclaim));
+    spawning.Finish(&plain);
     state.ResumeTiming();
   }
   state.SetItemsProcessed(state.iterations() * kPerWorkqueue);
@@ -167,11 +170,7 @@ void BM_RescueBehindStuckWorks(benchmark::State& state) {
   auto topology = *Topology::FromSynthetic("core:1 pu:1");
   for (auto _ : state) {
     state.PauseTiming();
-    std::atomic<bool> fail{true};
-    auto runtime = *WorkqueueRuntime::Create(
-        {.topology = topology, .bind_workers = false, .fail_thread_creation = [&fail] {
-           return fail.load();
-         }});
+    SpawnFailing spawning(topology);
     std::vector<std::unique_ptr<Workqueue>> plain;
     std::vector<std::unique_ptr<Work>> stuck;
     for (int64_t i = 0; i < state.range(0); ++i) {
@@ -179,7 +178,7 @@ void BM_RescueBehindStuckWorks(benchmark::State& state) {
         plain.push_back(*Workqueue::Create({.name = "stuck",
                                             .flags = kUnbound,
                                             .max_active = kPerWorkqueue,
-                                            .runtime = runtime.get()}));
+                                            .runtime = spawning.runtime.get()}));
       }
       stuck.push_back(std::make_unique<Work>([] {}));
       plain.back()->Queue(stuck.back().get());
@@ -187,7 +186,7 @@ void BM_RescueBehindStuckWorks(benchmark::State& state) {
     auto reclaim = *Workqueue::Create({.name = "reclaim",
                                        .flags = kUnbound | kMemReclaim,
                                        .max_active = kPerWorkqueue,
-                                       .runtime = runtime.get()});
+                                       .runtime = spawning.runtime.get()});
     std::atomic<int> ran{0};
     std::atomic<bool> go{false};
     Work gate([&] {  // holds the rescuer until all are queued
@@ -204,14 +203,8 @@ void BM_RescueBehindStuckWorks(benchmark::State& state) {
     go = true;
     while (ran.load() < kRescued) std::this_thread::yield();
     state.PauseTiming();
-    fail = false;
-    Work kick([] {});  // its Queue makes a worker now, not at the watchdog's next pass
-    plain[0]->Queue(&kick);
-    for (auto& wq : plain) wq->Flush();
-    reclaim->Flush();
-    reclaim.reset();
-    plain.clear();
-    runtime.reset();
+    plain.push_back(std::move(reclaim));
+    spawning.Finish(&plain);
     state.ResumeTiming();
   }
   state.SetItemsProcessed(state.iterations() * kRescued);

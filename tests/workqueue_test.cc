@@ -1897,26 +1897,43 @@ TEST(WorkqueueDelayedTest, AModDelayedWhoseClockThrowsLeavesTheWorkAsItWas) {
   EXPECT_EQ(runs.load(), 1);
 }
 
+// The rescuer tests' runtime: one unbound pool (a 1-CPU topology, every workqueue of
+// system scope), whose worker threads cannot be made while `fail_spawn` is set.
+struct OnePoolRuntime {
+  explicit OnePoolRuntime(Clock* clock = nullptr, TimerService* timers = nullptr)
+      : rt(*WorkqueueRuntime::Create(
+            {.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
+             .clock = clock,
+             .timers = timers,
+             .cpu_intensive_threshold = absl::Seconds(30),
+             .fail_thread_creation = [this] { return fail_spawn.load(); }})) {}
+  std::unique_ptr<Workqueue> Make(const char* name, uint32_t flags) {
+    return *Workqueue::Create({.name = name,
+                               .flags = kUnbound | flags,
+                               .affinity_scope = AffinityScope::kSystem,
+                               .runtime = rt.get()});
+  }
+  // Gives the pool its one worker (while spawning works).
+  static void Warm(Workqueue* wq) {
+    Work warm([] {});
+    ASSERT_TRUE(wq->Queue(&warm));
+    wq->Flush();
+  }
+
+  std::atomic<bool> fail_spawn{false};
+  std::unique_ptr<WorkqueueRuntime> rt;
+};
+
 // Two kMemReclaim workqueues rescuing one pool at once: an instance scheduled to the first
 // rescuer (queued while that rescuer ran it) stays cancellable while the second rescuer
 // is in the pool. The pool kept only the latest rescuer, so Cancel could not find the
 // instance and spun until the first rescuer ran it, "cancelled" work and all.
 TEST(WorkqueueRescuerTest, AnInstanceScheduledToOneOfTwoRescuersIsCancelled) {
-  std::atomic<bool> fail_spawn{false};
-  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
-                                       .cpu_intensive_threshold = absl::Seconds(30),
-                                       .fail_thread_creation = [&] { return fail_spawn.load(); }});
-  auto make = [&](const char* name, uint32_t flags) {  // all in the one unbound pool
-    return *Workqueue::Create({.name = name,
-                               .flags = kUnbound | flags,
-                               .affinity_scope = AffinityScope::kSystem,
-                               .runtime = rt.get()});
-  };
-  auto plain = make("plain", 0), a = make("a", kMemReclaim), b = make("b", kMemReclaim);
-  Work warm([] {});
-  ASSERT_TRUE(plain->Queue(&warm));
-  plain->Flush();  // the pool has its one worker
-  fail_spawn = true;
+  OnePoolRuntime pool;
+  auto plain = pool.Make("plain", 0), a = pool.Make("a", kMemReclaim),
+       b = pool.Make("b", kMemReclaim);
+  OnePoolRuntime::Warm(plain.get());
+  pool.fail_spawn = true;
   Gate blocker_gate, blocker2_gate, a_gate, b_gate;
   std::atomic<bool> blocker_in{false}, blocker2_in{false}, b_in{false};
   std::atomic<int> a_runs{0};
@@ -1964,7 +1981,7 @@ TEST(WorkqueueRescuerTest, AnInstanceScheduledToOneOfTwoRescuersIsCancelled) {
   b->Flush();
   plain->Flush();
   EXPECT_EQ(a_runs.load(), 1);  // the cancelled instance never ran
-  fail_spawn = false;
+  pool.fail_spawn = false;
 }
 
 // A pool lists the kMemReclaim workqueues with works in its worklist, for a failed spawn
@@ -1973,25 +1990,17 @@ TEST(WorkqueueRescuerTest, AnInstanceScheduledToOneOfTwoRescuersIsCancelled) {
 // and a workqueue with no work left is off it (destroyed, it would be read by the next
 // failed spawn's walk: ASan).
 TEST(WorkqueueRescuerTest, EveryRescuerWithWorksWaitingIsAskedAndNoneAfter) {
-  std::atomic<bool> fail_spawn{true};
-  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
-                                       .cpu_intensive_threshold = absl::Seconds(30),
-                                       .fail_thread_creation = [&] { return fail_spawn.load(); }});
-  auto make = [&](const char* name, uint32_t flags) {  // all in the one unbound pool
-    return *Workqueue::Create({.name = name,
-                               .flags = kUnbound | flags,
-                               .affinity_scope = AffinityScope::kSystem,
-                               .runtime = rt.get()});
-  };
+  OnePoolRuntime pool;
+  pool.fail_spawn = true;
   constexpr int kQueues = 3;
-  auto plain = make("plain", 0);
+  auto plain = pool.Make("plain", 0);
   std::vector<std::unique_ptr<Workqueue>> reclaim;
   Gate gates[kQueues];
   std::atomic<bool> in[kQueues] = {};
   std::atomic<int> runs[kQueues] = {};
   std::vector<std::unique_ptr<Work>> held, waiting;
   for (int i = 0; i < kQueues; ++i) {
-    reclaim.push_back(make(absl::StrCat("reclaim", i).c_str(), kMemReclaim));
+    reclaim.push_back(pool.Make(absl::StrCat("reclaim", i).c_str(), kMemReclaim));
     held.push_back(std::make_unique<Work>([&, i] {
       in[i] = true;
       gates[i].Wait();
@@ -2014,7 +2023,7 @@ TEST(WorkqueueRescuerTest, EveryRescuerWithWorksWaitingIsAskedAndNoneAfter) {
   reclaim.clear();
   Work orphan([] {});
   ASSERT_TRUE(plain->Queue(&orphan));  // a failed spawn walks the pool's list
-  fail_spawn = false;
+  pool.fail_spawn = false;
   Work kick([] {});
   ASSERT_TRUE(plain->Queue(&kick));  // makes a worker, which runs both
   plain->Flush();
@@ -2030,21 +2039,10 @@ TEST(WorkqueueRescuerTest, EveryRescuerWithWorksWaitingIsAskedAndNoneAfter) {
 TEST(WorkqueueRescuerTest, ABlockedWorkersFailedSpawnGetsEveryWaitingReclaimWorkRescued) {
   FakeClock clock;
   auto timers = *TimerService::Create({.clock = &clock});
-  std::atomic<bool> fail_spawn{false};
-  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:1 pu:1"),
-                                       .clock = &clock,
-                                       .timers = timers.get(),
-                                       .fail_thread_creation = [&] { return fail_spawn.load(); }});
-  auto make = [&](const char* name, uint32_t flags) {  // all in the one unbound pool
-    return *Workqueue::Create({.name = name,
-                               .flags = kUnbound | flags,
-                               .affinity_scope = AffinityScope::kSystem,
-                               .runtime = rt.get()});
-  };
-  auto plain = make("plain", 0), a = make("a", kMemReclaim), b = make("b", kMemReclaim);
-  Work warm([] {});
-  ASSERT_TRUE(plain->Queue(&warm));
-  plain->Flush();  // the pool has its one worker
+  OnePoolRuntime pool(&clock, timers.get());
+  auto plain = pool.Make("plain", 0), a = pool.Make("a", kMemReclaim),
+       b = pool.Make("b", kMemReclaim);
+  OnePoolRuntime::Warm(plain.get());
   Gate block, release, b_gate;
   std::atomic<bool> running{false}, a_ran{false}, b_ran{false};
   Work busy([&] {
@@ -2060,7 +2058,7 @@ TEST(WorkqueueRescuerTest, ABlockedWorkersFailedSpawnGetsEveryWaitingReclaimWork
   });
   ASSERT_TRUE(plain->Queue(&busy));
   ASSERT_TRUE(Eventually([&] { return running.load(); }));
-  fail_spawn = true;
+  pool.fail_spawn = true;
   ASSERT_TRUE(a->Queue(&wa));  // the worker counts as running: no spawn is tried
   ASSERT_TRUE(b->Queue(&wb));
   EXPECT_FALSE(a_ran.load() || b_ran.load());
@@ -2069,7 +2067,7 @@ TEST(WorkqueueRescuerTest, ABlockedWorkersFailedSpawnGetsEveryWaitingReclaimWork
       << "a ran: " << a_ran.load() << ", b ran: " << b_ran.load();
   b_gate.Open();
   release.Open();
-  fail_spawn = false;
+  pool.fail_spawn = false;
   plain->Flush();
   a->Flush();
   b->Flush();
