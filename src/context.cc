@@ -657,6 +657,7 @@ bool AfterFuncHandle::Stop() const {
 }
 
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn) {
+  if (!fn) fn = [] {};  // an empty callable runs nothing (it was called, at address 0)
   internal::AfterFuncList one = internal::NewAfterFunc(std::move(fn));
   std::shared_ptr<internal::AfterFuncRecord> record = one.front();
   internal::AddAfterFunc(internal::NodeOf(ctx)->canceller, one);

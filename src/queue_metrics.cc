@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <optional>
 
 namespace kwq::internal {
 
@@ -126,6 +127,18 @@ void QueueMetricsRecorder::OnAdd(uint32_t slot, int priority) noexcept {
   }
 }
 
+namespace {
+// The seconds from `then` to `now` a duration metric records: 0 where the clock went back
+// (a FakeClock set back, or TSC readings of two CPUs a little apart), which gave negative
+// observations (-3600 s after SetTime an hour back); nullopt where the span is infinite
+// (a FakeClock at an infinite time), which is not observed at all.
+std::optional<double> ElapsedSeconds(absl::Time then, absl::Time now) {
+  const absl::Duration d = now - then;
+  if (d == absl::InfiniteDuration() || d == -absl::InfiniteDuration()) return std::nullopt;
+  return d < absl::ZeroDuration() ? 0.0 : absl::ToDoubleSeconds(d);
+}
+}  // namespace
+
 void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
   SpinLockHolder lock(&mu_);
   --depth_count_;
@@ -138,9 +151,9 @@ void QueueMetricsRecorder::OnGet(uint32_t slot, int priority) noexcept {
   const absl::Time now = NowOrUnknown();
   if (latency_ && slot < added_at_.size()) {
     const absl::Time added_at = added_at_[slot];
-    if (now != kUnknown && added_at != kUnknown) {
-      Report([&] { latency_->Observe(absl::ToDoubleSeconds(now - added_at)); });
-    }
+    const std::optional<double> s =
+        now != kUnknown && added_at != kUnknown ? ElapsedSeconds(added_at, now) : std::nullopt;
+    if (s) Report([&] { latency_->Observe(*s); });
   }
   try {
     Grow(started_at_, slot, kUnknown);
@@ -170,9 +183,8 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) noexcept {
   if (work_duration_ && slot < started_at_.size() && started_at_[slot] != kUnknown) {
     const absl::Time started = started_at_[slot];
     const absl::Time now = NowOrUnknown();
-    if (now != kUnknown) {
-      Report([&] { work_duration_->Observe(absl::ToDoubleSeconds(now - started)); });
-    }
+    const std::optional<double> s = now != kUnknown ? ElapsedSeconds(started, now) : std::nullopt;
+    if (s) Report([&] { work_duration_->Observe(*s); });
   }
 }
 
@@ -223,9 +235,10 @@ void QueueMetricsRecorder::Refresh() noexcept {
   double total = 0, longest = 0;
   for (uint32_t slot : in_flight_) {
     if (started_at_[slot] == kUnknown) continue;  // its start was not read
-    const double s = absl::ToDoubleSeconds(now - started_at_[slot]);
-    total += s;
-    longest = std::max(longest, s);
+    const std::optional<double> s = ElapsedSeconds(started_at_[slot], now);
+    if (!s) continue;
+    total += *s;
+    longest = std::max(longest, *s);
   }
   if (unfinished_) Report([&] { unfinished_->Set(total); });
   if (longest_) Report([&] { longest_->Set(longest); });

@@ -113,6 +113,9 @@ class TimerCore final : public ClockObserver {
   }
 
   bool CancelSync(TimerId id) {
+    // Id 0 is never a timer's, and running_id_ reads 0 while no callback runs: waiting
+    // for it to change hung for ever.
+    if (id == 0) return false;
     TimerHeap::Callback doomed;
     MutexLock lock(&mu_);
     if (heap_.Remove(id, &doomed)) return true;
@@ -279,16 +282,22 @@ TimerService& TimerService::Default() {
 TimerService::TimerService(std::unique_ptr<internal::TimerCore> core) : core_(std::move(core)) {}
 TimerService::~TimerService() = default;
 
+namespace {
+// What a timer with an empty callable (or a null function) runs.
+void RunNothing(void*) {}
+}  // namespace
+
 TimerId TimerService::Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn) {
+  if (!fn) return core_->ScheduleRaw(deadline, &RunNothing, nullptr);
   return core_->Schedule(deadline, std::move(fn));
 }
 
 TimerId TimerService::ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn) {
-  return core_->Schedule(core_->clock().Now() + delay, std::move(fn));
+  return Schedule(core_->clock().Now() + delay, std::move(fn));
 }
 
 TimerId TimerService::Schedule(absl::Time deadline, void (*fn)(void*), void* arg) {
-  return core_->ScheduleRaw(deadline, fn, arg);
+  return core_->ScheduleRaw(deadline, fn != nullptr ? fn : &RunNothing, arg);
 }
 
 bool TimerService::Cancel(TimerId id) { return core_->Cancel(id); }

@@ -145,6 +145,20 @@ TEST(WithCancelTest, CancelFromAfterFuncReturnsWithSubtreeCancelled) {
   EXPECT_TRUE(child_cancelled);
 }
 
+// An empty function given to AfterFunc or OnDone registers one that does nothing: it was
+// called (at address 0) by the cancel, or at once on a context already done.
+TEST(WithCancelTest, AnEmptyAfterFuncRunsNothing) {
+  CancelableContext c = WithCancel(Background());
+  AfterFuncHandle pending = AfterFunc(c.context, absl::AnyInvocable<void()>());
+  bool ran = false;
+  AfterFunc(c.context, [&] { ran = true; });
+  c.cancel();
+  EXPECT_TRUE(ran);
+  AfterFuncHandle late = c.context.Done().OnDone(nullptr);  // done already: runs now
+  EXPECT_FALSE(pending.Stop());                             // it ran (and did nothing)
+  EXPECT_FALSE(late.Stop());
+}
+
 TEST(WithCancelTest, AfterFuncMayWaitForADescendant) {
   // Every descendant is cancelled before any AfterFunc of the tree runs, so an AfterFunc
   // that waits for a child's Done does not wait for its own thread.

@@ -389,6 +389,25 @@ TEST_F(QueueMetricsTest, RecordsClientGoMetricSet) {
   EXPECT_EQ(rec.Get("unfinished"), 0);
 }
 
+// A clock set back between an add and its hand-out, or between the hand-out and Done,
+// records 0 s, not a negative duration (it recorded -3600 s); the in-flight gauges too.
+TEST_F(QueueMetricsTest, DurationsAreNotNegativeWhenTheClockGoesBack) {
+  StringQueue& q = MakeQueue();
+  q.Add("a");
+  clock.SetTime(clock.Now() - absl::Hours(1));
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(rec.Observations("latency"), 1);
+  EXPECT_EQ(rec.Get("latency"), 0.0);
+  clock.SetTime(clock.Now() - absl::Hours(1));
+  clock.Advance(absl::ZeroDuration());  // the gauges' refresh runs inside a move
+  EXPECT_GE(rec.Get("unfinished"), 0.0);
+  EXPECT_GE(rec.Get("longest"), 0.0);
+  lease->Done();
+  EXPECT_EQ(rec.Observations("work"), 1);
+  EXPECT_EQ(rec.Get("work"), 0.0);
+}
+
 // unfinished work is the sum of the in-flight items' ages, longest running the oldest one
 // (with one item in flight the two are equal, so this needs two).
 TEST_F(QueueMetricsTest, UnfinishedIsTheSumAndLongestTheMaxOverLeases) {

@@ -298,6 +298,34 @@ TEST(FakeTimerTest, RunsDueTimersInsideAdvanceInOrder) {
   EXPECT_EQ(order, (std::vector<int>{1, 11, 2, 3}));
 }
 
+// Id 0 is never a timer's: CancelSync(0) returns false at once. It waited for the
+// running callback's id, which reads 0 while none runs, to change: for ever.
+TEST(FakeTimerTest, CancelSyncOfIdZeroReturnsAtOnce) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  EXPECT_FALSE(service->CancelSync(0));
+  service->ScheduleAfter(absl::Seconds(1), [] {});
+  EXPECT_FALSE(service->CancelSync(0));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_FALSE(service->CancelSync(0));
+}
+
+// An empty callable or a null function makes a timer that runs nothing; it was called
+// when due (at address 0).
+TEST(FakeTimerTest, AnEmptyCallableOrANullFunctionRunsNothing) {
+  FakeClock clock;
+  auto service = *TimerService::Create({.clock = &clock});
+  const absl::Time due = clock.Now() + absl::Seconds(1);
+  EXPECT_NE(service->Schedule(due, absl::AnyInvocable<void()>()), 0u);
+  EXPECT_NE(service->ScheduleAfter(absl::Seconds(1), absl::AnyInvocable<void()>()), 0u);
+  EXPECT_NE(service->Schedule(due, nullptr, nullptr), 0u);
+  const TimerId cancelled = service->Schedule(due, absl::AnyInvocable<void()>());
+  EXPECT_EQ(service->Pending(), 4u);
+  EXPECT_TRUE(service->Cancel(cancelled));
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(service->Pending(), 0u);
+}
+
 // The plain-function form: fn(arg) runs in deadline order with the callables (ties in
 // scheduling order), a cancelled one never runs, and a rescheduled one runs at its new
 // time; its slot is then reused by a callable, whose captures are destroyed as usual.

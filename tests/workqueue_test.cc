@@ -74,6 +74,11 @@ TEST_F(WorkqueueTest, InvalidOptionsAreRejected) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Workqueue::Create({.name = "x", .flags = kOrdered, .max_active = 4}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Flags beyond kMemReclaim name nothing (they were accepted and echoed by flags()).
+  EXPECT_EQ(Workqueue::Create({.name = "x", .flags = kMemReclaim << 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Workqueue::Create({.name = "x", .flags = 0xFFFFFFC0u}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // An out-of-range scope used to be accepted and crash the first Queue.
   EXPECT_EQ(Workqueue::Create({.name = "x", .affinity_scope = static_cast<AffinityScope>(99)})
                 .status()
@@ -815,6 +820,22 @@ TEST_F(WorkqueueTest, PostRunsOnceAndFreesItsWork) {
   wq->Flush();
   EXPECT_EQ(runs.load(), 1000);
   EXPECT_EQ(alive.use_count(), 1) << "a posted function's captures outlived its run";
+}
+
+// A Work made with an empty function, and a Post of one, run nothing: they were called
+// (at address 0) on a worker thread.
+TEST_F(WorkqueueTest, AnEmptyFunctionRunsNothing) {
+  auto wq = Make({.flags = kUnbound});
+  Work empty(nullptr);
+  DelayedWork delayed(absl::AnyInvocable<void()>{});
+  ASSERT_TRUE(wq->Queue(&empty));
+  ASSERT_TRUE(wq->Post(absl::AnyInvocable<void()>()));
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::ZeroDuration()));
+  wq->Flush(&delayed);
+  wq->Flush();
+  EXPECT_FALSE(delayed.pending());
+  EXPECT_FALSE(empty.pending());
+  EXPECT_EQ(wq->stats().exceptions, 0u);
 }
 
 // A posted function's captures are destroyed outside the pool's lock: a destructor that

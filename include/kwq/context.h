@@ -305,7 +305,8 @@ Context WithoutCancel(const Context& parent);
 // code does anyway: call the cancel function when the work is done (Go's `defer
 // cancel()`) or Stop() the registration; or capture only what `fn` needs (values, a
 // pointer to a Context that outlives the registration, a handle of an ancestor of the
-// context holding the registration).
+// context holding the registration). An empty `fn` registers a function that does
+// nothing.
 AfterFuncHandle AfterFunc(const Context& ctx, absl::AnyInvocable<void()> fn);
 
 // ---- implementation details ----

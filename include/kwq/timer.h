@@ -112,14 +112,14 @@ class TimerService {
   // more than about 73 years from the service's creation keep all of this too, and cost
   // the service thread nothing while they wait (a "no timeout" of the largest Duration
   // Go allows, 292 years, is such a timer). Never blocks on the service thread or on
-  // callbacks.
+  // callbacks. An empty `fn` makes a timer that runs nothing.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.
   TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);
   // Schedule for fn(arg), a plain function: the same contract, with no callable to store,
   // move or destroy (about 8 ns less per Schedule + Cancel; contexts' deadlines use it).
   // `arg` must stay valid until the timer has run or been cancelled (CancelSync when it
-  // may be running). `fn` must not be null.
+  // may be running). A null `fn` makes a timer that runs nothing.
   TimerId Schedule(absl::Time deadline, void (*fn)(void*), void* arg);
 
   // Removes a pending timer. Returns true when this call stopped the callback from
@@ -129,7 +129,8 @@ class TimerService {
 
   // Like Cancel, and when the callback is running on another thread, waits for it to
   // return (the kernel's del_timer_sync). Called from inside that callback it does not
-  // wait. After it returns, `id`'s callback is not running and never will.
+  // wait. After it returns, `id`'s callback is not running and never will. An unknown
+  // id (0 included) returns false at once.
   bool CancelSync(TimerId id);
 
   // Moves a pending timer to `deadline`, keeping its callback. Returns false (and changes

@@ -82,6 +82,7 @@ class Workqueue;
 // running.
 class Work {
  public:
+  // `fn` runs at each execution; an empty one runs nothing.
   explicit Work(absl::AnyInvocable<void()> fn);
   // Fails a check if the work is pending or running (cancel it first).
   ~Work();
@@ -158,8 +159,8 @@ enum WorkqueueFlags : uint32_t {
 class WorkqueueRuntime;
 
 struct WorkqueueOptions {
-  std::string name;  // required, for dumps and stall reports
-  uint32_t flags = 0;
+  std::string name;    // required, for dumps and stall reports
+  uint32_t flags = 0;  // WorkqueueFlags, or-ed; another bit set is InvalidArgument
   // Concurrently active works: per CPU (bound), or split over NUMA nodes by their CPU
   // counts (unbound; each node's share rounded up and at least min_active, so the nodes
   // together may run a little more). 0 means the default (256); must be in [0, 2048].
@@ -224,7 +225,8 @@ class Workqueue {
   // cache per thread, refilled with batches of blocks that workers freed (operator new
   // only when none is cached). Kept for reuse: fewer than 128 blocks per thread that
   // posts or runs posted works, until it exits, plus up to 4,096 passed between threads
-  // (docs/design.md). A block is about sizeof(Work), 128 bytes.
+  // (docs/design.md). A block is about sizeof(Work), 128 bytes. An empty `fn` runs
+  // nothing.
   bool Post(absl::AnyInvocable<void()> fn);
   // queue_work_on: on `cpu`'s pool (bound) or the pod containing `cpu` (unbound). An
   // unknown CPU falls back to Queue's choice (as the kernel does for offline CPUs).

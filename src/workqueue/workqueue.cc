@@ -848,7 +848,9 @@ using internal::WorkAccess;
 
 // ---- Work ----
 
-Work::Work(absl::AnyInvocable<void()> fn) : fn_(std::move(fn)) {}
+Work::Work(absl::AnyInvocable<void()> fn) : fn_(std::move(fn)) {
+  if (!fn_) fn_ = [] {};  // an empty function runs nothing (it was called, at address 0)
+}
 
 Work::~Work() {
   KWQ_CHECK((state_.load(std::memory_order_acquire) & internal::kPendingBit) == 0 &&
@@ -875,6 +877,12 @@ absl::StatusOr<std::unique_ptr<Workqueue>> Workqueue::Create(WorkqueueOptions op
   if (options.min_active < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Workqueue ", options.name, ": min_active must be >= 0, got ", options.min_active));
+  }
+  constexpr uint32_t kKnownFlags =
+      kUnbound | kHighPri | kCpuIntensive | kOrdered | kFreezable | kMemReclaim;
+  if ((options.flags & ~kKnownFlags) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Workqueue ", options.name, ": unknown flags 0x",
+                                                   absl::Hex(options.flags & ~kKnownFlags)));
   }
   if (static_cast<int>(options.affinity_scope) < 0 ||
       static_cast<int>(options.affinity_scope) >= kNumAffinityScopes) {
