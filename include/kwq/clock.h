@@ -65,7 +65,8 @@ class Clock {
   virtual absl::Time CoarseNow() const { return Now(); }
 
   // Blocks the calling thread until Now() >= deadline. Returns at once for a deadline in
-  // the past; absl::InfiniteFuture() blocks forever.
+  // the past; absl::InfiniteFuture() blocks forever on a real clock (a manual clock moved
+  // to absl::InfiniteFuture() wakes it).
   virtual void SleepUntil(absl::Time deadline) = 0;
 
   // SleepUntil(Now() + d); saturates rather than overflowing for huge d.
