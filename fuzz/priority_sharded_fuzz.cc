@@ -1,8 +1,8 @@
 // Fuzzer for PriorityQueue<int> (on a FakeClock, with aging and groups chosen by the
-// input) and ShardedQueue<int>: random adds (priorities, delays), hand-outs, Dones and
-// clock moves, against a model of each key's state. On a FakeClock every due timer fires
-// inside Advance, so the model knows exactly which keys are ready, delayed or in flight
-// (with the re-add an in-flight key carries: highest priority, earliest ready time).
+// input) and ShardedQueue<int>: random adds (priorities, delays; batches on the sharded
+// queue), hand-outs, Dones and clock moves, against a model of each key's state. On a FakeClock
+// every due timer fires inside Advance, so the model knows exactly which keys are ready, delayed or
+// in flight (with the re-add an in-flight key carries: highest priority, earliest ready time).
 // Checks, after every step:
 //   - Add's result (true only for a key that was not waiting; false for a merge);
 //   - every hand-out is of a ready key, never of a leased one, with the priority the model
@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (aging) options.aging = absl::Milliseconds(30);
   if (data[0] & 2) options.group = [](const int& k) { return static_cast<uint64_t>(k % 3); };
   auto pq = *kwq::PriorityQueue<int>::Create(std::move(options));
-  auto sq = *kwq::ShardedQueue<int>::Create(1 + data[1] % 4);
+  // 1 to 32 shards: a 3-key AddAll sorts its shard numbers above 24, counts them below.
+  auto sq = *kwq::ShardedQueue<int>::Create(1 + data[1] % 32);
 
   std::map<int, PqKey> pm;
   std::map<int, SqKey> sm;
@@ -155,16 +156,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         break;
       case 4: {
-        SqKey& m = sm[key];
-        bool fresh = false;
-        if (m.state == SqKey::kNone) {
-          fresh = true;
-          m.state = SqKey::kReady;
-        } else if (m.state == SqKey::kInFlight && !m.again) {
-          fresh = true;
-          m.again = true;
+        const auto model_add = [&](int k) {  // whether an add of k queues it
+          SqKey& m = sm[k];
+          if (m.state == SqKey::kNone) {
+            m.state = SqKey::kReady;
+            return true;
+          }
+          if (m.state == SqKey::kInFlight && !m.again) {
+            m.again = true;
+            return true;
+          }
+          return false;
+        };
+        if (arg & 1) {  // a batch over the shards, with a duplicate: counted or sorted
+          const int batch[3] = {key, (arg >> 1) % 10, key};
+          size_t fresh = 0;
+          for (int k : batch) fresh += model_add(k) ? 1 : 0;
+          FUZZ_CHECK(sq->AddAll(batch) == fresh);
+        } else {
+          const bool fresh = model_add(key);
+          FUZZ_CHECK(sq->Add(key) == fresh);
         }
-        FUZZ_CHECK(sq->Add(key) == fresh);
         break;
       }
       case 5:
