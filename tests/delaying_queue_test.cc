@@ -941,5 +941,25 @@ TEST_F(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnI
   EXPECT_EQ(getter.outcome(), "threw");
 }
 
+// A firing that moves several due items wakes a sleeping Get for each (it counted every
+// sleeper as signalled, so one woken by Signal alone left the others asleep for ever).
+TEST_F(DelayingQueueTest, AFiringThatMovesSeveralItemsWakesEverySleepingGet) {
+  q_.AddAfter("a", absl::Seconds(1));
+  q_.AddAfter("b", absl::Seconds(1));
+  std::atomic<int> got{0};
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&] {
+      if (auto lease = q_.Get()) ++got;
+    });
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q_) >= 2; }));
+  clock_.Advance(absl::Seconds(1));  // the timer moves both
+  EXPECT_TRUE(testing::Eventually([&] { return got.load() == 2; }))
+      << got.load() << " of 2 sleeping Gets woke for the due items";
+  q_.ShutDown();  // releases a Get left asleep, so the test fails instead of hanging
+  for (auto& w : workers) w.join();
+}
+
 }  // namespace
 }  // namespace kwq

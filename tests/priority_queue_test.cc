@@ -1977,5 +1977,30 @@ TEST(PriorityQueueRealTest, DestroyWhileTimerArmedIsSafe) {
   }
 }
 
+// Get(ctx) during a drain waits for a run owed by a lease in flight, as Get does (its
+// first check returned nullopt at once, leaving the owed run with no Get to take it).
+TEST_F(PriorityQueueTest, GetWithContextDuringADrainWaitsForARunOwedByALeaseInFlight) {
+  q_->Add("x");
+  auto in_flight = q_->TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  q_->Add("x");  // owed a run after this lease
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
+  std::atomic<int> got{-1};
+  std::thread dispatcher([&] { got = q_->Get(Background()).has_value() ? 1 : 0; });
+  // A negative check: it can only miss a failure.
+  EXPECT_FALSE(testing::Eventually([&] { return got.load() != -1; }, absl::Milliseconds(20)))
+      << "the Get(ctx) gave up while a run was owed";
+  in_flight->Done();  // on this thread, not the dispatcher's
+  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }));
+  dispatcher.join();
+  EXPECT_EQ(got.load(), 1);
+  const bool finished = testing::Eventually([&] { return drained.load() != -1; });
+  if (!finished) q_->ShutDown();  // releases it, so the test fails instead of hanging
+  drainer.join();
+  EXPECT_EQ(drained.load(), 1);
+}
+
 }  // namespace
 }  // namespace kwq

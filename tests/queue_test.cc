@@ -916,5 +916,66 @@ TEST(QueueTest, GetDuringADrainWaitsForARunOwedByALeaseInFlight) {
       q, [](auto& queue) { return internal::QueuePeer::Draining(queue); });
 }
 
+// After a plain ShutDown a Get ends once nothing is ready (client-go's); only a drain
+// makes it wait for a run owed by a lease in flight.
+TEST(QueueTest, GetAfterAPlainShutDownDoesNotWaitForARunOwed) {
+  StringQueue q;
+  q.Add("x");
+  auto in_flight = q.TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  EXPECT_TRUE(q.Add("x"));  // owed a run after this lease
+  q.ShutDown();
+  std::atomic<int> got{-1};
+  std::thread worker([&] { got = q.Get().has_value() ? 1 : 0; });
+  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }))
+      << "after a plain ShutDown a Get waited for a run owed by a lease in flight";
+  in_flight->Done();  // releases a Get that waits, so the test fails instead of hanging
+  worker.join();
+  EXPECT_EQ(got.load(), 0);
+  auto owed = q.TryGet();  // the owed run is still handed out
+  ASSERT_TRUE(owed.has_value());
+  EXPECT_EQ(**owed, "x");
+}
+
+// During a drain a Get waits only for runs owed by leases in flight: with a lease in
+// flight that owes none, it returns nullopt at once instead of waiting for the lease.
+TEST(QueueTest, GetDuringADrainDoesNotWaitForALeaseThatOwesNoRun) {
+  StringQueue q;
+  q.Add("x");
+  auto in_flight = q.TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(q) > 0; }));
+  std::atomic<int> got{-1};
+  std::thread worker([&] { got = q.Get().has_value() ? 1 : 0; });
+  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }))
+      << "a Get during a drain waited for a lease that owes no run";
+  in_flight->Done();  // releases a Get that waits, so the test fails instead of hanging
+  worker.join();
+  drainer.join();
+  EXPECT_EQ(got.load(), 0);
+  EXPECT_EQ(drained.load(), 1);
+}
+
+// AddAll wakes as many sleeping Gets as it queued items for (they were all counted as
+// signalled; waking only one left the other asleep with an item ready).
+TEST(QueueTest, AddAllWakesEverySleepingGetItHasItemsFor) {
+  StringQueue q;
+  std::atomic<int> got{0};
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&] {
+      if (auto lease = q.Get()) ++got;
+    });
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) >= 2; }));
+  EXPECT_EQ(q.AddAll(std::vector<std::string>{"a", "b"}), 2u);
+  EXPECT_TRUE(testing::Eventually([&] { return got.load() == 2; }))
+      << got.load() << " of 2 sleeping Gets woke for the batch";
+  q.ShutDown();  // releases a Get left asleep, so the test fails instead of hanging
+  for (auto& w : workers) w.join();
+}
+
 }  // namespace
 }  // namespace kwq

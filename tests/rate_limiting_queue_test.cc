@@ -938,5 +938,36 @@ TEST(RateLimitingQueueMetricsTest, OneQueuesMetricCallsAreSerialised) {
   EXPECT_EQ(provider.overlaps(), 0);
 }
 
+// A wait ended by ShutDown makes an idle key, as one ended by CancelAfter does: its
+// horizon starts then, not at the key's last failure or Done.
+TEST_F(RateLimitingQueueTest, ShutDownStartsTheHorizonOfTheWaitsItDrops) {
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done
+  q.AddAfter("a", absl::Hours(1));      // busy again: waiting
+  clock_.Advance(absl::Seconds(30));    // longer than the horizon since the Done
+  q.ShutDown();                         // drops the wait: idle from here
+  clock_.Advance(absl::Seconds(10));    // the horizon, counted from the ShutDown
+  EXPECT_EQ(q.NumRequeues("a"), 1);
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(q.NumRequeues("a"), 0);
+}
+
+// A rate-limited add after ShutDown still counts, and as before it: a count that lapsed
+// while its key was idle starts again at one.
+TEST_F(RateLimitingQueueTest, AddRateLimitedAfterShutDownLetsALapsedCountGo) {
+  RateLimitingQueue<std::string> q(Exponential(absl::Seconds(10)),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle from here
+  clock_.Advance(absl::Seconds(11));    // past the horizon: the count lapsed
+  q.ShutDown();
+  q.AddRateLimited("a");
+  EXPECT_EQ(q.NumRequeues("a"), 1);  // a fresh count, not 2
+}
+
 }  // namespace
 }  // namespace kwq
