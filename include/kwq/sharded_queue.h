@@ -117,7 +117,7 @@ class ShardedQueue {
       for (Entry& e : batch) {
         try {
           added += shards_[e.shard]->AddHashed(std::move(e.item), e.hash) ? 1 : 0;
-        } catch (...) {
+        } catch (...) {  // dropped: the first exception, kept in `thrown`, goes on
         }
       }
       std::rethrow_exception(thrown);
