@@ -946,19 +946,14 @@ TEST_F(DelayingQueueClockTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnI
 TEST_F(DelayingQueueTest, AFiringThatMovesSeveralItemsWakesEverySleepingGet) {
   q_.AddAfter("a", absl::Seconds(1));
   q_.AddAfter("b", absl::Seconds(1));
-  std::atomic<int> got{0};
-  std::vector<std::thread> workers;
-  for (int i = 0; i < 2; ++i) {
-    workers.emplace_back([&] {
-      if (auto lease = q_.Get()) ++got;
-    });
-  }
+  const auto get = [&] { return q_.Get() ? "item" : "none"; };
+  testing::AsyncGet first(get), second(get);
   ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q_) >= 2; }));
   clock_.Advance(absl::Seconds(1));  // the timer moves both
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() == 2; }))
-      << got.load() << " of 2 sleeping Gets woke for the due items";
-  q_.ShutDown();  // releases a Get left asleep, so the test fails instead of hanging
-  for (auto& w : workers) w.join();
+  EXPECT_TRUE(first.Await([&] { q_.ShutDown(); })) << "a sleeping Get was not woken";
+  EXPECT_TRUE(second.Await([&] { q_.ShutDown(); })) << "a sleeping Get was not woken";
+  EXPECT_EQ(first.outcome(), "item");
+  EXPECT_EQ(second.outcome(), "item");
 }
 
 }  // namespace

@@ -1987,15 +1987,16 @@ TEST_F(PriorityQueueTest, GetWithContextDuringADrainWaitsForARunOwedByALeaseInFl
   std::atomic<int> drained{-1};
   std::thread drainer([&] { drained = q_->ShutDownWithDrain(); });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
-  std::atomic<int> got{-1};
-  std::thread dispatcher([&] { got = q_->Get(Background()).has_value() ? 1 : 0; });
+  testing::AsyncGet getter([&] {
+    auto lease = q_->Get(Background());
+    return lease ? **lease : "none";
+  });
   // A negative check: it can only miss a failure.
-  EXPECT_FALSE(testing::Eventually([&] { return got.load() != -1; }, absl::Milliseconds(20)))
+  EXPECT_FALSE(getter.ReturnsWithin(absl::Milliseconds(20)))
       << "the Get(ctx) gave up while a run was owed";
-  in_flight->Done();  // on this thread, not the dispatcher's
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }));
-  dispatcher.join();
-  EXPECT_EQ(got.load(), 1);
+  in_flight->Done();  // on this thread, not the getter's
+  EXPECT_TRUE(getter.Await([&] { q_->ShutDown(); }));
+  EXPECT_EQ(getter.outcome(), "x");
   const bool finished = testing::Eventually([&] { return drained.load() != -1; });
   if (!finished) q_->ShutDown();  // releases it, so the test fails instead of hanging
   drainer.join();

@@ -22,6 +22,7 @@
 #include "kwq/internal/range_items.h"
 #include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
+#include "testing/async_get.h"
 #include "testing/cancel_check.h"
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
@@ -925,13 +926,11 @@ TEST(QueueTest, GetAfterAPlainShutDownDoesNotWaitForARunOwed) {
   ASSERT_TRUE(in_flight.has_value());
   EXPECT_TRUE(q.Add("x"));  // owed a run after this lease
   q.ShutDown();
-  std::atomic<int> got{-1};
-  std::thread worker([&] { got = q.Get().has_value() ? 1 : 0; });
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }))
+  testing::AsyncGet getter([&] { return q.Get() ? "x" : "none"; });
+  EXPECT_TRUE(getter.Await([&] { in_flight->Done(); }))
       << "after a plain ShutDown a Get waited for a run owed by a lease in flight";
-  in_flight->Done();  // releases a Get that waits, so the test fails instead of hanging
-  worker.join();
-  EXPECT_EQ(got.load(), 0);
+  EXPECT_EQ(getter.outcome(), "none");
+  in_flight->Done();
   auto owed = q.TryGet();  // the owed run is still handed out
   ASSERT_TRUE(owed.has_value());
   EXPECT_EQ(**owed, "x");
@@ -947,14 +946,12 @@ TEST(QueueTest, GetDuringADrainDoesNotWaitForALeaseThatOwesNoRun) {
   std::atomic<int> drained{-1};
   std::thread drainer([&] { drained = q.ShutDownWithDrain(); });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(q) > 0; }));
-  std::atomic<int> got{-1};
-  std::thread worker([&] { got = q.Get().has_value() ? 1 : 0; });
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() != -1; }))
+  testing::AsyncGet getter([&] { return q.Get() ? "x" : "none"; });
+  EXPECT_TRUE(getter.Await([&] { in_flight->Done(); }))
       << "a Get during a drain waited for a lease that owes no run";
-  in_flight->Done();  // releases a Get that waits, so the test fails instead of hanging
-  worker.join();
+  EXPECT_EQ(getter.outcome(), "none");
+  in_flight->Done();
   drainer.join();
-  EXPECT_EQ(got.load(), 0);
   EXPECT_EQ(drained.load(), 1);
 }
 
@@ -962,19 +959,14 @@ TEST(QueueTest, GetDuringADrainDoesNotWaitForALeaseThatOwesNoRun) {
 // signalled; waking only one left the other asleep with an item ready).
 TEST(QueueTest, AddAllWakesEverySleepingGetItHasItemsFor) {
   StringQueue q;
-  std::atomic<int> got{0};
-  std::vector<std::thread> workers;
-  for (int i = 0; i < 2; ++i) {
-    workers.emplace_back([&] {
-      if (auto lease = q.Get()) ++got;
-    });
-  }
+  const auto get = [&] { return q.Get() ? "item" : "none"; };
+  testing::AsyncGet first(get), second(get);
   ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) >= 2; }));
   EXPECT_EQ(q.AddAll(std::vector<std::string>{"a", "b"}), 2u);
-  EXPECT_TRUE(testing::Eventually([&] { return got.load() == 2; }))
-      << got.load() << " of 2 sleeping Gets woke for the batch";
-  q.ShutDown();  // releases a Get left asleep, so the test fails instead of hanging
-  for (auto& w : workers) w.join();
+  EXPECT_TRUE(first.Await([&] { q.ShutDown(); })) << "a sleeping Get was not woken";
+  EXPECT_TRUE(second.Await([&] { q.ShutDown(); })) << "a sleeping Get was not woken";
+  EXPECT_EQ(first.outcome(), "item");
+  EXPECT_EQ(second.outcome(), "item");
 }
 
 }  // namespace
