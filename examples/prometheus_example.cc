@@ -29,8 +29,11 @@ int main() {
     std::fprintf(stderr, "%s\n", metrics.status().ToString().c_str());
     return 1;
   }
+  // A retry far enough out that it is still waiting at the scrape below, however slow the
+  // machine (with 1 ms, a loaded machine took the retry inside the TryGet loop: 6 adds
+  // and 2 retries, and the example failed).
   auto limiter = kwq::ExponentialFailureRateLimiter<std::string>::Create(
-      {.base = absl::Milliseconds(1), .max = absl::Milliseconds(10)});
+      {.base = absl::Seconds(30), .max = absl::Minutes(5)});
   if (!limiter.ok()) return 1;
   {
     // The queues must not outlive the provider; their series leave the registry with them.
