@@ -79,9 +79,8 @@ TEST(PrometheusAllocTest, AQueuesMetricsAreTornDownWithoutMemory) {
 // exception left Flush (and a timer's flush ended the process).
 TEST(PrometheusAllocTest, AFlushWithoutMemoryLosesNothing) {
   Fixture f;
-  PriorityQueue<std::string>::Options options;
-  static_cast<QueueOptions&>(options) = f.Options("pq");
-  auto q = *PriorityQueue<std::string>::Create(std::move(options));
+  auto q = *PriorityQueue<std::string>::Create(
+      {.name = "pq", .metrics = f.provider.get(), .clock = &f.clock, .timers = f.timers.get()});
   for (int i = 0; i < 6; ++i) q->Add("k" + std::to_string(i), {.priority = i % 3});
   int failures = 0;
   for (int k = 1; k < 1000; ++k) {
@@ -106,9 +105,8 @@ TEST(PrometheusAllocTest, AFlushWithoutMemoryLosesNothing) {
 // either (it was, and the gauge stayed at -1).
 TEST(PrometheusAllocTest, NewPrioritiesWithoutMemoryLeaveTheMetricWhole) {
   Fixture f;
-  PriorityQueue<int>::Options options;
-  static_cast<QueueOptions&>(options) = f.Options("prios");
-  auto q = *PriorityQueue<int>::Create(std::move(options));
+  auto q = *PriorityQueue<int>::Create(
+      {.name = "prios", .metrics = f.provider.get(), .clock = &f.clock, .timers = f.timers.get()});
   int item = 0;
   for (int priority = 0; priority < 24; ++priority) {
     for (int k = 1;; ++k) {

@@ -112,9 +112,8 @@ class PrometheusTest : public ::testing::Test {
   }
   template <typename T>
   std::unique_ptr<PriorityQueue<T>> NewPriorityQueue(MetricsProvider* metrics, std::string name) {
-    typename PriorityQueue<T>::Options options;
-    static_cast<QueueOptions&>(options) = On(metrics, std::move(name));
-    return *PriorityQueue<T>::Create(std::move(options));
+    return *PriorityQueue<T>::Create(
+        {.name = std::move(name), .metrics = metrics, .clock = &clock, .timers = timers.get()});
   }
   // Reads after flushing every live provider of the test.
   void FlushAll() {

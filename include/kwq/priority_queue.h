@@ -172,11 +172,20 @@ class PriorityQueue {
  public:
   using Limiter = RateLimiter<T, Hash, Eq>;
 
-  // QueueOptions (name, metrics, clock, timers) plus the priority queue's own. Move-only.
-  struct Options : QueueOptions {
+  // QueueOptions' members (the same names, meanings and defaults: kwq/queue.h), then the
+  // priority queue's own. Flat, not derived from QueueOptions, so that designated
+  // initializers reach every member (C++ has none for a base's):
+  //   Create({.name = "pods", .metrics = provider, .aging = absl::Seconds(30)})
+  // Move-only.
+  struct Options {
+    std::string name = {};               // QueueOptions::name
+    MetricsProvider* metrics = nullptr;  // QueueOptions::metrics
+    Clock* clock = nullptr;              // QueueOptions::clock
+    TimerService* timers = nullptr;      // QueueOptions::timers (Create checks its clock)
+    int polling_workers = 0;             // QueueOptions::polling_workers
     // Delays of rate-limited adds; Forget and NumRequeues are its. nullptr (default):
     // DefaultControllerRateLimiter on `clock` (needs a copyable T).
-    std::unique_ptr<Limiter> rate_limiter;
+    std::unique_ptr<Limiter> rate_limiter = nullptr;
     // Anti-starvation: an item ready for at least `aging` goes before every item that
     // became ready after it (see the order of hand-out above). Must be > 0;
     // absl::InfiniteDuration() (default) turns aging off and Get then never reads the clock for it.
@@ -185,7 +194,7 @@ class PriorityQueue {
     // across group(item) values (say, a hash of the namespace), FIFO within a group.
     // Called on every add, without the queue's lock (the value of the add that stored the
     // key is kept); must be a pure function of the item and must not call this queue.
-    std::function<uint64_t(const T&)> group;
+    std::function<uint64_t(const T&)> group = nullptr;
   };
 
   // The right to process one item (kwq/internal/lease.h): move-only; item(), *, ->,

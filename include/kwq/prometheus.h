@@ -10,6 +10,11 @@
 //   prometheus::Exposer exposer("127.0.0.1:8080");  // prometheus-cpp's pull library
 //   exposer.RegisterCollectable(registry);
 //
+// (The Exposer needs <prometheus/exposer.h> and prometheus-cpp's pull library: link
+// prometheus-cpp::pull beside kwq::prometheus, which brings the core library only; this
+// header declares prometheus::Registry without defining it, so include
+// <prometheus/registry.h> too.)
+//
 // Part of the optional library kwq::prometheus (CMake target kwq::prometheus, built when
 // prometheus-cpp is installed; Debian package prometheus-cpp-dev).
 //
@@ -76,7 +81,7 @@ struct PrometheusOptions {
   // Labels added to every series of every family (prometheus-cpp's constant labels), for
   // example {{"cluster", "eu-1"}}. Names must be valid Prometheus label names and must not
   // be "name", "priority" or "le" (or "controller" with controller_label).
-  std::map<std::string, std::string> const_labels;
+  std::map<std::string, std::string> const_labels = {};
   // Also label each series controller="<queue name>", as controller-runtime does (its
   // queues are named after their controllers), so its dashboards' selectors match.
   bool controller_label = false;

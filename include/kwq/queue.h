@@ -92,7 +92,7 @@ namespace kwq {
 // Options shared by every queue type.
 struct QueueOptions {
   // Names the queue in metrics.
-  std::string name;
+  std::string name = {};
   // nullptr (default): no metrics, no cost. Must outlive the queue.
   MetricsProvider* metrics = nullptr;
   // Time source for metrics and (delaying queues) for delays. nullptr: RealClock. Must

@@ -159,8 +159,8 @@ enum WorkqueueFlags : uint32_t {
 class WorkqueueRuntime;
 
 struct WorkqueueOptions {
-  std::string name;    // required, for dumps and stall reports
-  uint32_t flags = 0;  // WorkqueueFlags, or-ed; another bit set is InvalidArgument
+  std::string name = {};  // required, for dumps and stall reports
+  uint32_t flags = 0;     // WorkqueueFlags, or-ed; another bit set is InvalidArgument
   // Concurrently active works: per CPU (bound), or split over NUMA nodes by their CPU
   // counts (unbound; each node's share rounded up and at least min_active, so the nodes
   // together may run a little more). 0 means the default (256); must be in [0, 2048].
@@ -314,7 +314,7 @@ class WorkqueueRuntime {
 
   struct Options {
     // nullptr: Topology::Detect().
-    std::shared_ptr<const Topology> topology;
+    std::shared_ptr<const Topology> topology = nullptr;
     // Clock and timers for delays and the watchdog (idle workers time out on real time,
     // see idle_timeout). nullptr: real ones. Both must outlive the runtime.
     Clock* clock = nullptr;
@@ -327,7 +327,7 @@ class WorkqueueRuntime {
     // A pool with pending work that starts nothing for this long is reported stalled.
     absl::Duration stall_threshold = absl::Seconds(30);
     // Receives stall reports (default: stderr).
-    std::function<void(const std::string&)> stall_reporter;
+    std::function<void(const std::string&)> stall_reporter = nullptr;
     // Pin workers to their pool's CPUs. When pinning fails (a synthetic topology, a
     // cpuset that forbids it) workers run unpinned and the failure is counted: on any CPU
     // of the topology, whatever the mask of the thread that created them, when those
@@ -336,7 +336,7 @@ class WorkqueueRuntime {
     bool bind_workers = true;
     // Fault injection for tests: when set and it returns true, creating a worker thread
     // fails as if the system were out of threads (kMemReclaim rescuers then step in).
-    std::function<bool()> fail_thread_creation;
+    std::function<bool()> fail_thread_creation = nullptr;
   };
 
   // Errors: InvalidArgument for a non-positive idle_timeout, cpu_intensive_threshold or

@@ -29,9 +29,12 @@
 
 namespace kwq::internal {
 
+// A 128-bit product (`__extension__`: __int128 is a GNU extension, and a user's
+// -Wpedantic build of a file including a queue header warned on it).
+__extension__ typedef unsigned __int128 Uint128;
+
 inline uint32_t FoldHash(size_t hash) {
-  const unsigned __int128 product =
-      static_cast<unsigned __int128>(static_cast<uint64_t>(hash)) * 0x9E3779B97F4A7C15ull;
+  const Uint128 product = static_cast<Uint128>(static_cast<uint64_t>(hash)) * 0x9E3779B97F4A7C15ull;
   return static_cast<uint32_t>(static_cast<uint64_t>(product >> 64) ^
                                static_cast<uint64_t>(product));
 }
