@@ -1193,5 +1193,80 @@ TEST(FailureTableTest, AKeyCopyThatThrowsLeavesTheTableWhole) {
   EXPECT_EQ(limiter->TrackedItems(), 20u);
 }
 
+// ---- Added by the mutation audit ----
+
+// The jitter factor is drawn from all of [1 - j, 1 + j), not from a narrower range: over
+// 2,000 seeded draws the delays come within 1% of d of both ends.
+TEST(ExponentialFailureTest, JitterCoversTheWholeRange) {
+  FakeClock clock;
+  auto limiter = Exponential({.base = absl::Milliseconds(100),
+                              .max = absl::Seconds(1),
+                              .jitter = 0.5,
+                              .jitter_seed = 42,
+                              .clock = &clock});
+  absl::Duration lowest = absl::InfiniteDuration();
+  absl::Duration highest = absl::ZeroDuration();
+  for (int i = 0; i < 2000; ++i) {
+    const absl::Duration d = limiter->When(absl::StrCat("item-", i));
+    lowest = std::min(lowest, d);
+    highest = std::max(highest, d);
+  }
+  EXPECT_LT(lowest, absl::Milliseconds(51));    // near 100 ms * (1 - 0.5)
+  EXPECT_GT(highest, absl::Milliseconds(149));  // near 100 ms * (1 + 0.5)
+}
+
+// An entry idle past the horizon that eviction has not reached yet (after a clock jump
+// back it sits behind a newer cold end) starts again from zero at its next failure, as
+// an evicted one would.
+TEST(ExponentialFailureTest, IdleEntryNotYetEvictedStartsAgainOnItsNextFailure) {
+  FakeClock clock;
+  auto limiter = Exponential({.base = absl::Milliseconds(1),
+                              .max = absl::Seconds(1),
+                              .clock = &clock,
+                              .idle_horizon = absl::Seconds(10)});
+  const absl::Time start = clock.Now();
+  limiter->When("a");
+  clock.SetTime(start - absl::Hours(1));
+  limiter->When("b");  // hotter than "a" on the list, but an hour older on the clock
+  clock.SetTime(start + absl::Seconds(5));               // "b" is idle past the horizon, "a" is not
+  EXPECT_EQ(limiter->When("b"), absl::Milliseconds(1));  // not 2 ms
+  EXPECT_EQ(limiter->NumRequeues("b"), 1);
+  EXPECT_EQ(limiter->NumRequeues("a"), 1);
+}
+
+// The default horizon follows the larger of the two delays also when that is `fast`:
+// fast = 100 s, slow = 1 ms gives max(2 x 100 s, 1 minute) = 200 s, not one minute.
+TEST(FastSlowTest, DefaultHorizonFollowsTheFastDelayWhenItIsTheLonger) {
+  FakeClock clock;
+  auto limiter = Must(FastSlowRateLimiter<int>::Create({.fast = absl::Seconds(100),
+                                                        .slow = absl::Milliseconds(1),
+                                                        .max_fast_attempts = 1,
+                                                        .clock = &clock}));
+  EXPECT_EQ(limiter->Counting().idle_horizon, absl::Seconds(200));
+  EXPECT_EQ(limiter->When(0), absl::Seconds(100));
+  clock.Advance(absl::Seconds(200));
+  EXPECT_EQ(limiter->NumRequeues(0), 1);  // kept for the whole horizon
+  EXPECT_EQ(limiter->When(0), absl::Milliseconds(1));
+  clock.Advance(absl::Seconds(200) + absl::Nanoseconds(1));
+  EXPECT_EQ(limiter->When(0), absl::Seconds(100));  // lapsed: the first failure again
+}
+
+// Where a full bucket plus one token is more than the fixed debt cap (2^62 s), the cap is
+// that instead: the token after the burst still waits exactly 1/qps, and with burst 0
+// the first token too (a cap at 2^62 s cut both short).
+TEST(BucketTest, SlowBucketStillWaitsAWholeIntervalPastTheBurst) {
+  FakeClock clock;
+  const double qps = 1 / 3e18;  // one token per 3e18 s
+  const absl::Duration interval = absl::Seconds(1) / qps;
+  ASSERT_GT(interval * 2, absl::Seconds(int64_t{1} << 62));
+  auto limiter = Bucket(qps, 1, &clock);
+  EXPECT_EQ(limiter->When(0), absl::ZeroDuration());
+  EXPECT_EQ(limiter->When(0), interval);
+  const double empty_qps = 1 / 5e18;  // burst 0: the first token waits 5e18 s
+  ASSERT_GT(absl::Seconds(1) / empty_qps, absl::Seconds(int64_t{1} << 62));
+  auto empty = Bucket(empty_qps, 0, &clock);
+  EXPECT_EQ(empty->When(0), absl::Seconds(1) / empty_qps);
+}
+
 }  // namespace
 }  // namespace kwq

@@ -969,5 +969,26 @@ TEST_F(RateLimitingQueueTest, AddRateLimitedAfterShutDownLetsALapsedCountGo) {
   EXPECT_EQ(q.NumRequeues("a"), 1);  // a fresh count, not 2
 }
 
+// ---- Added by the mutation audit ----
+
+// A horizon with a fraction of a nanosecond lapses a queue-kept count as the limiter's own
+// table lapses its entry: times are whole nanoseconds, so idle > 1.5 ns is idle >= 2 ns.
+TEST_F(RateLimitingQueueTest, AFractionalNanosecondHorizonLapsesAsTheLimitersDoes) {
+  const absl::Duration horizon = absl::Nanoseconds(3) / 2;
+  auto alone = Exponential(horizon);
+  RateLimitingQueue<std::string> q(Exponential(horizon),
+                                   {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("b");
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(q.TryGet().has_value());  // handed out and Done: idle from here
+  alone->When("b");                     // its horizon starts at the same instant
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(alone->NumRequeues("b"), 1);
+  EXPECT_EQ(q.NumRequeues("b"), 1);
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(alone->NumRequeues("b"), 0);
+  EXPECT_EQ(q.NumRequeues("b"), 0);
+}
+
 }  // namespace
 }  // namespace kwq
