@@ -621,20 +621,25 @@ TEST(FastSlowTest, EvictsAfterDefaultHorizon) {
   EXPECT_EQ(limiter->TrackedItems(), 1u);
 }
 
-// The default horizon is max(2 x max(fast, slow), 1 minute): with slow = 100 s, 200 s.
-TEST(FastSlowTest, DefaultHorizonFollowsTheSlowDelay) {
-  FakeClock clock;
-  auto limiter = Must(FastSlowRateLimiter<int>::Create({.fast = absl::Milliseconds(1),
-                                                        .slow = absl::Seconds(100),
-                                                        .max_fast_attempts = 1,
-                                                        .clock = &clock}));
-  limiter->When(0);
-  EXPECT_EQ(limiter->Counting().idle_horizon, absl::Seconds(200));
-  clock.Advance(absl::Seconds(200));
-  EXPECT_EQ(limiter->NumRequeues(0), 1);  // kept for the whole horizon
-  EXPECT_EQ(limiter->When(0), absl::Seconds(100));
-  clock.Advance(absl::Seconds(200) + absl::Nanoseconds(1));
-  EXPECT_EQ(limiter->When(0), absl::Milliseconds(1));  // lapsed: the first failure again
+// The default horizon is DefaultIdleHorizon of the longer delay, whichever of the two
+// that is: max(2 x 100 s, 1 minute) = 200 s here, in both orders (a horizon from `slow`
+// alone was one minute where `fast` is the longer).
+TEST(FastSlowTest, DefaultHorizonFollowsTheLongerDelay) {
+  for (const bool slow_is_longer : {true, false}) {
+    SCOPED_TRACE(slow_is_longer ? "slow is longer" : "fast is longer");
+    FakeClock clock;
+    const absl::Duration first = slow_is_longer ? absl::Milliseconds(1) : absl::Seconds(100);
+    const absl::Duration then = slow_is_longer ? absl::Seconds(100) : absl::Milliseconds(1);
+    auto limiter = Must(FastSlowRateLimiter<int>::Create(
+        {.fast = first, .slow = then, .max_fast_attempts = 1, .clock = &clock}));
+    EXPECT_EQ(limiter->Counting().idle_horizon, absl::Seconds(200));
+    EXPECT_EQ(limiter->When(0), first);
+    clock.Advance(absl::Seconds(200));
+    EXPECT_EQ(limiter->NumRequeues(0), 1);  // kept for the whole horizon
+    EXPECT_EQ(limiter->When(0), then);
+    clock.Advance(absl::Seconds(200) + absl::Nanoseconds(1));
+    EXPECT_EQ(limiter->When(0), first);  // lapsed: the first failure again
+  }
 }
 
 // ---- BucketRateLimiter ----
@@ -1232,23 +1237,6 @@ TEST(ExponentialFailureTest, IdleEntryNotYetEvictedStartsAgainOnItsNextFailure) 
   EXPECT_EQ(limiter->When("b"), absl::Milliseconds(1));  // not 2 ms
   EXPECT_EQ(limiter->NumRequeues("b"), 1);
   EXPECT_EQ(limiter->NumRequeues("a"), 1);
-}
-
-// The default horizon follows the larger of the two delays also when that is `fast`:
-// fast = 100 s, slow = 1 ms gives max(2 x 100 s, 1 minute) = 200 s, not one minute.
-TEST(FastSlowTest, DefaultHorizonFollowsTheFastDelayWhenItIsTheLonger) {
-  FakeClock clock;
-  auto limiter = Must(FastSlowRateLimiter<int>::Create({.fast = absl::Seconds(100),
-                                                        .slow = absl::Milliseconds(1),
-                                                        .max_fast_attempts = 1,
-                                                        .clock = &clock}));
-  EXPECT_EQ(limiter->Counting().idle_horizon, absl::Seconds(200));
-  EXPECT_EQ(limiter->When(0), absl::Seconds(100));
-  clock.Advance(absl::Seconds(200));
-  EXPECT_EQ(limiter->NumRequeues(0), 1);  // kept for the whole horizon
-  EXPECT_EQ(limiter->When(0), absl::Milliseconds(1));
-  clock.Advance(absl::Seconds(200) + absl::Nanoseconds(1));
-  EXPECT_EQ(limiter->When(0), absl::Seconds(100));  // lapsed: the first failure again
 }
 
 // Where a full bucket plus one token is more than the fixed debt cap (2^62 s), the cap is
