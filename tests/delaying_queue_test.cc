@@ -956,5 +956,19 @@ TEST_F(DelayingQueueTest, AFiringThatMovesSeveralItemsWakesEverySleepingGet) {
   EXPECT_EQ(second.outcome(), "item");
 }
 
+// A destroyed delaying queue takes what it still counted off a shared delayed gauge, no more.
+TEST_F(DelayingQueueMetricsTest, ADestroyedQueueLeavesTheSharedDelayedGaugeRight) {
+  q.AddAfter("c", absl::Seconds(5));  // the fixture's queue: same gauge
+  {
+    DelayingQueue<std::string> other(
+        {.metrics = &provider, .clock = &clock, .timers = timers.get()});
+    other.AddAfter("a", absl::Seconds(1));
+    other.AddAfter("b", absl::Seconds(2));
+    clock.Advance(absl::Seconds(1));  // "a" comes due
+    EXPECT_EQ(rec.Get("delayed"), 2);
+  }                                  // destroyed with "b" waiting
+  EXPECT_EQ(rec.Get("delayed"), 1);  // "c"
+}
+
 }  // namespace
 }  // namespace kwq

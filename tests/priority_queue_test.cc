@@ -2006,5 +2006,52 @@ TEST_F(PriorityQueueTest, GetWithContextDuringADrainWaitsForARunOwedByALeaseInFl
   EXPECT_EQ(drained.load(), 1);
 }
 
+// A provider giving a priority queue nothing but its depth by priority still gets it.
+TEST_F(PriorityQueueTest, APriorityDepthAloneIsRecorded) {
+  testing::RecordedMetrics rec;
+  struct OnlyPriorityDepth : MetricsProvider {
+    explicit OnlyPriorityDepth(testing::RecordedMetrics* rec)
+        : recording(rec, /*refresh_gauges=*/false, /*by_priority=*/true) {}
+    std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+        std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override { return nullptr; }
+    std::unique_ptr<PriorityGaugeMetric> NewDepthMetricWithPriority(std::string_view q) override {
+      return recording.NewDepthMetricWithPriority(q);
+    }
+    testing::RecordingProvider recording;
+  } provider(&rec);
+  auto q = MakeMetered(&provider);
+  q->Add("a", {.priority = 3});
+  EXPECT_EQ(rec.Get("depth/3"), 1);
+  q->TryGet()->Done();
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+}
+
+// A priority depth Inc that throws: the item is not taken off at its Get either.
+TEST_F(PriorityQueueTest, APriorityDepthIncThatThrowsIsNotTakenOffLater) {
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false, /*by_priority=*/true);
+  auto q = MakeMetered(&provider);
+  rec.ThrowNext("depth/3", 1);
+  q->Add("a", {.priority = 3});  // its Inc throws
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+  q->TryGet()->Done();
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+  q->Add("b", {.priority = 3});  // counted again
+  EXPECT_EQ(rec.Get("depth/3"), 1);
+}
+
 }  // namespace
 }  // namespace kwq

@@ -582,5 +582,103 @@ TEST_F(PrometheusTest, PriorityDepthUnderConcurrentFlushes) {
   EXPECT_EQ(total, 0);
 }
 
+// Unfinished (sum of ages) and longest running (max) each in their own family: two leases.
+TEST_F(PrometheusTest, UnfinishedAndLongestRunningGoToTheirOwnFamilies) {
+  auto provider = NewProvider();
+  StringQueue q(On(provider.get(), "two"));
+  q.Add("a");
+  q.Add("b");
+  auto first = q.TryGet();
+  clock.Advance(absl::Seconds(2));
+  auto second = q.TryGet();
+  clock.Advance(absl::Seconds(1));  // ages 3 s and 1 s
+  EXPECT_NEAR(Find(*registry, "workqueue_unfinished_work_seconds", "two")->gauge.value, 4.0, 0.01);
+  EXPECT_NEAR(Find(*registry, "workqueue_longest_running_processor_seconds", "two")->gauge.value,
+              3.0, 0.01);
+}
+
+// le is inclusive: a queue latency of exactly 1 s counts in le="1".
+TEST_F(PrometheusTest, AnObservationOnABucketBoundCountsInThatBucket) {
+  auto provider = NewProvider();
+  StringQueue q(On(provider.get(), "bound"));
+  q.Add("a");
+  clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(q.TryGet().has_value());
+  const prometheus::ClientMetric m = *Find(*registry, "workqueue_queue_duration_seconds", "bound");
+  ASSERT_EQ(m.histogram.bucket.size(), 13u);
+  ASSERT_EQ(m.histogram.bucket[8].upper_bound, 1.0);
+  EXPECT_EQ(m.histogram.bucket[7].cumulative_count, 0u);  // le=0.1
+  EXPECT_EQ(m.histogram.bucket[8].cumulative_count, 1u);  // le=1
+}
+
+// The first priority past max_priority_series goes to the placeholder, also alone.
+TEST_F(PrometheusTest, TheFirstPriorityPastTheLimitGoesToThePlaceholder) {
+  auto provider = NewProvider({.max_priority_series = 2});
+  auto q = NewPriorityQueue<int>(provider.get(), "three");
+  for (int p = 1; p <= 3; ++p) q->Add(p, {.priority = p});
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "three", "1")->gauge.value, 1);
+  EXPECT_EQ(FindPriority(*registry, "three", "2")->gauge.value, 1);
+  EXPECT_FALSE(FindPriority(*registry, "three", "3").has_value());
+  EXPECT_EQ(FindPriority(*registry, "three", "exceeded_cardinality_limit")->gauge.value, 1);
+}
+
+// max_priority_series = 0 is valid: every priority goes to the placeholder series.
+TEST_F(PrometheusTest, ZeroPrioritySeriesPutsEveryPriorityInThePlaceholder) {
+  ASSERT_TRUE(PrometheusMetricsProvider::Create(registry,
+                                                {.max_priority_series = 0, .timers = timers.get()})
+                  .ok());
+  auto provider = NewProvider({.max_priority_series = 0});
+  auto q = NewPriorityQueue<int>(provider.get(), "none");
+  q->Add(1, {.priority = 1});
+  q->Add(2, {.priority = 2});
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "none", "exceeded_cardinality_limit")->gauge.value, 2);
+  EXPECT_FALSE(FindPriority(*registry, "none", "1").has_value());
+  EXPECT_EQ(SeriesIn(*registry, "none"), 1 + 7);
+}
+
+// A negative flush_period is refused like a zero one ("must be positive").
+TEST_F(PrometheusTest, CreateRejectsANegativeFlushPeriod) {
+  EXPECT_EQ(PrometheusMetricsProvider::Create(
+                registry, {.flush_period = -absl::Seconds(1), .timers = timers.get()})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// An unnamed priority queue gets no series either, its depth by priority included.
+TEST_F(PrometheusTest, UnnamedPriorityQueuesHaveNoSeries) {
+  auto provider = NewProvider();
+  EXPECT_EQ(provider->NewDepthMetricWithPriority(""), nullptr);
+  auto q = NewPriorityQueue<std::string>(provider.get(), "");
+  q->Add("a", {.priority = 1});
+  FlushAll();
+  for (const prometheus::MetricFamily& f : registry->Collect()) {
+    EXPECT_TRUE(f.metric.empty()) << f.name;
+  }
+}
+
+// keep_series keeps a priority queue's depth series too, at 0 once the queue is gone.
+TEST_F(PrometheusTest, KeptPrioritySeriesOutliveTheirQueue) {
+  auto provider = NewProvider({.keep_series = true});
+  auto q = NewPriorityQueue<std::string>(provider.get(), "kept-pq");
+  q->Add("a", {.priority = 3});
+  q.reset();
+  EXPECT_EQ(SeriesOf(*registry, "kept-pq"), 8);
+  EXPECT_EQ(FindPriority(*registry, "kept-pq", "3")->gauge.value, 0);  // its share left
+}
+
+// Changes wait for the flush period: none reaches the registry before it ends.
+TEST_F(PrometheusTest, NoChangeReachesTheRegistryBeforeTheFlushPeriod) {
+  auto provider = NewProvider({.flush_period = absl::Seconds(2)});
+  StringQueue q(On(provider.get(), "period"));
+  q.Add("a");
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "period")->counter.value, 0);
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "period")->counter.value, 1);
+}
+
 }  // namespace
 }  // namespace kwq

@@ -969,5 +969,98 @@ TEST(QueueTest, AddAllWakesEverySleepingGetItHasItemsFor) {
   EXPECT_EQ(second.outcome(), "item");
 }
 
+// The in-flight gauges are refreshed every 500 ms (kwq/metrics.h): not sooner, not later.
+TEST_F(QueueMetricsTest, InFlightGaugesAreRefreshedEvery500Ms) {
+  StringQueue& q = MakeQueue();
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  clock.Advance(absl::Milliseconds(500));  // the first refresh
+  EXPECT_NEAR(rec.Get("unfinished"), 0.5, 1e-6);
+  EXPECT_NEAR(rec.Get("longest"), 0.5, 1e-6);
+  clock.Advance(absl::Milliseconds(499));
+  EXPECT_NEAR(rec.Get("unfinished"), 0.5, 1e-6);  // not refreshed in between
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_NEAR(rec.Get("unfinished"), 1.0, 1e-6);
+  EXPECT_NEAR(rec.Get("longest"), 1.0, 1e-6);
+}
+
+// Leases ending in any order: the one moved into an ended lease's place is still found.
+TEST_F(QueueMetricsTest, InFlightGaugesFollowLeasesEndingInAnyOrder) {
+  StringQueue& q = MakeQueue();
+  for (const char* key : {"a", "b", "c", "d", "e"}) q.Add(key);
+  auto a = q.TryGet();
+  auto b = q.TryGet();
+  auto c = q.TryGet();
+  auto d = q.TryGet();
+  b->Done();  // d takes b's place
+  clock.Advance(absl::Seconds(1));
+  auto e = q.TryGet();
+  d->Done();
+  clock.Advance(absl::Seconds(1));  // a 2 s, c 2 s, e 1 s
+  EXPECT_NEAR(rec.Get("unfinished"), 5.0, 0.01);
+  EXPECT_NEAR(rec.Get("longest"), 2.0, 0.01);
+}
+
+// An infinite span (a FakeClock at the infinite future) is not observed.
+TEST_F(QueueMetricsTest, AnInfiniteSpanIsNotObserved) {
+  StringQueue& q = MakeQueue(/*refresh_gauges=*/false);
+  q.Add("a");
+  clock.SetTime(absl::InfiniteFuture());
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(rec.Observations("latency"), 0);
+}
+
+// A provider may leave metrics out (nullptr): the unfinished gauge alone, without the
+// longest-running gauge and the work histogram, is still refreshed and still exact.
+TEST(QueueMetricsPartialTest, AProviderMayLeaveMetricsOut) {
+  struct Partial : testing::RecordingProvider {
+    using RecordingProvider::RecordingProvider;
+    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
+      return nullptr;
+    }
+    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
+        std::string_view) override {
+      return nullptr;
+    }
+  };
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  Partial provider(&rec);
+  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  {
+    auto lease = q.TryGet();
+    ASSERT_TRUE(lease.has_value());
+    clock.Advance(absl::Seconds(1));
+    EXPECT_NEAR(rec.Get("unfinished"), 1.0, 0.01) << "not refreshed without a longest gauge";
+  }
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(rec.Get("unfinished"), 0) << "the ended lease still counted in flight";
+}
+
+// A refresh whose clock read throws leaves the in-flight gauges at their last values.
+TEST(QueueMetricsClockTest, ARefreshWhoseClockThrowsKeepsTheLastValues) {
+  FakeClock fake;
+  testing::CountingClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &fake});  // only the recorder reads `clock`
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec);
+  StringQueue q({.name = "q", .metrics = &provider, .clock = &clock, .timers = timers.get()});
+  q.Add("a");
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  fake.Advance(absl::Seconds(1));
+  ASSERT_NEAR(rec.Get("unfinished"), 1.0, 0.01);
+  clock.ThrowNext(1);
+  fake.Advance(absl::Milliseconds(500));  // this refresh's clock read throws
+  EXPECT_NEAR(rec.Get("unfinished"), 1.0, 0.01);
+  EXPECT_NEAR(rec.Get("longest"), 1.0, 0.01);
+  fake.Advance(absl::Milliseconds(500));
+  EXPECT_NEAR(rec.Get("unfinished"), 2.0, 0.01);
+}
+
 }  // namespace
 }  // namespace kwq
