@@ -970,49 +970,5 @@ TEST_F(DelayingQueueMetricsTest, ADestroyedQueueLeavesTheSharedDelayedGaugeRight
   EXPECT_EQ(rec.Get("delayed"), 1);  // "c"
 }
 
-// A timer service on another clock than the queue's is not used: the queue says so and
-// times its delays on its own clock. It was trusted: the delays came due on the other
-// clock's time, and a FakeClock moved past them handed out nothing.
-TEST(DelayingQueueTimersTest, ATimerServiceOnAnotherClockIsReplacedByOneOnTheQueuesClock) {
-  FakeClock clock, other;
-  auto elsewhere = *TimerService::Create({.clock = &other});
-  ::testing::internal::CaptureStderr();
-  DelayingQueue<std::string> q({.clock = &clock, .timers = elsewhere.get()});
-  const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("options.timers runs on another clock"), std::string::npos) << said;
-  q.AddAfter("a", absl::Seconds(1));
-  EXPECT_EQ(elsewhere->Pending(), 0u);
-  clock.Advance(absl::Seconds(1));
-  EXPECT_EQ(q.Len(), 1u);
-  // A RateLimitingQueue is a DelayingQueue: the same.
-  ::testing::internal::CaptureStderr();
-  RateLimitingQueue<std::string> r({.clock = &clock, .timers = elsewhere.get()});
-  EXPECT_NE(::testing::internal::GetCapturedStderr().find("another clock"), std::string::npos);
-  r.AddAfter("b", absl::Seconds(1));
-  clock.Advance(absl::Seconds(1));
-  EXPECT_EQ(r.Len(), 1u);
-}
-
-// A clock of one's own that is not manual, given no service: TimerService::Default()
-// runs on RealClock, so the queue starts a service on its clock. Before, a delay of 10 ms
-// on a clock an hour ahead of RealClock waited an hour.
-TEST(DelayingQueueTimersTest, AClockOfOnesOwnGivenNoServiceGetsOneOnIt) {
-  class HourAhead final : public Clock {
-   public:
-    absl::Time Now() const override { return RealClock::Default()->Now() + absl::Hours(1); }
-    void SleepUntil(absl::Time deadline) override {
-      RealClock::Default()->SleepUntil(deadline - absl::Hours(1));
-    }
-  } ahead;
-  ::testing::internal::CaptureStderr();
-  DelayingQueue<std::string> q({.clock = &ahead});
-  const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("TimerService::Default() (no options.timers) runs on another clock"),
-            std::string::npos)
-      << said;
-  q.AddAfter("a", absl::Milliseconds(10));
-  EXPECT_TRUE(testing::Eventually([&] { return q.Len() == 1; }));  // 5 s at most
-}
-
 }  // namespace
 }  // namespace kwq

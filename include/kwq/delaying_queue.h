@@ -85,18 +85,13 @@ class DelayingQueue {
 
   DelayingQueue() : DelayingQueue(Options{}) {}
   // Without options.timers, delays run on TimerService::Default(), or for a manual clock
-  // (FakeClock) on a service of the queue's own (QueueOptions::timers). A service that
-  // would time the delays on another clock than options.clock (options.timers built on
-  // another one, or none given for a clock of your own that is not manual) is not used:
-  // the queue says so on stderr and runs a service of its own on options.clock (a thread,
-  // for a clock that is not manual). It used to be trusted, and the delays then came due
-  // on the other clock's time (a FakeClock moved past them handed out nothing).
+  // (FakeClock) on a service of the queue's own (QueueOptions::timers).
   explicit DelayingQueue(Options options)
       : clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
         own_timers_(OwnTimers(clock_, options)),
-        timers_(own_timers_ != nullptr      ? own_timers_.get()
-                : options.timers != nullptr ? options.timers
-                                            : &TimerService::Default()),
+        timers_(options.timers != nullptr ? options.timers
+                : own_timers_ != nullptr  ? own_timers_.get()
+                                          : &TimerService::Default()),
         queue_(WithTimers(std::move(options), timers_)) {
     queue_.EnableHandOutTracking();
   }
@@ -597,21 +592,6 @@ class DelayingQueue {
   // due). A manual clock's service has no thread. Null when it cannot start (said on
   // stderr; then the default one).
   static std::unique_ptr<TimerService> OwnTimers(Clock* clock, const Options& options) {
-    const bool elsewhere = options.timers != nullptr
-                               ? &options.timers->clock() != clock
-                               : !clock->is_manual() && clock != RealClock::Default();
-    if (elsewhere) {
-      std::fprintf(stderr,
-                   "kwq::DelayingQueue: %s on another clock than options.clock; the queue runs a "
-                   "timer service of its own on options.clock\n",
-                   options.timers != nullptr ? "options.timers runs"
-                                             : "TimerService::Default() (no options.timers) runs");
-      absl::StatusOr<std::unique_ptr<TimerService>> own = TimerService::Create({.clock = clock});
-      if (own.ok()) return *std::move(own);
-      std::fprintf(stderr, "kwq::DelayingQueue: no timer service on its clock (%s)\n",
-                   own.status().ToString().c_str());
-      return nullptr;
-    }
     absl::StatusOr<std::unique_ptr<TimerService>> timers =
         internal::OwnTimerService(clock, options.timers);
     if (!timers.ok()) {

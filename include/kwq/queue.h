@@ -99,16 +99,14 @@ struct QueueOptions {
   // outlive the queue.
   Clock* clock = nullptr;
   // Timer service for delays and metric refreshes; must run on `clock` (PriorityQueue's
-  // Create refuses another; a DelayingQueue or RateLimitingQueue says so on stderr and
-  // runs a service of its own on `clock`). nullptr: TimerService::Default(), or for a
+  // Create checks; the others trust it). nullptr: TimerService::Default(), or for a
   // DelayingQueue, RateLimitingQueue or PriorityQueue on a manual clock (FakeClock), a
   // service of the queue's own on that clock, which has no thread (should a
   // DelayingQueue's fail to start, because the clock refuses observers, it says so on
   // stderr and uses the default one; PriorityQueue::Create returns the error). A clock
-  // of your own that is not manual needs a service built on it, given here (one service
-  // per clock, not per queue: a real-time service runs a thread; without one a
-  // DelayingQueue warns and starts its own, a PriorityQueue is refused). A plain Queue's
-  // metric refreshes on a FakeClock need one built on that clock.
+  // of your own that is not manual needs a service built on it (one service per clock,
+  // not per queue: a real-time service runs a thread). A plain Queue's metric refreshes
+  // on a FakeClock need one built on that clock.
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;
   // the others poll briefly, sleep, and are woken when items pile up (by the producer
