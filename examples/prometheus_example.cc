@@ -39,10 +39,8 @@ int main() {
     // The queues must not outlive the provider; their series leave the registry with them.
     kwq::RateLimitingQueue<std::string> queue(std::move(*limiter),
                                               {.name = "deployments", .metrics = metrics->get()});
-    kwq::PriorityQueue<std::string>::Options pods_options;
-    pods_options.name = "pods";
-    pods_options.metrics = metrics->get();
-    auto pods = kwq::PriorityQueue<std::string>::Create(std::move(pods_options));
+    auto pods =
+        kwq::PriorityQueue<std::string>::Create({.name = "pods", .metrics = metrics->get()});
     if (!pods.ok()) return 1;
     (*pods)->Add("default/new-pod", {.priority = 10});  // an edge-triggered event
     (*pods)->Add("default/old-pod-1");                  // the initial list, priority 0

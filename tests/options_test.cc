@@ -57,6 +57,14 @@ TEST(OptionsTest, PriorityQueueOptionsMirrorQueueOptions) {
                                         .polling_workers = polling_workers};
   EXPECT_EQ(o.name, "pods");
   EXPECT_EQ(o.clock, &clock);
+  // And its copies of them default as QueueOptions' do.
+  const QueueOptions q_defaults;
+  const PriorityQueue<std::string>::Options pq_defaults;
+  EXPECT_EQ(pq_defaults.name, q_defaults.name);
+  EXPECT_EQ(pq_defaults.metrics, q_defaults.metrics);
+  EXPECT_EQ(pq_defaults.clock, q_defaults.clock);
+  EXPECT_EQ(pq_defaults.timers, q_defaults.timers);
+  EXPECT_EQ(pq_defaults.polling_workers, q_defaults.polling_workers);
   EXPECT_EQ(o.polling_workers, 2);
   EXPECT_EQ(o.rate_limiter, nullptr);
   EXPECT_EQ(o.aging, absl::InfiniteDuration());
