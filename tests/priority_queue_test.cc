@@ -35,6 +35,7 @@
 #include "testing/hint_recorder.h"
 #include "testing/late_timer.h"
 #include "testing/not_counting.h"
+#include "testing/null_metrics.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
@@ -2009,24 +2010,9 @@ TEST_F(PriorityQueueTest, GetWithContextDuringADrainWaitsForARunOwedByALeaseInFl
 // A provider giving a priority queue nothing but its depth by priority still gets it.
 TEST_F(PriorityQueueTest, APriorityDepthAloneIsRecorded) {
   testing::RecordedMetrics rec;
-  struct OnlyPriorityDepth : MetricsProvider {
+  struct OnlyPriorityDepth : testing::NullMetricsProvider {
     explicit OnlyPriorityDepth(testing::RecordedMetrics* rec)
         : recording(rec, /*refresh_gauges=*/false, /*by_priority=*/true) {}
-    std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-        std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override { return nullptr; }
     std::unique_ptr<PriorityGaugeMetric> NewDepthMetricWithPriority(std::string_view q) override {
       return recording.NewDepthMetricWithPriority(q);
     }

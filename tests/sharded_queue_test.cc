@@ -21,6 +21,7 @@
 #include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
 #include "testing/eventually.h"
+#include "testing/null_metrics.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
@@ -642,26 +643,12 @@ TEST(ShardedQueueTest, GetScansFromItsOwnShardOnwards) {
 // With a metrics provider every shard of a named queue reports under its own name,
 // "<name>/<index>"; the shards of an unnamed queue stay unnamed.
 TEST(ShardedQueueTest, EachShardHasItsOwnMetricsName) {
-  struct NameRecorder : MetricsProvider {  // records the names; makes no metric
+  struct NameRecorder : testing::NullMetricsProvider {  // records the names; makes no metric
     std::vector<std::string> names;
     std::unique_ptr<GaugeMetric> NewDepthMetric(std::string_view name) override {
       names.emplace_back(name);
       return nullptr;
     }
-    std::unique_ptr<CounterMetric> NewAddsMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<HistogramMetric> NewLatencyMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<HistogramMetric> NewWorkDurationMetric(std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<SettableGaugeMetric> NewUnfinishedWorkSecondsMetric(std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<SettableGaugeMetric> NewLongestRunningProcessorSecondsMetric(
-        std::string_view) override {
-      return nullptr;
-    }
-    std::unique_ptr<CounterMetric> NewRetriesMetric(std::string_view) override { return nullptr; }
-    std::unique_ptr<GaugeMetric> NewDelayedMetric(std::string_view) override { return nullptr; }
   } provider;
   { auto q = *ShardedQueue<int>::Create(3, {.metrics = &provider}); }
   // An unnamed queue's shards stay unnamed (so a provider can treat them as unnamed
