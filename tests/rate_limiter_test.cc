@@ -976,6 +976,24 @@ TEST(CountingTest, WhenCountedIsWhenOfTheNthFailure) {
                                                                       .clock = &clock}));
        }},
       {"default", [&] { return DefaultControllerRateLimiter<std::string>(&clock); }},
+      // Two counting children, each the larger at some counts (10, 10, 10, 20, 20, then the
+      // exponential's 32 ms on): MaxOf's WhenCounted must ask both. (Taking child 0's
+      // alone passed this test, which "default" did not catch: its exponential child
+      // dominates at every count.)
+      {"max of two counting",
+       [&] {
+         std::vector<std::unique_ptr<RateLimiter<std::string>>> children;
+         children.push_back(Must(ExponentialFailureRateLimiter<std::string>::Create(
+             ExpOptions{.base = absl::Milliseconds(1), .max = absl::Seconds(1), .clock = &clock})));
+         children.push_back(Must(FastSlowRateLimiter<std::string>::Create(
+             FastSlowOptions{.fast = absl::Milliseconds(10),
+                             .slow = absl::Milliseconds(20),
+                             .max_fast_attempts = 3,
+                             .clock = &clock})));
+         auto max_of = Must(MaxOfRateLimiter<std::string>::Create(std::move(children)));
+         EXPECT_TRUE(max_of->Counting().by_count);
+         return max_of;
+       }},
       {"max wait",
        [&] {
          return Must(WithMaxWaitRateLimiter<std::string>::Create(
