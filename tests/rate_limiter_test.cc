@@ -546,18 +546,30 @@ TEST(ExponentialFailureTest, ZeroHorizonKeepsHistoryOnlyWithinOneInstant) {
   EXPECT_EQ(limiter->When("a"), absl::Milliseconds(1));
 }
 
-TEST(ExponentialFailureTest, ClockJumpingBack) {
-  FakeClock clock;
-  auto limiter = Exponential({.base = absl::Milliseconds(1),
-                              .max = absl::Seconds(1),
-                              .clock = &clock,
-                              .idle_horizon = absl::Seconds(10)});
+// An exponential limiter (1 ms base, 10 s horizon) with one failure each of "a" and "b",
+// the clock left where "b" is idle past the horizon and "a" is not, although "b" is the
+// hotter of the two in the table (its failure came after the clock went back an hour):
+// eviction, which starts at the cold end ("a"), has not reached "b". Returns the clock's
+// start.
+absl::Time IdleEntryBehindABusyOne(FakeClock& clock,
+                                   std::unique_ptr<RateLimiter<std::string>>& limiter) {
+  limiter = Exponential({.base = absl::Milliseconds(1),
+                         .max = absl::Seconds(1),
+                         .clock = &clock,
+                         .idle_horizon = absl::Seconds(10)});
   const absl::Time start = clock.Now();
   limiter->When("a");
   clock.SetTime(start - absl::Hours(1));  // a negative idle time evicts nothing
   EXPECT_EQ(limiter->NumRequeues("a"), 1);
-  limiter->When("b");  // hotter than "a" in the list, but an hour older on the clock
+  limiter->When("b");
   clock.SetTime(start + absl::Seconds(5));
+  return start;
+}
+
+TEST(ExponentialFailureTest, ClockJumpingBack) {
+  FakeClock clock;
+  std::unique_ptr<RateLimiter<std::string>> limiter;
+  const absl::Time start = IdleEntryBehindABusyOne(clock, limiter);
   // "b" is idle past the horizon and counts as absent although "a", at the cold end of
   // the list, is not idle and so keeps "b" in the table for now.
   EXPECT_EQ(limiter->NumRequeues("b"), 0);
@@ -1216,7 +1228,7 @@ TEST(FailureTableTest, AKeyCopyThatThrowsLeavesTheTableWhole) {
   EXPECT_EQ(limiter->TrackedItems(), 20u);
 }
 
-// ---- Added by the mutation audit ----
+// ---- Edges: jitter's whole range, unevicted idle entries, buckets past the debt cap ----
 
 // The jitter factor is drawn from all of [1 - j, 1 + j), not from a narrower range: over
 // 2,000 seeded draws the delays come within 1% of d of both ends.
@@ -1243,15 +1255,8 @@ TEST(ExponentialFailureTest, JitterCoversTheWholeRange) {
 // an evicted one would.
 TEST(ExponentialFailureTest, IdleEntryNotYetEvictedStartsAgainOnItsNextFailure) {
   FakeClock clock;
-  auto limiter = Exponential({.base = absl::Milliseconds(1),
-                              .max = absl::Seconds(1),
-                              .clock = &clock,
-                              .idle_horizon = absl::Seconds(10)});
-  const absl::Time start = clock.Now();
-  limiter->When("a");
-  clock.SetTime(start - absl::Hours(1));
-  limiter->When("b");  // hotter than "a" on the list, but an hour older on the clock
-  clock.SetTime(start + absl::Seconds(5));               // "b" is idle past the horizon, "a" is not
+  std::unique_ptr<RateLimiter<std::string>> limiter;
+  IdleEntryBehindABusyOne(clock, limiter);
   EXPECT_EQ(limiter->When("b"), absl::Milliseconds(1));  // not 2 ms
   EXPECT_EQ(limiter->NumRequeues("b"), 1);
   EXPECT_EQ(limiter->NumRequeues("a"), 1);

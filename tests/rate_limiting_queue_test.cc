@@ -969,7 +969,7 @@ TEST_F(RateLimitingQueueTest, AddRateLimitedAfterShutDownLetsALapsedCountGo) {
   EXPECT_EQ(q.NumRequeues("a"), 1);  // a fresh count, not 2
 }
 
-// ---- Added by the mutation audit ----
+// ---- Queue-kept counts at a fractional-nanosecond horizon ----
 
 // A horizon with a fraction of a nanosecond lapses a queue-kept count as the limiter's own
 // table lapses its entry: times are whole nanoseconds, so idle > 1.5 ns is idle >= 2 ns.
