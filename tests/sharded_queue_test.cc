@@ -47,6 +47,12 @@ struct internal::QueuePeer {
   static internal::Mutex& OutMu(Q& q) {
     return q.out_mu_;
   }
+  // Calls `fn(shard)` before each shard's wait in q's ShutDownWithDrain (set it before the
+  // drain starts).
+  template <typename T>
+  static void BeforeShardWait(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
+    q.before_shard_wait_ = std::move(fn);
+  }
 };
 
 namespace {
@@ -447,6 +453,27 @@ TEST(ShardedQueueTest, ShutDownEndsADrain) {
   drainer.join();
   EXPECT_FALSE(drained);
   lease->Done();
+}
+
+// A ShutDown() that lands once the drain has begun but before it waits on a shard still
+// ends that wait: the shard's own count of ShutDown calls, read as its wait starts, has
+// moved already by then, and only the count the drain read when it began tells.
+TEST(ShardedQueueTest, AShutDownBetweenTwoShardsWaitsEndsTheDrain) {
+  auto q = *ShardedQueue<int>::Create(2);
+  q->Add(KeyIn(*q, 1));
+  auto lease = q->TryGet(1);
+  ASSERT_TRUE(lease.has_value());
+  // On the drainer's thread, once shard 0 (empty) has drained and before shard 1's wait.
+  internal::QueuePeer::BeforeShardWait(*q, [&q](size_t shard) {
+    if (shard == 1) q->ShutDown();
+  });
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] { drained = q->ShutDownWithDrain(); });
+  EXPECT_TRUE(testing::Eventually([&] { return drained.load() != -1; }))
+      << "the drain waited on shard 1 after a ShutDown()";
+  lease->Done();  // lets a drain that waits return
+  drainer.join();
+  EXPECT_EQ(drained.load(), 0);
 }
 
 // A worker asleep on its empty shard, woken by ShutDown, still takes what another shard

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ranges>
@@ -204,8 +205,9 @@ class ShardedQueue {
     // so each worker's Get waits for the runs owed on its shard by leases in flight.
     for (auto& s : shards_) s->BeginDrain();
     bool drained = true;
-    for (auto& s : shards_) {
-      if (!s->DrainUntil(&aborts_, aborts)) {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (before_shard_wait_) before_shard_wait_(i);
+      if (!shards_[i]->DrainUntil(&aborts_, aborts)) {
         drained = false;
         break;
       }
@@ -219,6 +221,8 @@ class ShardedQueue {
   bool ShuttingDown() const { return shards_.back()->ShuttingDown(); }
 
  private:
+  friend struct internal::QueuePeer;  // tests: before_shard_wait_
+
   ShardedQueue(int shards, QueueOptions options) {
     shards_.reserve(shards);
     for (int i = 0; i < shards; ++i) {
@@ -298,6 +302,10 @@ class ShardedQueue {
   std::vector<std::unique_ptr<Shard>> shards_;  // I: the shards lock themselves
   // ShutDown() calls so far: a drain that sees it change ends (DrainUntil).
   std::atomic<uint64_t> aborts_{0};
+  // Tests only (set through internal::QueuePeer before a drain starts): called by
+  // ShutDownWithDrain with the shard's index before it waits on each shard, so that a
+  // test can land a ShutDown between two shards' waits.
+  std::function<void(size_t)> before_shard_wait_;
 };
 
 }  // namespace kwq
