@@ -29,9 +29,17 @@
 #include "kwq/rate_limiting_queue.h"
 #include "kwq/sharded_queue.h"
 #include "kwq/timer.h"
+#include "prometheus/buffered_metrics.h"
 #include "testing/counting_clock.h"
 
 namespace kwq {
+
+// Test access to a buffered histogram's two stores of an observation (friend of it).
+struct prometheus_internal::HistogramPeer {
+  static void Count(BufferedHistogram& h, double seconds) { h.Count(seconds); }
+  static void AddToSum(BufferedHistogram& h, double seconds) { h.AddToSum(seconds); }
+};
+
 namespace {
 
 using ::testing::HasSubstr;
@@ -678,6 +686,23 @@ TEST_F(PrometheusTest, NoChangeReachesTheRegistryBeforeTheFlushPeriod) {
   EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "period")->counter.value, 0);
   clock.Advance(absl::Seconds(1));
   EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "period")->counter.value, 1);
+}
+
+// A flush that lands between an observation's two stores (its count, then its value)
+// pushes the count alone; the value must follow at the next flush, also when no
+// observation comes after it (a push made only when a count moved never sent it).
+TEST_F(PrometheusTest, AValueFlushedAfterItsCountStillReachesTheSum) {
+  auto provider = NewProvider();
+  std::unique_ptr<HistogramMetric> latency = provider->NewLatencyMetric("torn");
+  auto& histogram = dynamic_cast<prometheus_internal::BufferedHistogram&>(*latency);
+  prometheus_internal::HistogramPeer::Count(histogram, 0.25);
+  Series m = Find(*registry, "workqueue_queue_duration_seconds", "torn");
+  EXPECT_EQ(m->histogram.sample_count, 1u);
+  EXPECT_EQ(m->histogram.sample_sum, 0);
+  prometheus_internal::HistogramPeer::AddToSum(histogram, 0.25);
+  m = Find(*registry, "workqueue_queue_duration_seconds", "torn");
+  EXPECT_EQ(m->histogram.sample_count, 1u);
+  EXPECT_EQ(m->histogram.sample_sum, 0.25);
 }
 
 }  // namespace

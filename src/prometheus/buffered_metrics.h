@@ -176,6 +176,8 @@ class BufferedSettableGauge final : public SettableGaugeMetric, BufferedBase<pro
 
 // queue and work durations: the observations sorted into the buckets here, pushed with
 // ObserveMultiple.
+struct HistogramPeer;
+
 class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus::Histogram> {
  public:
   static constexpr int kBounds = 12;  // 1e-8 .. 1e3 s, then +Inf
@@ -194,12 +196,8 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
   ~BufferedHistogram() override { Unregister(); }
 
   void Observe(double seconds) override {
-    int i = 0;
-    // The first bucket with le >= seconds; NaN goes to +Inf, as prometheus-cpp's Observe
-    // puts it.
-    while (i < kBounds && !(seconds <= bounds_[i])) ++i;
-    Bump(counts_[i], 1);
-    Bump(sum_, seconds);
+    Count(seconds);
+    AddToSum(seconds);  // after the count: Push reads them in the same order
   }
 
   // Allocates nothing here (the deltas' vector is the metric's own); marks the counts
@@ -226,6 +224,18 @@ class BufferedHistogram final : public HistogramMetric, BufferedBase<prometheus:
   }
 
  private:
+  friend struct HistogramPeer;  // tests: a push between an observation's two stores
+
+  // Observe's two stores.
+  void Count(double seconds) {
+    int i = 0;
+    // The first bucket with le >= seconds; NaN goes to +Inf, as prometheus-cpp's Observe
+    // puts it.
+    while (i < kBounds && !(seconds <= bounds_[i])) ++i;
+    Bump(counts_[i], 1);
+  }
+  void AddToSum(double seconds) { Bump(sum_, seconds); }
+
   const prometheus::Histogram::BucketBoundaries bounds_;
   std::array<std::atomic<uint64_t>, kBounds + 1> counts_{};
   std::atomic<double> sum_{0};
