@@ -127,7 +127,9 @@ class Context {
   DoneSignal Done() const;
 
   // The value stored under `key` by the nearest WithValue ancestor (or this context), or
-  // nullptr. The pointer stays valid while this context is alive.
+  // nullptr. The pointer stays valid while this context is alive. Walks up the ancestors,
+  // without a lock, to the nearest one holding `key`: O(depth) for a key set far up the
+  // tree or not set at all.
   template <typename T>
   const T* Value(const ContextKey<T>& key) const {
     return static_cast<const T*>(FindValue(&key));
@@ -242,7 +244,9 @@ struct CancelableContext {
 Context Background();
 
 // A root like Background() whose descendants' deadlines use `timers` (for example one on
-// a FakeClock). `timers` must outlive every context of the tree.
+// a FakeClock). `timers` must outlive every context of the tree. nullptr means
+// TimerService::Default(), as for Background(). Allocates the root (a Background() does
+// not).
 Context BackgroundWithTimers(TimerService* timers);
 
 // A child cancelled when its cancel function is called or its parent is cancelled.

@@ -179,19 +179,22 @@ class DelayingQueue {
   size_t AddAll(Range&& items) {
     return queue_.AddAll(std::forward<Range>(items));
   }
+  // Queue's Len, Depth, InFlight and ShuttingDown. Len and Depth do not count waiting
+  // items (see Waiting) until they come due.
   size_t Len() const { return queue_.Len(); }
   size_t Depth() const { return queue_.Depth(); }
   size_t InFlight() const { return queue_.InFlight(); }
   bool ShuttingDown() const { return queue_.ShuttingDown(); }
 
   // Queues the waiting items already due, drops the others and shuts the queue down
-  // (Queue::ShutDown).
+  // (Queue::ShutDown). Moves every due item under the table lock (O(due items)) and
+  // waits for a timer firing in progress.
   void ShutDown() {
     StopWaiting();
     queue_.ShutDown();
   }
   // Queues the waiting items already due, drops the others, then
-  // Queue::ShutDownWithDrain.
+  // Queue::ShutDownWithDrain (which a thread holding a Lease of this queue must not call).
   bool ShutDownWithDrain() {
     StopWaiting();
     return queue_.ShutDownWithDrain();

@@ -64,7 +64,10 @@ class HistogramMetric {
 };
 
 // Creates the metrics of one named queue. Each New* is called once per queue, when the
-// queue is built; returning nullptr disables that metric.
+// queue is built, on the thread that builds it (so concurrently when queues are built
+// concurrently); returning nullptr disables that metric. An exception a New* throws
+// leaves the queue's constructor (PriorityQueue::Create: that call), and no queue is
+// made.
 class MetricsProvider {
  public:
   virtual ~MetricsProvider() = default;

@@ -486,7 +486,9 @@ class PriorityQueue {
   // ShutDown (without aborting other drains), then blocks until every queued and
   // in-flight item is Done. Returns true when the queue drained, false when a ShutDown()
   // from another thread ended the wait. Workers must keep calling Get to drain queued
-  // items. Delayed items not yet due are dropped, not waited for.
+  // items. Delayed items not yet due are dropped, not waited for. A thread that holds a
+  // Lease of this queue must not call it: it would wait for its own lease until a
+  // ShutDown().
   bool ShutDownWithDrain() {
     PendingTimer timer;
     uint64_t aborts;
@@ -510,6 +512,7 @@ class PriorityQueue {
     return queued_ + in_flight_ == 0;
   }
 
+  // True from the first ShutDown or ShutDownWithDrain on; never false again.
   bool ShuttingDown() const {
     internal::MutexLock lock(&mu_);
     return shutting_down_;

@@ -55,7 +55,9 @@
 // from New* takes one call at a time (a queue serialises its calls, kwq/metrics.h): it
 // buffers changes in counters only its user writes. The provider must outlive every
 // queue that uses it (QueueOptions::metrics) and keeps the registry alive itself. Nothing
-// here blocks except on short internal locks.
+// here blocks except on short internal locks, and one longer one: building or
+// destroying a queue that uses the provider waits for a flush in progress (a pass over
+// every live queue metric of the provider), as do Flush() and the destructor.
 
 #ifndef KWQ_PROMETHEUS_H_
 #define KWQ_PROMETHEUS_H_
@@ -109,19 +111,25 @@ struct PrometheusOptions {
   int max_priority_series = 25;
   static constexpr int kMaxPrioritySeriesLimit = 1024;
   // The timer service for the flushes; nullptr: TimerService::Default(). Must outlive the
-  // provider.
+  // provider. Each flush runs as a callback on that service's thread and pushes every
+  // live queue metric into its series: with many queues it delays the service's other
+  // timers (on the default one: context deadlines and queue delays).
   TimerService* timers = nullptr;
 };
 
 class PrometheusMetricsProvider final : public MetricsProvider {
  public:
   // Registers the families above on `registry`. Errors: InvalidArgument for a null
-  // registry or an invalid or reserved label name; AlreadyExists when the registry holds a
-  // family of one of these names that cannot be shared (another metric type or other
-  // constant labels, or a registry built with InsertBehavior::Throw that has it already).
+  // registry, an invalid or reserved label name, max_priority_series outside
+  // [0, kMaxPrioritySeriesLimit] or a flush_period that is not positive; AlreadyExists
+  // when the registry holds a family of one of these names that cannot be shared
+  // (another metric type or other constant labels, or a registry built with
+  // InsertBehavior::Throw that has it already).
   static absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> Create(
       std::shared_ptr<prometheus::Registry> registry, PrometheusOptions options = {});
 
+  // Stops the flush timer (waiting for a flush in progress) and flushes once more. The
+  // queues using it should be gone first (see Thread safety).
   ~PrometheusMetricsProvider() override;
   PrometheusMetricsProvider(const PrometheusMetricsProvider&) = delete;
   PrometheusMetricsProvider& operator=(const PrometheusMetricsProvider&) = delete;

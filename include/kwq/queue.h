@@ -148,6 +148,8 @@ class Queue {
                               // DrainUntil, ReadyHint
   friend struct internal::QueuePeer;
 
+  // Refuses no option (polling_workers is clamped: QueueOptions); only an allocation or
+  // the MetricsProvider's New* calls can throw.
   Queue() : Queue(Options{}) {}
   explicit Queue(Options options)
       : options_(std::move(options)), max_pollers_(internal::MaxPollers(options_.polling_workers)) {
@@ -174,11 +176,16 @@ class Queue {
     return AddHashed(std::forward<K>(item), hash);
   }
 
-  // Adds every item of `items` under one acquisition of the table lock. Returns how many were
-  // queued. Items of an rvalue container that owns them (one with an allocator, a
-  // std::array, a built-in array), or of a range that yields rvalues (a transform), are
-  // moved in; those of an lvalue, of a view (a span, a filter) or of any other range
-  // (absl::Span) stay the caller's and are copied (kwq/internal/range_items.h).
+  // Adds every item of `items` under one acquisition of the table lock, in the range's
+  // order, each as Add would. Returns how many were queued (0 once the queue is shutting
+  // down). The lock is held for the whole range, hashing included: Adds, and Gets that
+  // need the table lock (to sleep, or to take the overflow list), wait for it. An item
+  // whose copy or hash throws ends the batch: the items before it stay queued, and the
+  // exception goes on. Items of an rvalue container that owns them (one with an
+  // allocator, a std::array, a built-in array), or of a range that yields rvalues (a
+  // transform), are moved in; those of an lvalue, of a view (a span, a filter) or of any
+  // other range (absl::Span) stay the caller's and are copied
+  // (kwq/internal/range_items.h).
   template <typename Range>
   size_t AddAll(Range&& items) {
     constexpr bool kMove = internal::MovesItems<Range>();
@@ -271,9 +278,11 @@ class Queue {
 
   // ShutDown, then blocks until every queued and in-flight item is Done. Returns true
   // when the queue drained, false when a ShutDown() from another thread ended the wait.
-  // Workers must keep calling Get to drain queued items.
+  // Workers must keep calling Get to drain queued items. A thread that holds a Lease of
+  // this queue must not call it: it would wait for its own lease until a ShutDown().
   bool ShutDownWithDrain() { return DrainUntil(nullptr, 0); }
 
+  // True from the first ShutDown or ShutDownWithDrain on; never false again.
   bool ShuttingDown() const {
     internal::MutexLock lock(&mu_);
     return shutting_down_;

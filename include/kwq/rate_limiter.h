@@ -28,7 +28,12 @@
 // 1-4 ms, of resolution at under a third of Now's cost: a horizon is a matter of minutes).
 //
 // Thread safety: every member of every limiter here may be called concurrently from any
-// thread. No call blocks, other than on the limiter's own short internal lock.
+// thread. No call blocks, other than on the limiter's own short internal lock. That lock
+// is held O(1) amortised, not always: in a per-item limiter, a When that inserts a new
+// item may grow the table, rehashing every entry under the lock, and a When or
+// NumRequeues after a quiet spell evicts every entry that went idle meanwhile, so
+// concurrent calls can wait O(entries) once in a while. A per-item limiter's When may
+// throw std::bad_alloc (a new item's entry), with no failure recorded.
 
 #ifndef KWQ_RATE_LIMITER_H_
 #define KWQ_RATE_LIMITER_H_

@@ -81,7 +81,12 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   std::optional<Lease> TryGet() { return WithPrefetch(Base::TryGet()); }
   std::optional<Lease> Get(const Context& ctx) { return WithPrefetch(Base::Get(ctx)); }
 
-  // Adds `item` after the delay the limiter gives it, recording one failure.
+  // Adds `item` after the delay the limiter gives it, recording one failure. With a
+  // counting limiter its WhenCounted runs under the queue's table lock (so it must not
+  // block or call this queue); any other limiter's When runs first, on the calling
+  // thread, without the queue's lock. After ShutDown the item is not queued, but the
+  // failure is still recorded (with a counting limiter, only for a key the queue still
+  // stores).
   template <typename K>
   void AddRateLimited(K&& item) {
     // The retry is counted by AddAfter / AddAfterFailure (not after ShutDown: client-go's).

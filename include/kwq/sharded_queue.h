@@ -22,6 +22,8 @@
 //     that was added again is ready at its Done, and a Get takes it then, as in Queue).
 //
 // Thread safety: every member may be called from any thread; shards lock independently.
+// As for Queue, a Lease must not outlive its queue: destroying the queue while a lease
+// is active fails a check (Queue's destructor, in every build).
 
 #ifndef KWQ_SHARDED_QUEUE_H_
 #define KWQ_SHARDED_QUEUE_H_
@@ -67,6 +69,7 @@ class ShardedQueue {
   ShardedQueue(const ShardedQueue&) = delete;
   ShardedQueue& operator=(const ShardedQueue&) = delete;
 
+  // K, as given to Create; constant.
   int shards() const { return static_cast<int>(shards_.size()); }
 
   // The shard `item` lives in.
@@ -142,7 +145,8 @@ class ShardedQueue {
   // -(worker + 1)), else stolen from another shard; blocks on shard
   // `worker` when none is ready anywhere (items added to other shards meanwhile do not
   // wake it). nullopt once that shard is shut down and empty and no other shard has a
-  // ready item left to steal.
+  // ready item left to steal. A steal reads every other shard's ready count without its
+  // lock (O(K)) and locks only a shard that reports one.
   std::optional<Lease> Get(int worker) {
     const size_t home = Home(worker);
     if (auto lease = TryGetFrom(home)) return lease;
@@ -161,7 +165,9 @@ class ShardedQueue {
     return TryGetFrom(home);  // shut down: what the other shards still hold
   }
 
-  // A ready item from shard `worker` % K or any other, without blocking.
+  // A ready item from shard `worker` % K or any other, without blocking (worker mapped
+  // as in Get). Finding nothing costs a TryGet on its own shard and a lock-free read of
+  // each other shard's ready count (O(K)).
   std::optional<Lease> TryGet(int worker) { return TryGetFrom(Home(worker)); }
 
   // Ready items over all shards (each shard read at a slightly different moment).
@@ -198,7 +204,8 @@ class ShardedQueue {
   }
   // Stops adds on every shard, then waits for each to drain (queued and in-flight items,
   // as Queue::ShutDownWithDrain). True when all drained; false when a ShutDown() from
-  // another thread ended the wait. Concurrent drains do not end each other.
+  // another thread ended the wait. Concurrent drains do not end each other. A thread
+  // that holds a Lease of this queue must not call it (it would wait for that lease).
   bool ShutDownWithDrain() {
     const uint64_t aborts = aborts_.load(std::memory_order_acquire);
     // Every shard counts as draining from the start (not only once the wait reaches it),

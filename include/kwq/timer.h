@@ -40,6 +40,11 @@
 // reschedule periodic work at Now() + period. Having no backend, such a service ignores
 // Options::backend and does not read KWQ_TIMER_BACKEND (a bad value is not reported), so
 // fake-clock tests behave the same whatever the variable says.
+//
+// Thread safety: every member may be called from any thread, also from inside a callback
+// of the same service (which holds none of its locks), except the destructor. Schedule,
+// Cancel, Reschedule and Pending take the service's one lock, held only for the heap
+// operation; only CancelSync and the destructor wait for a callback.
 
 #ifndef KWQ_TIMER_H_
 #define KWQ_TIMER_H_
@@ -96,9 +101,10 @@ class TimerService {
   // thread), it says so on stderr and aborts.
   static TimerService& Default();
 
-  // Stops the service: timers still pending are dropped without running, a callback
-  // running on another thread is waited for, and the service thread is joined. Must not
-  // be called from one of this service's callbacks.
+  // Stops the service: timers still pending are dropped without running (their callables
+  // are destroyed on the calling thread), a callback running on another thread is waited
+  // for, and the service thread is joined. Must not be called from one of this service's
+  // callbacks (with a manual clock that fails a KWQ_CHECK).
   ~TimerService();
 
   TimerService(const TimerService&) = delete;
@@ -112,7 +118,11 @@ class TimerService {
   // more than about 73 years from the service's creation keep all of this too, and cost
   // the service thread nothing while they wait (a "no timeout" of the largest Duration
   // Go allows, 292 years, is such a timer). Never blocks on the service thread or on
-  // callbacks. An empty `fn` makes a timer that runs nothing.
+  // callbacks. An empty `fn` makes a timer that runs nothing. `fn` must not throw on a
+  // real clock: the exception leaves the service thread, which ends the process. On a
+  // manual clock it leaves the FakeClock::Advance/SetTime that ran it, and this service's
+  // other due timers run at the next move. Throws std::bad_alloc, with nothing
+  // scheduled, when the heap cannot grow.
   TimerId Schedule(absl::Time deadline, absl::AnyInvocable<void()> fn);
   // Schedule(clock().Now() + delay, fn); saturates for huge delays.
   TimerId ScheduleAfter(absl::Duration delay, absl::AnyInvocable<void()> fn);
@@ -124,7 +134,8 @@ class TimerService {
 
   // Removes a pending timer. Returns true when this call stopped the callback from
   // running; false when it already ran, is running now, was cancelled, or `id` is
-  // unknown. Never waits.
+  // unknown. Never waits for a callback. The cancelled callable is destroyed on the
+  // calling thread, after the service's lock is released.
   bool Cancel(TimerId id);
 
   // Like Cancel, and when the callback is running on another thread, waits for it to
@@ -137,7 +148,7 @@ class TimerService {
   // nothing) when the timer is no longer pending.
   bool Reschedule(TimerId id, absl::Time deadline);
 
-  // Timers scheduled and not yet run or cancelled.
+  // Timers scheduled and not yet run or cancelled (a callback running now is not counted).
   size_t Pending() const;
 
   Clock& clock() const;

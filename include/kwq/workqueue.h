@@ -82,7 +82,9 @@ class Workqueue;
 // running.
 class Work {
  public:
-  // `fn` runs at each execution; an empty one runs nothing.
+  // `fn` runs at each execution; an empty one runs nothing. An exception `fn` throws is
+  // caught on the worker, said on stderr and counted (WorkqueueStats::exceptions); the
+  // work counts as finished.
   explicit Work(absl::AnyInvocable<void()> fn);
   // Fails a check if the work is pending or running (cancel it first).
   ~Work();
@@ -92,7 +94,7 @@ class Work {
   // Queued and not yet started (or waiting on a delay timer). Lock-free.
   bool pending() const;
   // Disabled by Workqueue::Disable and not yet re-enabled (a CancelSync in progress
-  // refuses queueing too, but does not count here).
+  // refuses queueing too, but does not count here). Lock-free.
   bool disabled() const;
 
  private:
@@ -131,7 +133,9 @@ class Work {
 class DelayedWork {
  public:
   explicit DelayedWork(absl::AnyInvocable<void()> fn) : work_(std::move(fn)) {}
+  // The Work inside, for the calls that take only a Work (Disable, Enable).
   Work& work() { return work_; }
+  // On its timer or queued, and not yet started (Work::pending). Lock-free.
   bool pending() const { return work_.pending(); }
 
  private:
@@ -207,13 +211,17 @@ class Workqueue {
   // destroy_workqueue: thaws a frozen workqueue, cancels delayed works still on their
   // timers, drains the rest, and repeats until no timer is left (a work run by the drain
   // may put a delayed work on a timer again); then frees it. Blocks until then. Queueing
-  // from outside meanwhile is the caller's bug, as in the kernel.
+  // from outside meanwhile is the caller's bug, as in the kernel. Destroying it from one
+  // of its own works deadlocks (it drains).
   ~Workqueue();
   Workqueue(const Workqueue&) = delete;
   Workqueue& operator=(const Workqueue&) = delete;
 
-  // queue_work: on the calling thread's CPU pool (bound) or pod (unbound). Returns false
-  // when `work` is already pending or disabled.
+  // queue_work: on the calling thread's CPU pool (bound) or pod (unbound). Returns false,
+  // changing nothing, when `work` is already pending or disabled, a CancelSync of it is in
+  // progress, or a Drain refuses it (see Drain). Never waits for a work; it may wake or
+  // start a worker thread (one that cannot be started is not an error here: the pool
+  // retries, and a kMemReclaim workqueue's rescuer steps in).
   bool Queue(Work* work);
   // Runs `fn` once, as Queue would run a work of its own, in a Work that the workqueue
   // makes and frees once `fn` has returned (its captures are destroyed on the worker,
@@ -226,20 +234,26 @@ class Workqueue {
   // only when none is cached). Kept for reuse: fewer than 128 blocks per thread that
   // posts or runs posted works, until it exits, plus up to 4,096 passed between threads
   // (docs/design.md). A block is about sizeof(Work), 128 bytes. An empty `fn` runs
-  // nothing.
+  // nothing. Throws std::bad_alloc, with `fn` destroyed and nothing queued, when no block
+  // is cached and none can be allocated.
   bool Post(absl::AnyInvocable<void()> fn);
   // queue_work_on: on `cpu`'s pool (bound) or the pod containing `cpu` (unbound). An
-  // unknown CPU falls back to Queue's choice (as the kernel does for offline CPUs).
+  // unknown CPU (any int) falls back to Queue's choice (as the kernel does for offline
+  // CPUs). Returns, refuses and costs as Queue.
   bool QueueOn(int cpu, Work* work);
-  // queue_work_node: a CPU of NUMA node `node` (unknown node: any CPU).
+  // queue_work_node: a CPU of NUMA node `node`, the caller's when it is on that node
+  // (unknown node, any int: Queue's choice). Returns, refuses and costs as Queue.
   bool QueueOnNode(int node, Work* work);
-  // queue_delayed_work(_on): after `delay` (<= 0: now). False if already pending.
+  // queue_delayed_work(_on): after `delay` (<= 0: now). `cpu` as QueueOn; -1 (or an
+  // unknown CPU): Queue's choice on the thread that queues it when the delay ends (the
+  // timer's). False, changing nothing, if already pending or refused as Queue is.
   // Throws std::bad_alloc when its timer cannot be made, with the work left as it was.
   bool QueueDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
   // mod_delayed_work: (re)sets the delay whether or not it is pending. Returns true when
   // it was pending before the call. Throws std::bad_alloc when its timer cannot be made,
   // with the work left as it was (its timer is made before the work is taken from where
-  // it was pending, so nothing fails after that).
+  // it was pending, so nothing fails after that). Returns false, changing nothing, when
+  // a Drain refuses it (see Drain) or the work is disabled.
   bool ModDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
 
   // cancel_work: removes a pending instance. True when one was pending. Does not wait for
@@ -248,7 +262,8 @@ class Workqueue {
   bool Cancel(DelayedWork* dwork);
   // cancel_work_sync: cancels and waits until the work is not running; correct even for
   // works that requeue themselves (queueing is refused while it cancels). True when an
-  // instance was pending. Must not be called from the work itself.
+  // instance was pending. Must not be called from the work itself (it would wait for
+  // itself). The wait is a BlockingScope.
   bool CancelSync(Work* work);
   bool CancelSync(DelayedWork* dwork);
 
@@ -258,13 +273,15 @@ class Workqueue {
   // True when it waited; false when nothing was queued or running (a work waiting on its
   // delay timer counts as neither). Flush(DelayedWork*) queues a delayed work at once first
   // (flush_delayed_work), and is then true also when it finished before the wait began.
-  // Must not be called from `work` itself (it would wait for itself).
+  // Must not be called from `work` itself (it would wait for itself). The wait is a
+  // BlockingScope; a work held back by Freeze is waited for until Thaw.
   bool Flush(Work* work);
   bool Flush(DelayedWork* dwork);
   // flush_workqueue: waits for every work queued before the call to finish. Works queued
   // meanwhile (even by the flushed works) are not waited for, so it cannot livelock.
   // Concurrent flushes of one workqueue run one after another (each still waits for
-  // every work queued before its own call).
+  // every work queued before its own call). The wait is a BlockingScope; on a frozen
+  // workqueue it waits for Thaw.
   void Flush();
   // drain_workqueue: flushes until the workqueue is empty; meanwhile only works of this
   // workqueue (chained queueing) may queue to it — Queue, QueueDelayed and ModDelayed
@@ -273,7 +290,8 @@ class Workqueue {
   void Drain();
 
   // disable_work: cancels like Cancel and makes Queue refuse the work until Enable.
-  // Nestable (a count). Returns true when an instance was pending.
+  // Nestable (a count). Returns true when an instance was pending. Like Cancel, does not
+  // wait for a running instance (CancelSync after it does).
   bool Disable(Work* work);
   // enable_work: undoes one Disable (a work never disabled is left alone, also while a
   // CancelSync holds it). Returns true when the Disable count reached zero; queueing is
@@ -288,6 +306,8 @@ class Workqueue {
   void Freeze();
   void Thaw();
 
+  // A snapshot: takes the timer lock and each of its pools' locks in turn (O(pools)), so
+  // the pools' counts are read at slightly different moments.
   WorkqueueStats stats() const;
   const std::string& name() const;
   // The flags in force: kOrdered adds kUnbound.
@@ -316,7 +336,9 @@ class WorkqueueRuntime {
     // nullptr: Topology::Detect().
     std::shared_ptr<const Topology> topology = nullptr;
     // Clock and timers for delays and the watchdog (idle workers time out on real time,
-    // see idle_timeout). nullptr: real ones. Both must outlive the runtime.
+    // see idle_timeout). nullptr: real ones. Both must outlive the runtime. `timers`
+    // should run on `clock` (not checked): delays are read on timers->clock(), the
+    // watchdog's thresholds on `clock`.
     Clock* clock = nullptr;
     TimerService* timers = nullptr;
     // Idle workers beyond two per pool exit after this long (the kernel's 5 minutes).
@@ -326,7 +348,10 @@ class WorkqueueRuntime {
     absl::Duration cpu_intensive_threshold = absl::Milliseconds(10);
     // A pool with pending work that starts nothing for this long is reported stalled.
     absl::Duration stall_threshold = absl::Seconds(30);
-    // Receives stall reports (default: stderr).
+    // Receives stall reports (default: stderr). Called by the watchdog, a timer callback
+    // on `timers` (so a slow reporter delays that service's other timers), with no pool
+    // lock held: it may call Dump(). An exception it throws is caught; the report still
+    // counts in stalls().
     std::function<void(const std::string&)> stall_reporter = nullptr;
     // Pin workers to their pool's CPUs. When pinning fails (a synthetic topology, a
     // cpuset that forbids it) workers run unpinned and the failure is counted: on any CPU
@@ -336,6 +361,8 @@ class WorkqueueRuntime {
     bool bind_workers = true;
     // Fault injection for tests: when set and it returns true, creating a worker thread
     // fails as if the system were out of threads (kMemReclaim rescuers then step in).
+    // Called with a pool's lock held, on whichever thread needs a worker (a Queue, a
+    // worker, the watchdog): it must not call into the workqueues and must not throw.
     std::function<bool()> fail_thread_creation = nullptr;
   };
 
@@ -354,7 +381,8 @@ class WorkqueueRuntime {
 
   const Topology& topology() const;
   // A state dump like the kernel's wq_dump.py: pods per scope, pools (CPU, priority,
-  // workers, idle, running, pending), and which workqueue uses which pool.
+  // workers, idle, running, pending), and which workqueue uses which pool. Takes the
+  // runtime's lock and each pool's lock in turn: O(pools + workqueues).
   std::string Dump() const;
   // Workers whose pinning failed and that run unpinned (one each), plus pinned workers of
   // non-strict pools that could not be moved back into their pod before a work.
@@ -374,7 +402,9 @@ class WorkqueueRuntime {
 
 // Tells the pool that the calling worker is about to block (sleep, I/O, a lock), so a
 // bound pool wakes another worker for its pending works — the hint the kernel gets from
-// the scheduler. Harmless outside a worker. Not movable.
+// the scheduler. Harmless outside a worker. Not movable: made and destroyed on one
+// thread. Nestable: only the outermost scope of a worker counts. Entering and leaving
+// each take the worker's pool lock once (nothing outside a worker).
 class BlockingScope {
  public:
   BlockingScope();
