@@ -161,9 +161,10 @@ absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
       if (!wq.Cancel(item.get())) wq.Flush(item.get());
     }
   };
-  // One refused (a draining workqueue) never runs; take_back passes it by. QueueOn may
-  // throw (bad_alloc making a worker thread, after the work was inserted): the helpers
-  // queued so far are taken back before the exception leaves, since they use `shared`.
+  // One refused (a draining workqueue) never runs; take_back passes it by. A worker
+  // thread that cannot be made is a spawn failure the pool records, not an exception
+  // (40e1413); should QueueOn throw all the same, the helpers queued so far are taken
+  // back before the exception leaves, since they use `shared`.
   try {
     for (int i = 0; i < helpers; ++i) wq.QueueOn(cpus.ForHelper(i), items[i].get());
   } catch (...) {

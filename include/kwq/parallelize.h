@@ -42,9 +42,10 @@ struct ParallelizeOptions {
 // Returns OK when every piece ran; ctx.Err() when ctx ended it early; Internal (with the
 // message) when fn threw — the first exception stops the hand-out like a cancel.
 // InvalidArgument for workers < 1, pieces < 0 or chunk_size < 1. Throws std::bad_alloc
-// when the helpers cannot be made (then before any piece runs) or a worker thread for
-// them cannot be started (then some pieces may have run); either way no helper is left
-// queued or running when it throws.
+// when the helpers cannot be made (then before any piece runs, and no helper is queued).
+// A worker thread the workqueue cannot start is not an exception: the workqueue counts a
+// spawn failure, and the pieces are run by the helpers that did start and by the
+// calling thread.
 absl::Status ParallelizeUntil(const Context& ctx, int workers, int pieces,
                               absl::FunctionRef<void(int)> fn, ParallelizeOptions options = {});
 
