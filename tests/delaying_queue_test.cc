@@ -627,6 +627,17 @@ TEST_F(DelayingQueueTest, ShutDownWithDrainRunsItemsAlreadyDue) {
   testing::ExpectDrainRunsTheDueItem(q_);
 }
 
+// ShutDownWithDrain(ctx) drops the waiting items, as ShutDownWithDrain does, and a done
+// context ends the wait for the rest, undrained.
+TEST_F(DelayingQueueTest, AContextEndsADrain) {
+  q_.AddAfter("later", absl::Seconds(5));
+  testing::ExpectContextEndsADrain(q_, /*done_first=*/false);
+  EXPECT_EQ(q_.Waiting(), 0u);
+}
+TEST_F(DelayingQueueTest, AContextDoneBeforeTheDrainEndsItAtOnce) {
+  testing::ExpectContextEndsADrain(q_, /*done_first=*/true);
+}
+
 // A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its
 // address (no hash, no lookup): it runs again after its Done and its delay, once.
 TEST_F(DelayingQueueTest, AddAfterOfTheLeasedItemRunsItAgainAfterTheDelay) {

@@ -1238,6 +1238,31 @@ TEST_F(PriorityQueueTest, AGetWokenByADrainWaitsForTheOwedRun) {
   }
 }
 
+// ShutDownWithDrain(ctx): a done context ends the wait, undrained, whether it is done
+// while the drain waits or before the call.
+TEST_F(PriorityQueueTest, AContextEndsADrain) {
+  testing::ExpectContextEndsADrain(*q_, /*done_first=*/false);
+}
+TEST_F(PriorityQueueTest, AContextDoneBeforeTheDrainEndsItAtOnce) {
+  testing::ExpectContextEndsADrain(*q_, /*done_first=*/true);
+}
+
+// A drain bounded by a live context returns true once drained, and its wake-up on the
+// context goes with it: a cancel after the queue is gone touches nothing (ASan).
+TEST_F(PriorityQueueTest, ADrainBoundedByAContextReturnsTrueWhenDrained) {
+  auto [ctx, cancel] = WithCancel(Background());
+  q_->Add("a");
+  auto lease = q_->TryGet();
+  std::atomic<int> drained{-1};
+  std::thread drainer([this, &drained, c = ctx] { drained = q_->ShutDownWithDrain(c) ? 1 : 0; });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(*q_) > 0; }));
+  lease->Done();
+  drainer.join();
+  EXPECT_EQ(drained.load(), 1);
+  q_.reset();
+  cancel();
+}
+
 // A ShutDown ends every drain in progress, not only one of them.
 TEST_F(PriorityQueueTest, ShutDownAbortsEveryDrainWait) {
   q_->Add("a");

@@ -266,6 +266,39 @@ TEST(QueueTest, SeveralDrainersAllReturn) {
   EXPECT_EQ(drained.load(), 3);
 }
 
+// ShutDownWithDrain(ctx): a done context ends the wait, undrained, whether it is done
+// while the drain waits or before the call (a deadline bounds a graceful shutdown).
+TEST(QueueTest, AContextEndsADrain) {
+  StringQueue q;
+  testing::ExpectContextEndsADrain(q, /*done_first=*/false);
+}
+TEST(QueueTest, AContextDoneBeforeTheDrainEndsItAtOnce) {
+  StringQueue q;
+  testing::ExpectContextEndsADrain(q, /*done_first=*/true);
+}
+
+// A drain bounded by a context that stays live waits for the work and returns true; one
+// with a done context on a queue with nothing queued or in flight is drained too. Its
+// wake-up on the context goes with it: a cancel after the queue is gone touches nothing
+// (ASan).
+TEST(QueueTest, ADrainBoundedByAContextReturnsTrueWhenDrained) {
+  auto [ctx, cancel] = WithCancel(Background());
+  {
+    StringQueue q;
+    q.Add("a");
+    auto lease = q.TryGet();
+    std::atomic<int> drained{-1};
+    std::thread drainer([&q, &drained, c = ctx] { drained = q.ShutDownWithDrain(c) ? 1 : 0; });
+    EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Draining(q) > 0; }));
+    lease->Done();
+    drainer.join();
+    EXPECT_EQ(drained.load(), 1);
+  }
+  cancel();
+  StringQueue empty;
+  EXPECT_TRUE(empty.ShutDownWithDrain(ctx));
+}
+
 TEST(QueueTest, GetWithContextReturnsOnCancel) {
   StringQueue q;
   auto [ctx, cancel] = WithCancel(Background());

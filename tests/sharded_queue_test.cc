@@ -455,6 +455,35 @@ TEST(ShardedQueueTest, ShutDownEndsADrain) {
   lease->Done();
 }
 
+// ShutDownWithDrain(ctx): a done context ends the wait, undrained, on whichever shard it
+// has reached; one done before the call ends it at once. The shards stay shut down.
+TEST(ShardedQueueTest, AContextEndsADrainOnAnyShard) {
+  for (const bool done_first : {false, true}) {
+    auto q = *ShardedQueue<int>::Create(3);
+    q->Add(KeyIn(*q, 2));
+    auto lease = q->TryGet(2);
+    ASSERT_TRUE(lease.has_value());
+    auto [ctx, cancel] = WithCancel(Background());
+    if (done_first) cancel();
+    std::atomic<int> drained{-1};
+    std::thread drainer([&q, &drained, c = ctx] { drained = q->ShutDownWithDrain(c) ? 1 : 0; });
+    if (!done_first) {
+      // The drain waits on shard 2 (or wrongly returned).
+      EXPECT_TRUE(testing::Eventually(
+          [&] { return internal::QueuePeer::Draining(q->shard(2)) > 1 || drained.load() != -1; }));
+      EXPECT_EQ(drained.load(), -1) << "the drain returned while a lease was active";
+      cancel();
+    }
+    const bool finished = testing::Eventually([&] { return drained.load() != -1; });
+    EXPECT_TRUE(finished) << "a done context did not end the drain";
+    if (!finished) q->ShutDown();
+    drainer.join();
+    EXPECT_EQ(drained.load(), 0);
+    EXPECT_FALSE(q->Add(KeyIn(*q, 0)));
+    lease->Done();
+  }
+}
+
 // A ShutDown() that lands once the drain has begun but before it waits on a shard still
 // ends that wait: the shard's own count of ShutDown calls, read as its wait starts, has
 // moved already by then, and only the count the drain read when it began tells.

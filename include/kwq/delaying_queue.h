@@ -199,6 +199,12 @@ class DelayingQueue {
     StopWaiting();
     return queue_.ShutDownWithDrain();
   }
+  // The same bounded by `ctx` (Queue::ShutDownWithDrain(ctx)): false once `ctx` is done
+  // with items still queued or in flight.
+  bool ShutDownWithDrain(const Context& ctx) {
+    StopWaiting();
+    return queue_.ShutDownWithDrain(ctx);
+  }
 
  protected:
   // For RateLimitingQueue: Queue::EnableNextHashHint and Queue::TakeNextHash.

@@ -432,7 +432,7 @@ class PriorityQueue {
         return std::nullopt;
       }
     }
-    Waker waker{this};
+    Waker waker{this, &ready_cv_};
     AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
     // The waker touches this queue and lives in this frame: on every way out, a throw
     // included (WaitLocked reads a user's clock while delayed items have no timer), its
@@ -489,7 +489,37 @@ class PriorityQueue {
   // items. Delayed items not yet due are dropped, not waited for. A thread that holds a
   // Lease of this queue must not call it: it would wait for its own lease until a
   // ShutDown().
-  bool ShutDownWithDrain() {
+  bool ShutDownWithDrain() { return Drain(nullptr); }
+  // ShutDownWithDrain bounded by `ctx`: the wait also ends, returning false, once `ctx`
+  // is done (a deadline bounds a graceful shutdown). True when the queue drained, also
+  // when `ctx` was done at the call but nothing was queued or in flight. A wait that ends
+  // undrained leaves the queue as a ShutDown() does: adds refused, queued items still
+  // handed out, and Gets no longer wait for runs owed by leases in flight.
+  bool ShutDownWithDrain(const Context& ctx) { return Drain(&ctx); }
+
+  // True from the first ShutDown or ShutDownWithDrain on; never false again.
+  bool ShuttingDown() const {
+    internal::MutexLock lock(&mu_);
+    return shutting_down_;
+  }
+
+ private:
+  // ShutDownWithDrain; `ctx` may be null (no bound).
+  bool Drain(const Context* ctx) {
+    // Registered before any lock is taken: on a context already done the function runs
+    // here at once, and it takes mu_. It touches this queue and lives in this frame, so
+    // it is stopped, or waited for, before the frame goes (after mu_ is released).
+    std::optional<Waker> waker;
+    AfterFuncHandle handle;
+    if (ctx != nullptr) {
+      waker.emplace(this, &drained_cv_);
+      handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
+    }
+    absl::Cleanup stop_waker = [&waker, &handle] {
+      if (waker && !handle.Stop()) {
+        while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
+      }
+    };
     PendingTimer timer;
     uint64_t aborts;
     {
@@ -505,23 +535,16 @@ class PriorityQueue {
     timer.CancelSync();
     ready_cv_.SignalAll();
     internal::MutexLock lock(&mu_);
-    while (queued_ + in_flight_ > 0 && aborts_ == aborts) drained_cv_.Wait(&mu_);
+    while (queued_ + in_flight_ > 0 && aborts_ == aborts &&
+           (ctx == nullptr || !ctx->IsCancelled())) {
+      drained_cv_.Wait(&mu_);
+    }
     // Gets waiting for an owed run stop waiting once no drain is left (one a ShutDown
-    // ended returns with runs still owed).
+    // or its context ended returns with runs still owed).
     if (--draining_ == 0) ready_cv_.SignalAll();
     return queued_ + in_flight_ == 0;
   }
 
-  // True from the first ShutDown or ShutDownWithDrain on; never false again.
-  bool ShuttingDown() const {
-    internal::MutexLock lock(&mu_);
-    return shutting_down_;
-  }
-
-  // The metrics recorder, or nullptr without a MetricsProvider.
-  internal::QueueMetricsRecorder* metrics_recorder() { return metrics_.get(); }
-
- private:
   using Table = internal::KeyTable<T, Hash, Eq>;
   static constexpr uint32_t kNone = UINT32_MAX;
 
@@ -557,13 +580,17 @@ class PriorityQueue {
 
   enum class WakeKind { kNone, kOne, kAll };
 
-  // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
+  // Wakes a Get(ctx) (`cv` = &ready_cv_) or a ShutDownWithDrain(ctx) (&drained_cv_)
+  // blocked on this queue when the context is cancelled. Taking mu_ first orders the
+  // wake-up after the waiter's check of the context, made under mu_.
   struct Waker {
+    Waker(PriorityQueue* q, internal::CondVar* cv) : queue(q), wakes(cv) {}
     PriorityQueue* queue;
+    internal::CondVar* wakes;
     std::atomic<bool> finished{false};
     void Wake() {
       { internal::MutexLock lock(&queue->mu_); }
-      queue->ready_cv_.SignalAll();
+      wakes->SignalAll();
       finished.store(true, std::memory_order_release);
     }
   };

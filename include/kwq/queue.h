@@ -280,7 +280,14 @@ class Queue {
   // when the queue drained, false when a ShutDown() from another thread ended the wait.
   // Workers must keep calling Get to drain queued items. A thread that holds a Lease of
   // this queue must not call it: it would wait for its own lease until a ShutDown().
-  bool ShutDownWithDrain() { return DrainUntil(nullptr, 0); }
+  bool ShutDownWithDrain() { return DrainUntil(nullptr, 0, nullptr); }
+
+  // ShutDownWithDrain bounded by `ctx`: the wait also ends, returning false, once `ctx` is
+  // done (a deadline bounds a graceful shutdown). True when the queue drained, also when
+  // `ctx` was done at the call but nothing was queued or in flight. A wait that ends
+  // undrained leaves the queue as a ShutDown() does: adds refused, queued items still
+  // handed out, and Gets no longer wait for runs owed by leases in flight.
+  bool ShutDownWithDrain(const Context& ctx) { return DrainUntil(nullptr, 0, &ctx); }
 
   // True from the first ShutDown or ShutDownWithDrain on; never false again.
   bool ShuttingDown() const {
@@ -369,9 +376,25 @@ class Queue {
     ready_cv_.SignalAll();
   }
   // ShutDownWithDrain that also ends, returning false, once `*abort_gen` differs from
-  // `baseline` (nullptr: never). The caller changes *abort_gen before it shuts this queue
-  // down, which wakes the wait.
-  bool DrainUntil(const std::atomic<uint64_t>* abort_gen, uint64_t baseline) {
+  // `baseline` (nullptr: never) or `ctx` is done (nullptr: never). The caller changes
+  // *abort_gen before it shuts this queue down, which wakes the wait; a done `ctx` wakes
+  // it through an AfterFunc.
+  bool DrainUntil(const std::atomic<uint64_t>* abort_gen, uint64_t baseline, const Context* ctx) {
+    // Registered before the lock is taken: on a context already done the function runs
+    // here at once, and it takes mu_. It touches this queue and lives in this frame, so
+    // it is stopped, or waited for, before the frame goes (after mu_ is released: it may
+    // be waiting for mu_).
+    std::optional<Waker> waker;
+    AfterFuncHandle handle;
+    if (ctx != nullptr) {
+      waker.emplace(this, &drained_cv_);
+      handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
+    }
+    absl::Cleanup stop_waker = [&waker, &handle] {
+      if (waker && !handle.Stop()) {
+        while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
+      }
+    };
     internal::MutexLock lock(&mu_);
     const uint64_t aborts = aborts_;  // a ShutDown() from now on ends this wait
     ++draining_;
@@ -380,7 +403,8 @@ class Queue {
     finished_.fetch_or(kDrainFlag, std::memory_order_acq_rel);
     StopAddsLocked();
     while (!DrainedLocked() && aborts_ == aborts &&
-           (abort_gen == nullptr || abort_gen->load(std::memory_order_acquire) == baseline)) {
+           (abort_gen == nullptr || abort_gen->load(std::memory_order_acquire) == baseline) &&
+           (ctx == nullptr || !ctx->IsCancelled())) {
       drained_cv_.Wait(&mu_);
     }
     --draining_;
@@ -666,14 +690,18 @@ class Queue {
     next_hash_.store(kHashValid | HashOfSlot(next), std::memory_order_relaxed);
   }
 
-  // Wakes a Get(ctx) blocked on this queue when the context is cancelled.
+  // Wakes a Get(ctx) (or, with `cv` = &drained_cv_, a ShutDownWithDrain(ctx)) blocked on
+  // this queue when the context is cancelled. Taking mu_ first orders the wake-up after
+  // the waiter's check of the context, made under mu_.
   struct Waker {
-    explicit Waker(Queue* q) : queue(q) {}
+    explicit Waker(Queue* q) : Waker(q, &q->ready_cv_) {}
+    Waker(Queue* q, internal::CondVar* cv) : queue(q), wakes(cv) {}
     Queue* queue;
+    internal::CondVar* wakes;
     std::atomic<bool> finished{false};
     void Wake() {
       { internal::MutexLock lock(&queue->mu_); }
-      queue->ready_cv_.SignalAll();
+      wakes->SignalAll();
       finished.store(true, std::memory_order_release);
     }
   };

@@ -206,22 +206,10 @@ class ShardedQueue {
   // as Queue::ShutDownWithDrain). True when all drained; false when a ShutDown() from
   // another thread ended the wait. Concurrent drains do not end each other. A thread
   // that holds a Lease of this queue must not call it (it would wait for that lease).
-  bool ShutDownWithDrain() {
-    const uint64_t aborts = aborts_.load(std::memory_order_acquire);
-    // Every shard counts as draining from the start (not only once the wait reaches it),
-    // so each worker's Get waits for the runs owed on its shard by leases in flight.
-    for (auto& s : shards_) s->BeginDrain();
-    bool drained = true;
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      if (before_shard_wait_) before_shard_wait_(i);
-      if (!shards_[i]->DrainUntil(&aborts_, aborts)) {
-        drained = false;
-        break;
-      }
-    }
-    for (auto& s : shards_) s->EndDrain();
-    return drained;
-  }
+  bool ShutDownWithDrain() { return DrainAll(nullptr); }
+  // ShutDownWithDrain bounded by `ctx`, as Queue::ShutDownWithDrain(ctx): the wait also
+  // ends, returning false, once `ctx` is done, whichever shard it has reached.
+  bool ShutDownWithDrain(const Context& ctx) { return DrainAll(&ctx); }
   // True once every shard refuses adds. The last shard is asked: ShutDown and
   // ShutDownWithDrain stop the shards in index order, so it is the last to stop (asking
   // the first said true while later shards still took adds).
@@ -229,6 +217,24 @@ class ShardedQueue {
 
  private:
   friend struct internal::QueuePeer;  // tests: before_shard_wait_
+
+  // ShutDownWithDrain; `ctx` may be null (no bound).
+  bool DrainAll(const Context* ctx) {
+    const uint64_t aborts = aborts_.load(std::memory_order_acquire);
+    // Every shard counts as draining from the start (not only once the wait reaches it),
+    // so each worker's Get waits for the runs owed on its shard by leases in flight.
+    for (auto& s : shards_) s->BeginDrain();
+    bool drained = true;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (before_shard_wait_) before_shard_wait_(i);
+      if (!shards_[i]->DrainUntil(&aborts_, aborts, ctx)) {
+        drained = false;
+        break;
+      }
+    }
+    for (auto& s : shards_) s->EndDrain();
+    return drained;
+  }
 
   ShardedQueue(int shards, QueueOptions options) {
     shards_.reserve(shards);

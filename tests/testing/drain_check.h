@@ -7,7 +7,9 @@
 // that shuts the queue down). For Queue and PriorityQueue. ExpectShutDownAbortsEveryDrain, below,
 // the same for several drainers and a ShutDown; DrainWhileTaking checks that drainers wait for a
 // lease and for every queued item; ExpectDrainRunsTheDueItem that a drain queues and waits for
-// a delayed item already due (DelayingQueue and PriorityQueue).
+// a delayed item already due (DelayingQueue and PriorityQueue); ExpectContextEndsADrain
+// that ShutDownWithDrain(ctx) ends, undrained, when ctx is done (every queue but
+// ShardedQueue, which has its own test).
 
 #ifndef KWQ_TESTS_TESTING_DRAIN_CHECK_H_
 #define KWQ_TESTS_TESTING_DRAIN_CHECK_H_
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kwq/context.h"
 #include "testing/eventually.h"
 
 namespace kwq::testing {
@@ -155,6 +158,41 @@ void ExpectDrainRunsTheDueItem(Q& q) {
   drainer.join();
   EXPECT_TRUE(drained.load());
   EXPECT_FALSE(q.TryGet().has_value());  // "later" was dropped
+}
+
+// ExpectContextEndsADrain(q, done_first): `q` is empty. With "a" in flight and "b"
+// queued, ShutDownWithDrain(ctx) waits until `ctx` is cancelled (at once when
+// `done_first`: cancelled before the call) and then returns false. The queue is then shut
+// down as by ShutDown(): adds are refused, "b" is still handed out, and then nothing is
+// left.
+template <typename Q>
+void ExpectContextEndsADrain(Q& q, bool done_first) {
+  q.Add("a");
+  auto in_flight = q.TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  q.Add("b");
+  auto [ctx, cancel] = WithCancel(Background());
+  if (done_first) cancel();
+  std::atomic<int> drained{-1};
+  std::thread drainer([&q, &drained, c = ctx] { drained = q.ShutDownWithDrain(c) ? 1 : 0; });
+  if (!done_first) {
+    // A negative check: it can only miss a failure.
+    EXPECT_FALSE(Eventually([&] { return drained.load() != -1; }, absl::Milliseconds(20)))
+        << "the drain returned before its context was done";
+    cancel();
+  }
+  const bool finished = Eventually([&] { return drained.load() != -1; });
+  EXPECT_TRUE(finished) << "a done context did not end the drain";
+  if (!finished) q.ShutDown();  // releases it, so the test fails instead of hanging
+  drainer.join();
+  EXPECT_EQ(drained.load(), 0);
+  EXPECT_FALSE(q.Add("c")) << "an add was taken after the drain";
+  auto queued = q.TryGet();
+  ASSERT_TRUE(queued.has_value());
+  EXPECT_EQ(**queued, "b");
+  queued->Done();
+  in_flight->Done();
+  EXPECT_FALSE(q.TryGet().has_value());
 }
 
 }  // namespace kwq::testing
