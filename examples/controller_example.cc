@@ -1,6 +1,7 @@
 // A client-go style controller on kwq: a RateLimitingQueue fed by an "informer", two
 // workers reconciling keys, failed reconciles retried with exponential backoff, and a
-// drained shutdown. Prints what happened; exits non-zero if a key was lost.
+// drained shutdown within a grace period. Prints what happened; exits non-zero if a key
+// was lost.
 //
 //   informer ──Add──► RateLimitingQueue ──Get──► worker 1, worker 2
 //                         ▲                        │
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kwq/context.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/rate_limiting_queue.h"
 
@@ -89,9 +91,12 @@ int main() {
   for (int i = 0; i < kObjects; ++i) queue.Add(FakeCluster::Key(i));
   for (int i = 0; i < kObjects; i += 3) queue.Add(FakeCluster::Key(i));
 
-  // Wait until everything converged (retries are delayed), then drain and stop.
+  // Wait until everything converged (retries are delayed), then drain and stop, giving
+  // the workers a grace period of 30 s to finish (a drain past it returns false).
   while (cluster.converged() < kObjects) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const bool drained = queue.ShutDownWithDrain();
+  auto [grace, cancel] = kwq::WithTimeout(kwq::Background(), absl::Seconds(30));
+  const bool drained = queue.ShutDownWithDrain(grace);
+  cancel();  // frees the grace period's timer now (Go's defer cancel())
   for (auto& t : workers) t.join();
 
   std::printf(
