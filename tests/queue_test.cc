@@ -755,6 +755,32 @@ TEST(QueueStressTest, DestroyRightAfterDrainWhileLeasesEnd) {
   }
 }
 
+// A drain ended by its context may destroy the queue as soon as it returns, while the
+// cancel that ended it may still be running the drain's wake-up on another thread, and
+// while a Done races the cancel (ASan, TSan).
+TEST(QueueStressTest, DestroyRightAfterADrainEndedByItsContext) {
+  for (int round = 0; round < 200; ++round) {
+    auto q = std::make_unique<Queue<int>>();
+    q->Add(1);
+    auto lease = q->TryGet();
+    ASSERT_TRUE(lease.has_value());
+    auto [ctx, cancel] = WithCancel(Background());
+    std::latch go(2);
+    std::thread canceller([&go, cancel = cancel] {
+      go.arrive_and_wait();
+      cancel();
+    });
+    std::thread finisher([&go, &lease] {
+      go.arrive_and_wait();
+      lease->Done();
+    });
+    q->ShutDownWithDrain(ctx);  // either way: drained, or ended by the cancel
+    finisher.join();            // the lease ends before the queue goes
+    q.reset();
+    canceller.join();
+  }
+}
+
 // ---- found by an audit of the core queues ----
 
 // Past about 2^25 keys the index's probes started only in part of the table (absl takes
