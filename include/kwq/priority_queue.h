@@ -121,7 +121,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -129,6 +128,7 @@
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/context_wake.h"
 #include "kwq/internal/failure_counts.h"
 #include "kwq/internal/hand_out_record.h"
 #include "kwq/internal/indexed_heap.h"
@@ -432,16 +432,9 @@ class PriorityQueue {
         return std::nullopt;
       }
     }
-    Waker waker{this, &ready_cv_};
-    AfterFuncHandle handle = AfterFunc(ctx, [&waker] { waker.Wake(); });
-    // The waker touches this queue and lives in this frame: on every way out, a throw
-    // included (WaitLocked reads a user's clock while delayed items have no timer), its
-    // callback must be gone or done first.
-    absl::Cleanup stop_waker = [&waker, &handle] {
-      if (!handle.Stop()) {
-        while (!waker.finished.load(std::memory_order_acquire)) std::this_thread::yield();
-      }
-    };
+    // Gone on every way out, a throw included (WaitLocked reads a user's clock while
+    // delayed items have no timer): it touches this queue (kwq/internal/context_wake.h).
+    internal::ContextWake wake(ctx, &mu_, &ready_cv_);
     std::optional<Lease> lease;
     internal::MutexLock lock(&mu_);
     while (ready_.empty() && !(shutting_down_ && (draining_ == 0 || queued_ == 0)) &&
@@ -506,20 +499,9 @@ class PriorityQueue {
  private:
   // ShutDownWithDrain; `ctx` may be null (no bound).
   bool Drain(const Context* ctx) {
-    // Registered before any lock is taken: on a context already done the function runs
-    // here at once, and it takes mu_. It touches this queue and lives in this frame, so
-    // it is stopped, or waited for, before the frame goes (after mu_ is released).
-    std::optional<Waker> waker;
-    AfterFuncHandle handle;
-    if (ctx != nullptr) {
-      waker.emplace(this, &drained_cv_);
-      handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
-    }
-    absl::Cleanup stop_waker = [&waker, &handle] {
-      if (waker && !handle.Stop()) {
-        while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
-      }
-    };
+    // Before any lock (kwq/internal/context_wake.h); gone once the lock is released.
+    std::optional<internal::ContextWake> wake;
+    if (ctx != nullptr) wake.emplace(*ctx, &mu_, &drained_cv_);
     PendingTimer timer;
     uint64_t aborts;
     {
@@ -579,21 +561,6 @@ class PriorityQueue {
   static constexpr uint32_t kNoGroup = internal::ReadyLevels::kNoGroup;
 
   enum class WakeKind { kNone, kOne, kAll };
-
-  // Wakes a Get(ctx) (`cv` = &ready_cv_) or a ShutDownWithDrain(ctx) (&drained_cv_)
-  // blocked on this queue when the context is cancelled. Taking mu_ first orders the
-  // wake-up after the waiter's check of the context, made under mu_.
-  struct Waker {
-    Waker(PriorityQueue* q, internal::CondVar* cv) : queue(q), wakes(cv) {}
-    PriorityQueue* queue;
-    internal::CondVar* wakes;
-    std::atomic<bool> finished{false};
-    void Wake() {
-      { internal::MutexLock lock(&queue->mu_); }
-      wakes->SignalAll();
-      finished.store(true, std::memory_order_release);
-    }
-  };
 
   PriorityQueue(Options options, Clock* clock, std::unique_ptr<TimerService> own_timers)
       : own_timers_(std::move(own_timers)),

@@ -72,6 +72,7 @@
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/context_wake.h"
 #include "kwq/internal/failure_counts.h"
 #include "kwq/internal/fence.h"
 #include "kwq/internal/hand_out_record.h"
@@ -378,23 +379,11 @@ class Queue {
   // ShutDownWithDrain that also ends, returning false, once `*abort_gen` differs from
   // `baseline` (nullptr: never) or `ctx` is done (nullptr: never). The caller changes
   // *abort_gen before it shuts this queue down, which wakes the wait; a done `ctx` wakes
-  // it through an AfterFunc.
+  // it through a ContextWake.
   bool DrainUntil(const std::atomic<uint64_t>* abort_gen, uint64_t baseline, const Context* ctx) {
-    // Registered before the lock is taken: on a context already done the function runs
-    // here at once, and it takes mu_. It touches this queue and lives in this frame, so
-    // it is stopped, or waited for, before the frame goes (after mu_ is released: it may
-    // be waiting for mu_).
-    std::optional<Waker> waker;
-    AfterFuncHandle handle;
-    if (ctx != nullptr) {
-      waker.emplace(this, &drained_cv_);
-      handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
-    }
-    absl::Cleanup stop_waker = [&waker, &handle] {
-      if (waker && !handle.Stop()) {
-        while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
-      }
-    };
+    // Before the lock (kwq/internal/context_wake.h); gone once the lock is released.
+    std::optional<internal::ContextWake> wake;
+    if (ctx != nullptr) wake.emplace(*ctx, &mu_, &drained_cv_);
     internal::MutexLock lock(&mu_);
     const uint64_t aborts = aborts_;  // a ShutDown() from now on ends this wait
     ++draining_;
@@ -422,17 +411,10 @@ class Queue {
   // is ready, and `promote(true)` before every sleep, not only the first.
   template <typename Due, typename Promote>
   std::optional<Lease> GetPromoting(const Context* ctx, Due due, Promote promote) {
-    std::optional<Waker> waker;  // set up before the first sleep on `ctx`
-    AfterFuncHandle handle;
-    // On every way out, a throw from `promote` or `due` (a user's clock) included: the
-    // waker touches this queue and lives in this frame, so its callback must be gone or
-    // done before the frame is (a throw left it on `ctx`, and cancelling ran it on a dead
-    // frame).
-    absl::Cleanup stop_waker = [&waker, &handle] {
-      if (waker && !handle.Stop()) {
-        while (!waker->finished.load(std::memory_order_acquire)) std::this_thread::yield();
-      }
-    };
+    // Set up before the first sleep on `ctx`, and gone on every way out, a throw from
+    // `promote` or `due` (a user's clock) included: it touches this queue and lives in
+    // this frame (a throw once left it on `ctx`, and cancelling ran it on a dead frame).
+    std::optional<internal::ContextWake> wake;
     std::optional<Lease> lease;
     for (bool spun = false;; spun = true) {
       if ((lease = TryGet())) break;
@@ -441,10 +423,7 @@ class Queue {
         Spin([&] { return due() || (ctx != nullptr && ctx->IsCancelled()); });
         continue;
       }
-      if (ctx != nullptr && !waker && !ctx->IsCancelled()) {
-        waker.emplace(this);
-        handle = AfterFunc(*ctx, [w = &*waker] { w->Wake(); });
-      }
+      if (ctx != nullptr && !wake && !ctx->IsCancelled()) wake.emplace(*ctx, &mu_, &ready_cv_);
       if (!WaitForReady(ctx)) break;
     }
     return lease;
@@ -689,22 +668,6 @@ class Queue {
     }
     next_hash_.store(kHashValid | HashOfSlot(next), std::memory_order_relaxed);
   }
-
-  // Wakes a Get(ctx) (or, with `cv` = &drained_cv_, a ShutDownWithDrain(ctx)) blocked on
-  // this queue when the context is cancelled. Taking mu_ first orders the wake-up after
-  // the waiter's check of the context, made under mu_.
-  struct Waker {
-    explicit Waker(Queue* q) : Waker(q, &q->ready_cv_) {}
-    Waker(Queue* q, internal::CondVar* cv) : queue(q), wakes(cv) {}
-    Queue* queue;
-    internal::CondVar* wakes;
-    std::atomic<bool> finished{false};
-    void Wake() {
-      { internal::MutexLock lock(&queue->mu_); }
-      wakes->SignalAll();
-      finished.store(true, std::memory_order_release);
-    }
-  };
 
   // A slot's state bits. Safe without mu_ for a slot that is queued or in flight: the
   // table never moves a slot's byte, and such a slot is not erased.
