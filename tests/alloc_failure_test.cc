@@ -114,6 +114,12 @@ struct internal::QueuePeer {
   static int Sleepers(Q& q) {
     return q.queue_.sleepers_hint_.load();
   }
+  // Drains a Queue counts as under way.
+  template <typename Q>
+  static int Draining(Q& q) {
+    internal::MutexLock lock(&q.mu_);
+    return q.draining_;
+  }
 };
 
 namespace {
@@ -474,6 +480,32 @@ TEST(ShardedQueueAllocTest, AnAddAllThatCannotOrderItsBatchStillAddsIt) {
       }
     }
     EXPECT_EQ(all_added_after_a_throw, 2) << shards << " shards: the order, and its room";
+  }
+}
+
+// A drain bounded by a context whose wake-up cannot be registered throws std::bad_alloc:
+// a Queue's before anything changes (not even shut down), a ShardedQueue's with every
+// shard shut down and no drain left counted (one left counted kept every Done on its
+// slow path, and Gets after a ShutDown waiting for owed runs, for good).
+TEST(QueueAllocTest, ADrainWhoseWakeUpCannotBeMadeChangesNothing) {
+  auto [ctx, cancel] = WithCancel(Background());
+  Queue<int> q;
+  FailAllocation(1);
+  EXPECT_THROW(q.ShutDownWithDrain(ctx), std::bad_alloc);
+  ASSERT_TRUE(FailureUsed());
+  EXPECT_FALSE(q.ShuttingDown());
+  EXPECT_EQ(internal::QueuePeer::Draining(q), 0);
+  EXPECT_TRUE(q.Add(1));
+}
+TEST(ShardedQueueAllocTest, ADrainWhoseWakeUpCannotBeMadeLeavesNoDrainCounted) {
+  auto [ctx, cancel] = WithCancel(Background());
+  auto q = *ShardedQueue<int>::Create(3);
+  FailAllocation(1);
+  EXPECT_THROW(q->ShutDownWithDrain(ctx), std::bad_alloc);
+  ASSERT_TRUE(FailureUsed());
+  EXPECT_TRUE(q->ShuttingDown());
+  for (int s = 0; s < q->shards(); ++s) {
+    EXPECT_EQ(internal::QueuePeer::Draining(q->shard(s)), 0) << "shard " << s;
   }
 }
 

@@ -44,6 +44,13 @@ struct internal::QueuePeer {
     internal::MutexLock lock(&q.queue_.mu_);
     return q.queue_.sleep_in_steps_;
   }
+  // ShutDownWithDrain calls waiting (counted in the hold of the lock in which a drainer
+  // first checks whether to wait).
+  template <typename Q>
+  static int Draining(Q& q) {
+    internal::MutexLock lock(&q.queue_.mu_);
+    return q.queue_.draining_;
+  }
 };
 
 namespace {
@@ -631,11 +638,13 @@ TEST_F(DelayingQueueTest, ShutDownWithDrainRunsItemsAlreadyDue) {
 // context ends the wait for the rest, undrained.
 TEST_F(DelayingQueueTest, AContextEndsADrain) {
   q_.AddAfter("later", absl::Seconds(5));
-  testing::ExpectContextEndsADrain(q_, /*done_first=*/false);
+  testing::ExpectContextEndsADrain(
+      q_, [](auto& q) { return internal::QueuePeer::Draining(q); }, /*done_first=*/false);
   EXPECT_EQ(q_.Waiting(), 0u);
 }
 TEST_F(DelayingQueueTest, AContextDoneBeforeTheDrainEndsItAtOnce) {
-  testing::ExpectContextEndsADrain(q_, /*done_first=*/true);
+  testing::ExpectContextEndsADrain(
+      q_, [](auto& q) { return internal::QueuePeer::Draining(q); }, /*done_first=*/true);
 }
 
 // A retry of the item being processed, AddAfter(lease->item(), d), finds the key by its

@@ -1241,10 +1241,14 @@ TEST_F(PriorityQueueTest, AGetWokenByADrainWaitsForTheOwedRun) {
 // ShutDownWithDrain(ctx): a done context ends the wait, undrained, whether it is done
 // while the drain waits or before the call.
 TEST_F(PriorityQueueTest, AContextEndsADrain) {
-  testing::ExpectContextEndsADrain(*q_, /*done_first=*/false);
+  testing::ExpectContextEndsADrain(
+      *q_, [](auto& queue) { return internal::QueuePeer::Draining(queue); },
+      /*done_first=*/false);
 }
 TEST_F(PriorityQueueTest, AContextDoneBeforeTheDrainEndsItAtOnce) {
-  testing::ExpectContextEndsADrain(*q_, /*done_first=*/true);
+  testing::ExpectContextEndsADrain(
+      *q_, [](auto& queue) { return internal::QueuePeer::Draining(queue); },
+      /*done_first=*/true);
 }
 
 // A drain bounded by a live context returns true once drained, and its wake-up on the

@@ -270,11 +270,15 @@ TEST(QueueTest, SeveralDrainersAllReturn) {
 // while the drain waits or before the call (a deadline bounds a graceful shutdown).
 TEST(QueueTest, AContextEndsADrain) {
   StringQueue q;
-  testing::ExpectContextEndsADrain(q, /*done_first=*/false);
+  testing::ExpectContextEndsADrain(
+      q, [](auto& queue) { return internal::QueuePeer::Draining(queue); },
+      /*done_first=*/false);
 }
 TEST(QueueTest, AContextDoneBeforeTheDrainEndsItAtOnce) {
   StringQueue q;
-  testing::ExpectContextEndsADrain(q, /*done_first=*/true);
+  testing::ExpectContextEndsADrain(
+      q, [](auto& queue) { return internal::QueuePeer::Draining(queue); },
+      /*done_first=*/true);
 }
 
 // A drain bounded by a context that stays live waits for the work and returns true; one

@@ -199,8 +199,9 @@ class DelayingQueue {
     StopWaiting();
     return queue_.ShutDownWithDrain();
   }
-  // The same bounded by `ctx` (Queue::ShutDownWithDrain(ctx)): false once `ctx` is done
-  // with items still queued or in flight.
+  // The same bounded by `ctx` (Queue::ShutDownWithDrain(ctx), which says what a drain
+  // that ends undrained leaves): false once `ctx` is done with items still queued or in
+  // flight.
   bool ShutDownWithDrain(const Context& ctx) {
     StopWaiting();
     return queue_.ShutDownWithDrain(ctx);

@@ -486,8 +486,12 @@ class PriorityQueue {
   // ShutDownWithDrain bounded by `ctx`: the wait also ends, returning false, once `ctx`
   // is done (a deadline bounds a graceful shutdown). True when the queue drained, also
   // when `ctx` was done at the call but nothing was queued or in flight. A wait that ends
-  // undrained leaves the queue as a ShutDown() does: adds refused, queued items still
-  // handed out, and Gets no longer wait for runs owed by leases in flight.
+  // undrained leaves the queue shut down: adds refused, queued items still handed out,
+  // and, unless another drain is still in progress (a context ends only its own drain,
+  // a ShutDown() every one), Gets no longer wait for runs owed by leases in flight.
+  // Leases still in flight end as usual, and must end before the queue is destroyed
+  // (join the workers first; they still get what is queued). Throws std::bad_alloc,
+  // before anything changes, when the wake-up on `ctx` cannot be registered.
   bool ShutDownWithDrain(const Context& ctx) { return Drain(&ctx); }
 
   // True from the first ShutDown or ShutDownWithDrain on; never false again.

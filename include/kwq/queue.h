@@ -149,8 +149,9 @@ class Queue {
                               // DrainUntil, ReadyHint
   friend struct internal::QueuePeer;
 
-  // Refuses no option (polling_workers is clamped: QueueOptions); only an allocation or
-  // the MetricsProvider's New* calls can throw.
+  // Refuses no option (polling_workers is clamped: QueueOptions); only an allocation,
+  // the MetricsProvider's New* calls or, with metrics, the clock's Now (the recorder's
+  // refresh timer is scheduled on it) can throw.
   Queue() : Queue(Options{}) {}
   explicit Queue(Options options)
       : options_(std::move(options)), max_pollers_(internal::MaxPollers(options_.polling_workers)) {
@@ -286,8 +287,12 @@ class Queue {
   // ShutDownWithDrain bounded by `ctx`: the wait also ends, returning false, once `ctx` is
   // done (a deadline bounds a graceful shutdown). True when the queue drained, also when
   // `ctx` was done at the call but nothing was queued or in flight. A wait that ends
-  // undrained leaves the queue as a ShutDown() does: adds refused, queued items still
-  // handed out, and Gets no longer wait for runs owed by leases in flight.
+  // undrained leaves the queue shut down: adds refused, queued items still handed out,
+  // and, unless another drain is still in progress (a context ends only its own drain,
+  // a ShutDown() every one), Gets no longer wait for runs owed by leases in flight.
+  // Leases still in flight end as usual, and must end before the queue is destroyed
+  // (join the workers first; they still get what is queued). Throws std::bad_alloc,
+  // before anything changes, when the wake-up on `ctx` cannot be registered.
   bool ShutDownWithDrain(const Context& ctx) { return DrainUntil(nullptr, 0, &ctx); }
 
   // True from the first ShutDown or ShutDownWithDrain on; never false again.

@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kwq/internal/check.h"
@@ -208,7 +209,10 @@ class ShardedQueue {
   // that holds a Lease of this queue must not call it (it would wait for that lease).
   bool ShutDownWithDrain() { return DrainAll(nullptr); }
   // ShutDownWithDrain bounded by `ctx`, as Queue::ShutDownWithDrain(ctx): the wait also
-  // ends, returning false, once `ctx` is done, whichever shard it has reached.
+  // ends, returning false, once `ctx` is done, whichever shard it has reached (leases
+  // still in flight must end before the queue is destroyed). Throws std::bad_alloc when
+  // the wake-up on `ctx` cannot be registered; every shard is shut down by then, and no
+  // drain is left counted.
   bool ShutDownWithDrain(const Context& ctx) { return DrainAll(&ctx); }
   // True once every shard refuses adds. The last shard is asked: ShutDown and
   // ShutDownWithDrain stop the shards in index order, so it is the last to stop (asking
@@ -224,6 +228,11 @@ class ShardedQueue {
     // Every shard counts as draining from the start (not only once the wait reaches it),
     // so each worker's Get waits for the runs owed on its shard by leases in flight.
     for (auto& s : shards_) s->BeginDrain();
+    // Also when a shard's wait throws (std::bad_alloc registering the wake-up on `ctx`):
+    // a drain left counted would keep every Done on its slow path for good.
+    absl::Cleanup end_drains = [this] {
+      for (auto& s : shards_) s->EndDrain();
+    };
     bool drained = true;
     for (size_t i = 0; i < shards_.size(); ++i) {
       if (before_shard_wait_) before_shard_wait_(i);
@@ -232,7 +241,6 @@ class ShardedQueue {
         break;
       }
     }
-    for (auto& s : shards_) s->EndDrain();
     return drained;
   }
 
