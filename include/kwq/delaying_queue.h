@@ -398,11 +398,16 @@ class DelayingQueue {
   // arming it for the add that follows only moves it and allocates nothing: an add then
   // throws std::bad_alloc, if at all, before it changes anything. Not while stopping.
   // Returns true when it made one (the caller then arms it: AfterWaitingLocked).
-  bool EnsureTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
-    if (timer_ != 0 || stopping_) return false;
+  // Inline up to the check (every delayed add asks; a timer is made once).
+  ABSL_ATTRIBUTE_ALWAYS_INLINE bool EnsureTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    if (timer_ != 0 || stopping_) [[likely]]
+      return false;
+    MakeTimerLocked();
+    return true;
+  }
+  ABSL_ATTRIBUTE_NOINLINE void MakeTimerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     timer_ = timers_->Schedule(absl::InfiniteFuture(), [this] { Fire(); });
     armed_for_ = kNever;
-    return true;
   }
 
   // `next`, or kStarvedRetry from now if that is later, when the last promotion stopped for

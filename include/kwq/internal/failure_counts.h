@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/time/time.h"
 #include "kwq/clock.h"
 #include "kwq/internal/time_key.h"
@@ -83,7 +84,11 @@ class FailureCounts {
   // once idle past the horizon (then `*lapsed`, if given, is set: a caller holding the
   // lock should Forget the count, as the limiter's table erases a lapsed entry, so that a
   // clock moved back later does not revive it).
-  int64_t Failures(uint32_t slot, int64_t now, bool busy, bool* lapsed = nullptr) const {
+  // Always inlined: a few loads on every NumRequeues and retry, which g++ left out of line
+  // in a big caller once its inlining budget ran out (docs/benchmark-history.md,
+  // 2026-12-02).
+  ABSL_ATTRIBUTE_ALWAYS_INLINE int64_t Failures(uint32_t slot, int64_t now, bool busy,
+                                                bool* lapsed = nullptr) const {
     const Entry& e = At(slot);
     const int64_t failures = e.failures.load(std::memory_order_relaxed);
     if (failures == 0) return 0;

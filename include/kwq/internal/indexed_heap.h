@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/base/attributes.h"
 #include "kwq/internal/check.h"
 #include "kwq/internal/pod_vector.h"
 
@@ -45,9 +46,10 @@ class IndexedHeap {
   }
   // Makes room for one more entry, of any id below `ids`, so that its Push allocates
   // nothing. Throws std::bad_alloc (the heap unchanged).
-  void ReserveOneMore(size_t ids) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void ReserveOneMore(size_t ids) {  // per delayed add
     heap_.Reserve(heap_.size() + 1);
-    if (pos_.size() < ids) pos_.resize(ids, kAbsent);
+    if (pos_.size() < ids) [[unlikely]]
+      pos_.resize(ids, kAbsent);
   }
   // Adds `id` (which must be absent) with `key`. Allocates (and may throw std::bad_alloc,
   // the heap unchanged) only when no room was reserved for it.

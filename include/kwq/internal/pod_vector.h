@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/base/attributes.h"
+
 namespace kwq::internal {
 
 // How every PodVector grows: ::realloc. A test that runs out of memory on purpose points
@@ -88,8 +90,16 @@ class PodVector {
     size_ = n;
   }
   // Makes room for at least `n` elements (doubling, at least 16). Throws std::bad_alloc.
-  void Reserve(size_t n) {
-    if (n <= capacity_) return;
+  // Inline up to the check: callers reserve on hot paths (a heap push per delayed add),
+  // where the growth is rare.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void Reserve(size_t n) {
+    if (n > capacity_) [[unlikely]]
+      Grow(n);
+  }
+
+ private:
+  T* data_ = nullptr;
+  ABSL_ATTRIBUTE_NOINLINE void Grow(size_t n) {
     const size_t capacity = std::max({n, capacity_ * 2, size_t{16}});
     void* grown = pod_vector_realloc(data_, capacity * sizeof(T));
     if (grown == nullptr) throw std::bad_alloc();
@@ -97,8 +107,6 @@ class PodVector {
     capacity_ = capacity;
   }
 
- private:
-  T* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;
 };
