@@ -1,8 +1,9 @@
 // Model-based fuzzer for Queue<int>: random Add / AddAll / TryGet / Done / ShutDown
-// sequences, and now and then a churn of 5,000 other keys through the queue (so idle keys
-// are evicted around the fuzzed ones), checked after every step against a plain reference
-// model of client-go's three sets. Any divergence aborts. Build: cmake -DKWQ_FUZZ=ON with
-// clang; run: make fuzz.
+// sequences, ShutDownWithDrain on a context already done (drained exactly when nothing
+// waits or is in flight), and now and then a churn of 5,000 other keys through the queue
+// (so idle keys are evicted around the fuzzed ones), checked after every step against a
+// plain reference model of client-go's three sets. Any divergence aborts. Build: cmake
+// -DKWQ_FUZZ=ON with clang; run: make fuzz.
 
 #include <cstdint>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "fuzz_check.h"
+#include "kwq/context.h"
 #include "kwq/queue.h"
 
 namespace {
@@ -95,6 +97,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 7:
         if (key == 0) {  // rarely: shut down
           q.ShutDown();
+          m.shut = true;
+        } else if (key == 2) {  // rarely: a drain bounded by a context already done
+          auto [ctx, cancel] = kwq::WithCancel(kwq::Background());
+          cancel();
+          FUZZ_CHECK(q.ShutDownWithDrain(ctx) == (m.dirty.empty() && m.processing.empty()));
           m.shut = true;
         } else if (key == 1 && !churned) {  // once at most: a churn of other keys, drained
           churned = true;                   // (evicts idle keys around the fuzzed ones)
