@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -281,6 +282,28 @@ TEST(WorkqueueEdgeFakeTimeTest, AStallIsReportedOnce) {
   EXPECT_EQ(reports.load(), 1);
   EXPECT_EQ(runtime->stalls(), 1u);
   fail_spawn = false;
+  clock.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(Eventually([&] { return ran.load(); }));
+  wq->Flush();
+}
+
+// A fail_thread_creation hook that throws refuses the worker: the exception does not
+// leave Queue, which had inserted the work already, and the work runs once workers can
+// be made (the watchdog's next pass).
+TEST(WorkqueueEdgeFakeTimeTest, ASpawnHookThatThrowsRefusesTheWorker) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  std::atomic<bool> throwing{true};
+  auto runtime = *WorkqueueRuntime::Create(
+      {.clock = &clock, .timers = timers.get(), .fail_thread_creation = [&]() -> bool {
+         if (throwing.load()) throw std::runtime_error("spawn hook");
+         return false;
+       }});
+  auto wq = *Workqueue::Create({.name = "hook", .flags = kUnbound, .runtime = runtime.get()});
+  std::atomic<bool> ran{false};
+  Work work([&] { ran = true; });
+  EXPECT_NO_THROW(wq->Queue(&work));
+  throwing = false;
   clock.Advance(absl::Milliseconds(10));
   ASSERT_TRUE(Eventually([&] { return ran.load(); }));
   wq->Flush();

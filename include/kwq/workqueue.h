@@ -362,7 +362,8 @@ class WorkqueueRuntime {
     // Fault injection for tests: when set and it returns true, creating a worker thread
     // fails as if the system were out of threads (kMemReclaim rescuers then step in).
     // Called with a pool's lock held, on whichever thread needs a worker (a Queue, a
-    // worker, the watchdog): it must not call into the workqueues and must not throw.
+    // worker, the watchdog): it must not call into the workqueues. A throw counts as
+    // true (the exception goes no further).
     std::function<bool()> fail_thread_creation = nullptr;
   };
 

@@ -809,7 +809,14 @@ void RuntimeCore::ReportStall(const std::string& report) {
 }
 
 bool RuntimeCore::ShouldFailSpawn() {
-  return options.fail_thread_creation && options.fail_thread_creation();
+  if (!options.fail_thread_creation) return false;
+  // A hook that throws refuses: the exception would otherwise leave Queue (or the
+  // watchdog's pass) with the work already inserted.
+  try {
+    return options.fail_thread_creation();
+  } catch (...) {
+    return true;
+  }
 }
 
 std::string RuntimeCore::Dump() const {
