@@ -98,7 +98,7 @@ class PodVector {
   }
 
  private:
-  T* data_ = nullptr;
+  // Reserve's growth, out of line: rare.
   ABSL_ATTRIBUTE_NOINLINE void Grow(size_t n) {
     const size_t capacity = std::max({n, capacity_ * 2, size_t{16}});
     void* grown = pod_vector_realloc(data_, capacity * sizeof(T));
@@ -107,6 +107,7 @@ class PodVector {
     capacity_ = capacity;
   }
 
+  T* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;
 };
