@@ -116,7 +116,6 @@
 #include <optional>
 #include <ranges>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>

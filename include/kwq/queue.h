@@ -60,7 +60,6 @@
 #include <ranges>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
