@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@
 #include "kwq/context.h"
 #include "kwq/internal/spread_hash.h"
 #include "kwq/metrics.h"
+#include "testing/async_get.h"
 #include "testing/eventually.h"
 #include "testing/null_metrics.h"
 #include "testing/ranges.h"
@@ -46,6 +48,22 @@ struct internal::QueuePeer {
   template <typename Q>
   static internal::Mutex& OutMu(Q& q) {
     return q.out_mu_;
+  }
+  // Workers parked on q (asleep on their home shard, or waiting for a run owed elsewhere),
+  // listed for a kick.
+  template <typename T>
+  static int Parked(const ShardedQueue<T>& q) {
+    return q.parked_.count();
+  }
+  // The home shards of the workers parked on q, the one parked last first.
+  template <typename T>
+  static std::vector<size_t> ParkedHomes(ShardedQueue<T>& q) {
+    return q.parked_.Homes();
+  }
+  // Calls `fn(home)` in each Get of q just before the worker parks (set it before any Get).
+  template <typename T>
+  static void BeforePark(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
+    q.before_park_ = std::move(fn);
   }
   // Calls `fn(shard)` before each shard's wait in q's ShutDownWithDrain (set it before the
   // drain starts).
@@ -505,8 +523,16 @@ TEST(ShardedQueueTest, AShutDownBetweenTwoShardsWaitsEndsTheDrain) {
   EXPECT_EQ(drained.load(), 0);
 }
 
+// Whether `worker`'s Get sleeps on shard `shard` of q, parked: listed for a kick, then
+// asleep (a worker lists itself before it sleeps, and it is the only one).
+template <typename Q>
+bool AsleepAndParked(Q& q, int shard) {
+  return internal::QueuePeer::Parked(q) == 1 && internal::QueuePeer::Sleepers(q.shard(shard)) == 1;
+}
+
 // A worker asleep on its empty shard, woken by ShutDown, still takes what another shard
-// holds before it reports the end.
+// holds before it reports the end (here the add wakes it as well: either way it must end
+// with the item).
 TEST(ShardedQueueTest, GetStealsWhatIsLeftAfterShutDown) {
   auto q = *ShardedQueue<int>::Create(2);
   std::optional<int> got;
@@ -515,44 +541,159 @@ TEST(ShardedQueueTest, GetStealsWhatIsLeftAfterShutDown) {
   });
   EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q->shard(0)) > 0; }));
   const int key = KeyIn(*q, 1);
-  q->Add(key);  // shard 1: does not wake the worker asleep on shard 0
+  q->Add(key);
   q->ShutDown();
   worker.join();
   EXPECT_EQ(got, key);
 }
 
-// Get(w, ctx): a cancel wakes a worker asleep on its shard and ends it with nullopt, even
-// with an item in another shard; without a cancel, ShutDown still lets it steal that item.
-TEST(ShardedQueueTest, GetWithContextEndsOnCancelAndStealsAfterShutDown) {
+// An item added to a shard with no worker of its own wakes a worker asleep on another
+// shard, which steals it: with fewer workers than shards nothing waits for a ShutDown.
+// (Before the kick, a sleeping worker waited on its own shard only.)
+TEST(ShardedQueueTest, AWorkerAsleepStealsAnItemAddedToAnotherShard) {
+  auto q = *ShardedQueue<int>::Create(4);
+  testing::AsyncGet get([&] {
+    auto lease = q->Get(0);
+    return lease ? absl::StrCat(**lease) : std::string("none");
+  });
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  const int key = KeyIn(*q, 3);
+  q->Add(key);
+  EXPECT_TRUE(get.Await([&] { q->ShutDown(); })) << "the worker slept through the add";
+  EXPECT_EQ(get.outcome(), absl::StrCat(key));
+  EXPECT_EQ(internal::QueuePeer::Parked(*q), 0);
+}
+
+// An add that lands just before a worker parks cannot see it parked, so cannot kick it:
+// the worker looks at the other shards once more after it is listed, and steals the item
+// instead of sleeping (without that look it slept with the item ready on shard 1).
+TEST(ShardedQueueTest, AnAddJustBeforeAWorkerParksIsNotSleptThrough) {
   auto q = *ShardedQueue<int>::Create(2);
   const int key = KeyIn(*q, 1);
+  std::atomic<bool> added{false};
+  internal::QueuePeer::BeforePark(*q, [&](size_t) {
+    if (!added.exchange(true)) q->Add(key);  // sees nobody parked
+  });
+  testing::AsyncGet get([&] {
+    auto lease = q->Get(0);
+    return lease ? absl::StrCat(**lease) : std::string("none");
+  });
+  EXPECT_TRUE(get.Await([&] { q->ShutDown(); })) << "the worker slept with an item ready";
+  EXPECT_EQ(get.outcome(), absl::StrCat(key));
+  EXPECT_TRUE(added.load());
+}
+
+// The kick goes to a worker of the item's own shard first: with a worker asleep on each
+// shard, an add to shard 1 wakes worker 1 and leaves worker 0 asleep (a negative check:
+// it can only miss a wrong wake-up). Worker 0 still takes the next item of its own shard.
+TEST(ShardedQueueTest, AnAddWakesAWorkerOfItsOwnShardFirst) {
+  auto q = *ShardedQueue<int>::Create(2);
+  auto get_on = [&](int w) {
+    return [&q, w] {
+      auto lease = q->Get(w);
+      return lease ? absl::StrCat(**lease) : std::string("none");
+    };
+  };
+  testing::AsyncGet get1(get_on(1));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 1); }));
+  testing::AsyncGet get0(get_on(0));
+  ASSERT_TRUE(testing::Eventually([&] {
+    return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(0)) == 1;
+  }));
+  ASSERT_EQ(internal::QueuePeer::ParkedHomes(*q), (std::vector<size_t>{0, 1}));
+  const int key1 = KeyIn(*q, 1);
+  q->Add(key1);  // worker 0 parked last (so listed first), yet not the one kicked
+  // The kick takes its worker off the list before Add returns, and nothing wakes worker 0.
+  EXPECT_EQ(internal::QueuePeer::ParkedHomes(*q), std::vector<size_t>{0});
+  EXPECT_TRUE(get1.Await([&] { q->ShutDown(); }));
+  EXPECT_EQ(get1.outcome(), absl::StrCat(key1));
+  EXPECT_FALSE(get0.ReturnsWithin(absl::Milliseconds(20))) << "worker 0 woke for shard 1's item";
+  const int key0 = KeyIn(*q, 0);
+  q->Add(key0);
+  EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
+  EXPECT_EQ(get0.outcome(), absl::StrCat(key0));
+}
+
+// A Done that queues its item (added again while in flight) wakes a worker asleep on
+// another shard, as an add does (Queue's ready hook).
+TEST(ShardedQueueTest, ADoneThatQueuesItsItemWakesAWorkerAsleepOnAnotherShard) {
+  auto q = *ShardedQueue<int>::Create(2);
+  const int key = KeyIn(*q, 1);
+  q->Add(key);
+  auto held = q->TryGet(1);
+  ASSERT_TRUE(held.has_value());
+  testing::AsyncGet get([&] {
+    auto lease = q->Get(0);
+    return lease ? absl::StrCat(**lease) : std::string("none");
+  });
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  q->Add(key);  // owed a run after `held`: kicks the worker, which finds nothing yet
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  held->Done();  // queues the key on shard 1
+  EXPECT_TRUE(get.Await([&] { q->ShutDown(); })) << "the worker slept through the Done";
+  EXPECT_EQ(get.outcome(), absl::StrCat(key));
+}
+
+// Get(w, ctx): a cancel wakes a worker asleep on its shard and ends it with nullopt; an
+// item added to another shard wakes it too, and then it steals the item (the kick does
+// not end a Get(ctx) without a cancel).
+TEST(ShardedQueueTest, GetWithContextEndsOnCancelAndStealsOnAKick) {
+  auto q = *ShardedQueue<int>::Create(2);
   {
     auto [ctx, cancel] = WithCancel(Background());
-    std::atomic<bool> returned{false}, got{false};
-    std::thread worker([&, c = ctx] {
-      got = q->Get(0, c).has_value();
-      returned = true;
-    });
-    EXPECT_TRUE(
-        testing::Eventually([&] { return internal::QueuePeer::Sleepers(q->shard(0)) > 0; }));
-    q->Add(key);  // shard 1: does not wake it
+    testing::AsyncGet get([&, c = ctx] { return q->Get(0, c) ? "item" : "none"; });
+    ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
     cancel();
-    EXPECT_TRUE(testing::Eventually([&] { return returned.load(); }));
-    if (!returned) q->ShutDown();
-    worker.join();
-    EXPECT_FALSE(got.load());  // cancelled: not the item of shard 1
+    EXPECT_TRUE(get.Await([&] { q->ShutDown(); }));
+    EXPECT_EQ(get.outcome(), "none");
+    EXPECT_EQ(internal::QueuePeer::Parked(*q), 0);
   }
-  q->TryGet(1)->Done();  // empty again
   auto [ctx, cancel] = WithCancel(Background());
-  std::optional<int> got;
-  std::thread worker([&, c = ctx] {
-    if (auto lease = q->Get(0, c)) got = **lease;
+  testing::AsyncGet get([&, c = ctx] {
+    auto lease = q->Get(0, c);
+    return lease ? absl::StrCat(**lease) : std::string("none");
   });
-  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q->shard(0)) > 0; }));
-  q->Add(key);  // shard 1 again
-  q->ShutDown();
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  const int key = KeyIn(*q, 1);
+  q->Add(key);
+  EXPECT_TRUE(get.Await([&] { q->ShutDown(); })) << "the worker slept through the add";
+  EXPECT_EQ(get.outcome(), absl::StrCat(key));
+}
+
+// A drain with fewer workers than shards: a run owed on a shard with no worker is still
+// taken, once its Done queues it, by the worker of another shard, whose Get waits for it
+// instead of ending when its own shard is empty. (It ended, and the drain waited for
+// ever.)
+TEST(ShardedQueueTest, ADrainWithFewerWorkersThanShardsRunsWhatIsOwedOnAShardWithNone) {
+  auto q = *ShardedQueue<int>::Create(3);
+  const int key = KeyIn(*q, 2);
+  q->Add(key);
+  auto held = q->TryGet(2);
+  ASSERT_TRUE(held.has_value());
+  q->Add(key);  // owed a run after `held`
+  std::atomic<int> runs{0};
+  std::atomic<bool> worker_done{false};
+  std::thread worker([&] {
+    while (auto lease = q->Get(0)) {
+      if (**lease == key) runs.fetch_add(1);
+    }
+    worker_done = true;
+  });
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] { drained = q->ShutDownWithDrain(); });
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return internal::QueuePeer::Draining(q->shard(2)) > 0 || drained.load() != -1; }));
+  // A negative check: it can only miss a failure.
+  EXPECT_FALSE(testing::Eventually([&] { return worker_done.load(); }, absl::Milliseconds(20)))
+      << "the worker's Get ended with a run owed on shard 2";
+  held->Done();
+  const bool finished = testing::Eventually([&] { return drained.load() != -1; });
+  EXPECT_TRUE(finished) << "the drain did not return";
+  if (!finished) q->ShutDown();
+  drainer.join();
   worker.join();
-  EXPECT_EQ(got, key);
+  EXPECT_EQ(drained.load(), 1);
+  EXPECT_EQ(runs.load(), 1);
 }
 
 // AddAll puts each key in its shard (one lock per shard), deduplicates, and counts what
@@ -816,6 +957,44 @@ TEST(ShardedQueueStressTest, NoKeyHeldByTwoWorkersWhileStealing) {
   // The test is about stealing: a queue whose workers never stole would pass the rest
   // (a review counted 250-292 steals in about 1,560 runs).
   EXPECT_GT(steals.load(), 0);
+}
+
+// Two workers on eight shards, and every key in one of the six shards that have no worker:
+// every round's items must be run with no ShutDown to wake anyone (RunStressRounds waits
+// for the queue to settle with every worker asleep between rounds), so each round's first
+// add must wake a worker asleep on another shard. Without the kick they slept through it.
+TEST(ShardedQueueStressTest, FewerWorkersThanShardsRunEveryItem) {
+  constexpr int kShards = 8, kWorkers = 2, kKeys = 256, kAdds = 20000, kRounds = 8;
+  auto q = *ShardedQueue<int>::Create(kShards);
+  std::vector<int> keys;  // ledger index -> key, each in a shard without a worker
+  for (int key = 0; static_cast<int>(keys.size()) < kKeys; ++key) {
+    if (q->ShardOf(key) >= kWorkers) keys.push_back(key);
+  }
+  absl::flat_hash_map<int, int> index_of;
+  for (int i = 0; i < kKeys; ++i) index_of[keys[i]] = i;
+  testing::KeyRunLedger ledger(kKeys);
+  testing::RunStressRounds(
+      ledger, kWorkers, /*producers=*/2, kRounds,
+      [&](int w) {
+        while (auto lease = q->Get(w)) ledger.Run(index_of.at(**lease));
+      },
+      [&](int p, int round) {
+        for (int i = round * kAdds / kRounds; i < (round + 1) * kAdds / kRounds; ++i) {
+          const int k = (i * 7 + p * 131) % kKeys;
+          ledger.Add(k, [&] { return q->Add(keys[k]); });
+        }
+      },
+      [&] {
+        for (int s = 0; s < kShards; ++s) {
+          if (q->shard(s).Depth() != 0 || q->shard(s).InFlight() != 0) return false;
+        }
+        return true;
+      },
+      [&] {
+        return internal::QueuePeer::Sleepers(q->shard(0)) +
+               internal::QueuePeer::Sleepers(q->shard(1));
+      },
+      [&] { return q->ShutDownWithDrain(); });
 }
 
 }  // namespace

@@ -145,7 +145,8 @@ class Queue {
   friend class DelayingQueue;  // calls GetPromoting, AddHashed, EvictBackstopLocked
   template <typename, typename, typename>
   friend class ShardedQueue;  // uses Table::HashOf; calls AddHashed, AddEntries, StopAdds,
-                              // DrainUntil, ReadyHint
+                              // DrainUntil, ReadyHint, GetPromoting, WakeAllSleepers,
+                              // OwesRuns, SetReadyHook
   friend struct internal::QueuePeer;
 
   // Refuses no option (polling_workers is clamped: QueueOptions); only an allocation,
@@ -413,8 +414,12 @@ class Queue {
   // timer thread.
   // With `ctx` (may be null) it is Get(ctx): also nullopt once ctx is done and nothing
   // is ready, and `promote(true)` before every sleep, not only the first.
+  // With `stop` (may be null; ShardedQueue's kick) it also returns nullopt, instead of
+  // sleeping, once *stop is true and nothing is ready; whoever sets it then calls
+  // WakeAllSleepers.
   template <typename Due, typename Promote>
-  std::optional<Lease> GetPromoting(const Context* ctx, Due due, Promote promote) {
+  std::optional<Lease> GetPromoting(const Context* ctx, Due due, Promote promote,
+                                    const std::atomic<bool>* stop = nullptr) {
     // Set up before the first sleep on `ctx`, and gone on every way out, a throw from
     // `promote` or `due` (a user's clock) included: it touches this queue and lives in
     // this frame (a throw once left it on `ctx`, and cancelling ran it on a dead frame).
@@ -428,7 +433,7 @@ class Queue {
         continue;
       }
       if (ctx != nullptr && !wake && !ctx->IsCancelled()) wake.emplace(*ctx, &mu_, &ready_cv_);
-      if (!WaitForReady(ctx)) break;
+      if (!WaitForReady(ctx, stop)) break;
     }
     return lease;
   }
@@ -741,12 +746,14 @@ class Queue {
   }
 
   // Blocks until an item may be ready. Returns false when the queue is shut down (or
-  // `ctx` is done) and nothing is ready; true also after one step of kSleepStep while
-  // sleep_in_steps_ is set.
-  bool WaitForReady(const Context* ctx) {
+  // `ctx` is done, or `*stop` is true) and nothing is ready; true also after one step of
+  // kSleepStep while sleep_in_steps_ is set. `ctx` and `stop` may be null.
+  bool WaitForReady(const Context* ctx, const std::atomic<bool>* stop = nullptr) {
     internal::MutexLock lock(&mu_);
     while (NothingReadyLocked()) {
       if (ctx != nullptr && ctx->IsCancelled()) return false;
+      // Set before WakeAllSleepers takes mu_: seen here, or the wait below is woken.
+      if (stop != nullptr && stop->load(std::memory_order_acquire)) return false;
       if (shutting_down_) {
         // During a drain, an item added again while in flight is owed a run, queued at its
         // Done, which may come from another thread (a dispatcher handing leases to a
@@ -788,6 +795,33 @@ class Queue {
     if (signaled_ > 0) --signaled_;
     PublishSleepersLocked();
   }
+
+  // Wakes every Get asleep on this queue (each goes back to sleep unless it finds an item
+  // or a reason to return): for ShardedQueue's kick, after it set the kicked Get's `stop`.
+  // The lock is taken and released first, so a Get that checked `stop` before the store
+  // is waiting by the time of the signal.
+  void WakeAllSleepers() {
+    { internal::MutexLock lock(&mu_); }
+    ready_cv_.SignalAll();
+  }
+
+  // Whether any item is queued or owed a run (added, and not yet handed out), read
+  // without the lock: for ShardedQueue, whose Gets during a drain wait for runs owed on
+  // any shard.
+  bool OwesRuns() const {
+    const int64_t taken = taken_.load(std::memory_order_acquire);  // first: it trails added_
+    return added_.load(std::memory_order_acquire) > taken;
+  }
+
+  // Called by a Done that queued its item (one added again while in flight), after mu_
+  // is released: ShardedQueue's wake-up of a worker asleep on another shard. Set before
+  // the queue is shared. `fn` must not throw.
+  struct ReadyHook {
+    void (*fn)(void* owner, size_t shard) = nullptr;
+    void* owner = nullptr;
+    size_t shard = 0;
+  };
+  void SetReadyHook(ReadyHook hook) { ready_hook_ = hook; }
 
   // Gets asleep and not yet signalled, for TryGet's check without the lock.
   void PublishSleepersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1154,6 +1188,7 @@ class Queue {
       }
       // Safe before the lease is counted as ended: the item waits, so no drain finishes.
       if (wake) ready_cv_.Signal();
+      if (ready_hook_.fn != nullptr) ready_hook_.fn(ready_hook_.owner, ready_hook_.shard);
     }
     uint64_t finished = finished_.load(std::memory_order_relaxed);
     while (!(finished & kDrainFlag)) {
@@ -1243,6 +1278,7 @@ class Queue {
 
   // Set before the queue is shared, then only read. Thread-safe (its own lock, taken last).
   alignas(64) std::unique_ptr<internal::QueueMetricsRecorder> metrics_;
+  ReadyHook ready_hook_;  // SetReadyHook; on metrics_'s line, which no hot path writes
 
   // DelayingQueue's waiting items (kWaiting slots) by ready time, and their number. A
   // group of their own, after the hot ones: added to the producer's group they moved every

@@ -14,12 +14,19 @@
 //     runs again after Done, level-triggered.
 //   - Get(w) serves shard w first; when it is empty the worker steals one ready item from
 //     another shard (scanning from w + 1) before it sleeps. A stolen item's lease ends in
-//     its home shard, so exclusivity is unaffected. A sleeping worker waits on its own
-//     shard only: give every shard a worker (w in [0, K)), or poll with TryGet.
+//     its home shard, so exclusivity is unaffected.
+//   - No worker sleeps while an item waits: a worker asleep on its shard is woken by an
+//     item made ready on any shard (an add, or the Done of an item added again while in
+//     flight) when that shard has no sleeping worker of its own to take it, and steals it.
+//     Each such item wakes at most one worker, the item's own shard's first. So any number
+//     of workers serves any number of shards (fewer workers than shards included), and an
+//     idle worker relieves a busy one. The price: an Add that queues an item pays a
+//     store-load fence (one locked instruction) to see a worker going to sleep.
 //   - Order is FIFO within a shard, not across shards.
 //   - ShutDown / ShutDownWithDrain act on every shard; Get(w) returns nullopt once shard w
-//     is shut down with nothing ready and nothing is left to steal (an item in flight
-//     that was added again is ready at its Done, and a Get takes it then, as in Queue).
+//     is shut down with nothing ready, nothing is left to steal and, during a drain, no
+//     shard owes a run (an item in flight that was added again is ready at its Done, and a
+//     Get takes it then, on whichever shard, as in Queue).
 //
 // Thread safety: every member may be called from any thread; shards lock independently.
 // As for Queue, a Lease must not outlive its queue: destroying the queue while a lease
@@ -45,6 +52,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/fence.h"
+#include "kwq/internal/park_list.h"
 #include "kwq/queue.h"
 
 namespace kwq {
@@ -77,10 +86,15 @@ class ShardedQueue {
   int ShardOf(const T& item) const { return ShardOfHash(Shard::Table::HashOf(item)); }
 
   // Shard::Add on the item's shard (the key is hashed once, for both).
+  // Wakes a worker asleep on another shard when none of the item's shard is asleep (see
+  // Get).
   template <typename K>
   bool Add(K&& item) {
     const uint32_t hash = Shard::Table::HashOf(item);  // the shard's own hash of the key
-    return shards_[ShardOfHash(hash)]->AddHashed(std::forward<K>(item), hash);
+    const size_t shard = static_cast<size_t>(ShardOfHash(hash));
+    if (!shards_[shard]->AddHashed(std::forward<K>(item), hash)) return false;
+    MadeReady(shard, 1);
+    return true;
   }
 
   // Adds every item of `items`, each to its shard, under one acquisition of each shard's
@@ -121,7 +135,10 @@ class ShardedQueue {
       if (!thrown) thrown = std::current_exception();
       for (Entry& e : batch) {
         try {
-          added += shards_[e.shard]->AddHashed(std::move(e.item), e.hash) ? 1 : 0;
+          if (shards_[e.shard]->AddHashed(std::move(e.item), e.hash)) {
+            ++added;
+            MadeReady(e.shard, 1);
+          }
         } catch (...) {  // dropped: the first exception, kept in `thrown`, goes on
         }
       }
@@ -132,9 +149,13 @@ class ShardedQueue {
       size_t end = begin + 1;
       while (end < order.size() && batch[order[end]].shard == s) ++end;
       try {
-        added += shards_[s]->AddEntries(batch, std::span<const size_t>(&order[begin], end - begin));
+        const size_t queued =
+            shards_[s]->AddEntries(batch, std::span<const size_t>(&order[begin], end - begin));
+        added += queued;
+        if (queued > 0) MadeReady(s, queued);
       } catch (...) {
         if (!thrown) thrown = std::current_exception();
+        MadeReady(s, 1);  // the items before the throw went in: wake a worker for them
       }
       begin = end;
     }
@@ -143,28 +164,21 @@ class ShardedQueue {
   }
 
   // Ready item from shard `worker` % K (any int: a negative worker counts as
-  // -(worker + 1)), else stolen from another shard; blocks on shard
-  // `worker` when none is ready anywhere (items added to other shards meanwhile do not
-  // wake it). nullopt once that shard is shut down and empty and no other shard has a
-  // ready item left to steal. A steal reads every other shard's ready count without its
-  // lock (O(K)) and locks only a shard that reports one.
-  std::optional<Lease> Get(int worker) {
-    const size_t home = Home(worker);
-    if (auto lease = TryGetFrom(home)) return lease;
-    if (auto lease = shards_[home]->Get()) return lease;
-    return TryGetFrom(home);  // shut down: what the other shards still hold
-  }
+  // -(worker + 1)), else stolen from another shard; blocks on shard `worker` when none is
+  // ready anywhere, until an item comes to that shard or is made ready on another one
+  // that has no sleeping worker of its own (then it steals it; see the promises above).
+  // While it polls before sleeping it also watches the other shards, one per poll.
+  // nullopt once that shard is shut down and empty, no other shard has a ready item left
+  // to steal and, during a drain, none owes a run (it waits for one owed elsewhere, in
+  // steps of 1 ms, or until its Done queues it). A steal reads every other shard's ready
+  // count without its lock (O(K)) and locks only a shard that reports one.
+  std::optional<Lease> Get(int worker) { return GetFrom(Home(worker), nullptr); }
 
   // Like Get(worker), and also returns nullopt when `ctx` is done: a ready item on any
   // shard still wins over a context already done at the call; a cancel that ends the
-  // sleep returns without stealing.
-  std::optional<Lease> Get(int worker, const Context& ctx) {
-    const size_t home = Home(worker);
-    if (auto lease = TryGetFrom(home)) return lease;
-    if (auto lease = shards_[home]->Get(ctx)) return lease;
-    if (ctx.IsCancelled()) return std::nullopt;
-    return TryGetFrom(home);  // shut down: what the other shards still hold
-  }
+  // sleep returns without stealing. Throws std::bad_alloc when the wake-up on `ctx`
+  // cannot be registered (as Queue::Get(ctx)).
+  std::optional<Lease> Get(int worker, const Context& ctx) { return GetFrom(Home(worker), &ctx); }
 
   // A ready item from shard `worker` % K or any other, without blocking (worker mapped
   // as in Get). Finding nothing costs a TryGet on its own shard and a lock-free read of
@@ -202,6 +216,7 @@ class ShardedQueue {
   void ShutDown() {
     aborts_.fetch_add(1, std::memory_order_acq_rel);  // before the shards wake the drains
     for (auto& s : shards_) s->ShutDown();
+    parked_.WakeWaitSteps();  // Gets waiting for a run owed elsewhere look again
   }
   // Stops adds on every shard, then waits for each to drain (queued and in-flight items,
   // as Queue::ShutDownWithDrain). True when all drained; false when a ShutDown() from
@@ -220,11 +235,13 @@ class ShardedQueue {
   bool ShuttingDown() const { return shards_.back()->ShuttingDown(); }
 
  private:
-  friend struct internal::QueuePeer;  // tests: before_shard_wait_
+  friend struct internal::QueuePeer;  // tests: before_shard_wait_, before_park_, parked_
 
   // ShutDownWithDrain; `ctx` may be null (no bound).
   bool DrainAll(const Context* ctx) {
     const uint64_t aborts = aborts_.load(std::memory_order_acquire);
+    drains_.fetch_add(1, std::memory_order_acq_rel);  // before any shard stops adds
+    absl::Cleanup uncount = [this] { drains_.fetch_sub(1, std::memory_order_acq_rel); };
     // Every shard counts as draining from the start (not only once the wait reaches it),
     // so each worker's Get waits for the runs owed on its shard by leases in flight.
     for (auto& s : shards_) s->BeginDrain();
@@ -251,6 +268,139 @@ class ShardedQueue {
       // Each shard's metrics apart; unnamed shards of an unnamed queue (see Create).
       if (!options.name.empty()) o.name = absl::StrCat(options.name, "/", i);
       shards_.push_back(std::make_unique<Shard>(std::move(o)));
+      // A Done that queues an item added again while in flight wakes a parked worker too.
+      shards_.back()->SetReadyHook(
+          {.fn = &ShardedQueue::ReadyOnShard, .owner = this, .shard = static_cast<size_t>(i)});
+    }
+  }
+
+  using Parked = internal::ParkList::Entry;
+
+  // Get(worker) and Get(worker, ctx) (`ctx` may be null): an item from home or stolen;
+  // else sleeps on home, parked, until an item comes to home, a kick (an item made ready
+  // on another shard), `ctx`, or the end. During a drain it returns nullopt only once no
+  // shard owes a run any more, so that fewer workers than shards still drain them all.
+  std::optional<Lease> GetFrom(size_t home, const Context* ctx) {
+    for (;;) {
+      if (auto lease = TryGetFrom(home)) return lease;
+      if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
+      Parked parked(home, /*on_list_cv=*/false);
+      if (auto lease = SleepOnHome(&parked, ctx)) {
+        // Kicked, and took an item at home instead: the kick was for an item elsewhere.
+        if (parked.kicked.load(std::memory_order_acquire)) PassOnKick(home);
+        return lease;
+      }
+      if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
+      if (parked.kicked.load(std::memory_order_acquire)) continue;  // look everywhere again
+      // Home is shut down with nothing ready or owed on it: what the others still hold.
+      if (auto lease = TryGetFrom(home)) return lease;
+      if (!DrainOwesRuns()) return std::nullopt;
+      // A run owed on another shard: wait a step of 1 ms (a Done that owes nothing wakes
+      // nobody, as in Queue::WaitForReady), or until its Done kicks this worker.
+      Parked waiting(home, /*on_list_cv=*/true);
+      parked_.WaitStep(
+          &waiting, ctx, [&] { return AnyShardReady(); }, absl::Milliseconds(1));
+    }
+  }
+
+  // Home shard's Get (a GetPromoting) with this worker parked before it sleeps. While it
+  // polls it also looks at one other shard per poll, round the ring, and stops polling
+  // when one has an item ready; it does not sleep when one has.
+  std::optional<Lease> SleepOnHome(Parked* parked, const Context* ctx) {
+    const size_t n = shards_.size();
+    const size_t home = parked->home;
+    bool listed = false;
+    absl::Cleanup unpark = [&] {
+      if (listed) parked_.Unpark(parked);
+    };
+    size_t probe = 0;
+    return shards_[home]->GetPromoting(
+        ctx,
+        [&] {
+          if (n == 1) return false;
+          probe = probe + 1 < n ? probe + 1 : 1;
+          return shards_[(home + probe) % n]->ReadyHint() != 0;
+        },
+        [&](bool about_to_wait) {
+          if (!about_to_wait || listed || parked->kicked.load(std::memory_order_relaxed)) {
+            return false;
+          }
+          if (OtherShardReady(home)) {  // steal instead (the list needs no visit)
+            parked->kicked.store(true, std::memory_order_relaxed);
+            return false;
+          }
+          if (before_park_) before_park_(home);
+          parked_.Park(parked);
+          listed = true;
+          // Parked, then look: an item made ready before this fence is seen here, and
+          // one after it sees this worker parked (MadeReady's fence).
+          internal::SeqCstFence();
+          if (OtherShardReady(home)) parked_.Unpark(parked, /*kick=*/true);
+          return false;
+        },
+        &parked->kicked);
+  }
+
+  // Whether a drain is in progress and some shard still has an item queued or owed a run.
+  bool DrainOwesRuns() const {
+    if (drains_.load(std::memory_order_acquire) == 0) return false;
+    for (const auto& s : shards_) {
+      if (s->OwesRuns()) return true;
+    }
+    return false;
+  }
+
+  // Whether a shard other than `home` reports a ready item (ReadyHint, no lock).
+  bool OtherShardReady(size_t home) const {
+    const size_t n = shards_.size();
+    for (size_t i = 1; i < n; ++i) {
+      if (shards_[(home + i) % n]->ReadyHint() != 0) return true;
+    }
+    return false;
+  }
+  bool AnyShardReady() const { return shards_[0]->ReadyHint() != 0 || OtherShardReady(0); }
+
+  // `count` items were made ready (or owed a run) on `shard`: wakes up to that many parked
+  // workers, those of `shard` first. Costs a fence and a load when none is parked (each
+  // Add pays it). Never throws.
+  void MadeReady(size_t shard, size_t count) {
+    // Made ready, then look for parked workers: pairs with the parking side's fence.
+    internal::SeqCstFence();
+    if (parked_.count() == 0) [[likely]]
+      return;
+    Kick(shard, count);
+  }
+
+  // Shard::ReadyHook: a Done on `shard` queued an item added again while in flight.
+  static void ReadyOnShard(void* owner, size_t shard) {
+    static_cast<ShardedQueue*>(owner)->MadeReady(shard, 1);
+  }
+
+  // Takes up to `count` parked workers off the list (ParkList::TakeOne: `shard`'s own
+  // first) and wakes each where it sleeps, to look at every shard again.
+  void Kick(size_t shard, size_t count) {
+    for (; count > 0; --count) {
+      const std::optional<internal::ParkList::Taken> taken = parked_.TakeOne(shard);
+      if (!taken) return;
+      if (taken->on_cv) {
+        parked_.WakeWaitSteps();
+      } else {
+        shards_[taken->home]->WakeAllSleepers();  // it checks `kicked` under that lock
+      }
+    }
+  }
+
+  // A kicked worker that took an item at home instead: wakes another parked worker for
+  // the item it was kicked for, if some other shard still has one ready.
+  void PassOnKick(size_t home) {
+    if (parked_.count() == 0) return;
+    const size_t n = shards_.size();
+    for (size_t i = 1; i < n; ++i) {
+      const size_t s = (home + i) % n;
+      if (shards_[s]->ReadyHint() != 0) {
+        Kick(s, 1);
+        return;
+      }
     }
   }
 
@@ -323,10 +473,19 @@ class ShardedQueue {
   std::vector<std::unique_ptr<Shard>> shards_;  // I: the shards lock themselves
   // ShutDown() calls so far: a drain that sees it change ends (DrainUntil).
   std::atomic<uint64_t> aborts_{0};
+  // ShutDownWithDrain calls in progress (DrainOwesRuns).
+  std::atomic<int> drains_{0};
+
+  // Workers asleep, or about to sleep, for a kick (MadeReady).
+  internal::ParkList parked_;
   // Tests only (set through internal::QueuePeer before a drain starts): called by
   // ShutDownWithDrain with the shard's index before it waits on each shard, so that a
   // test can land a ShutDown between two shards' waits.
   std::function<void(size_t)> before_shard_wait_;
+  // Tests only (set the same way before any Get): called by a Get with its home shard just
+  // before it parks, so that a test can land an add in the moment before the worker is
+  // listed (and so before any add can see it).
+  std::function<void(size_t)> before_park_;
 };
 
 }  // namespace kwq
