@@ -60,6 +60,21 @@ struct internal::QueuePeer {
   static std::vector<size_t> ParkedHomes(ShardedQueue<T>& q) {
     return q.parked_.Homes();
   }
+  // Sets how many Gets a shard counts as polling at length (a test stands in for one).
+  template <typename Q>
+  static void SetPolling(Q& q, int polling) {
+    q.spinners_.store(polling);
+  }
+  // A shard's table lock.
+  template <typename Q>
+  static internal::Mutex& Mu(Q& q) {
+    return q.mu_;
+  }
+  // Calls `fn(shard)` in q's ShutDown after each shard's ShutDown (set it before).
+  template <typename T>
+  static void AfterShardShutDown(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
+    q.after_shard_shutdown_ = std::move(fn);
+  }
   // Calls `fn(home)` in each Get of q just before the worker parks (set it before any Get).
   template <typename T>
   static void BeforePark(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
@@ -583,28 +598,35 @@ TEST(ShardedQueueTest, AnAddJustBeforeAWorkerParksIsNotSleptThrough) {
   EXPECT_TRUE(added.load());
 }
 
-// The kick goes to a worker of the item's own shard first: with a worker asleep on each
-// shard, an add to shard 1 wakes worker 1 and leaves worker 0 asleep (a negative check:
-// it can only miss a wrong wake-up). Worker 0 still takes the next item of its own shard.
-TEST(ShardedQueueTest, AnAddWakesAWorkerOfItsOwnShardFirst) {
-  auto q = *ShardedQueue<int>::Create(2);
-  auto get_on = [&](int w) {
-    return [&q, w] {
-      auto lease = q->Get(w);
-      return lease ? absl::StrCat(**lease) : std::string("none");
-    };
+// Gets `w`'s next item on its own thread, as a string ("none" for nullopt).
+std::function<std::string()> GetOn(std::unique_ptr<ShardedQueue<int>>& q, int w) {
+  return [&q, w] {
+    auto lease = q->Get(w);
+    return lease ? absl::StrCat(**lease) : std::string("none");
   };
-  testing::AsyncGet get1(get_on(1));
+}
+
+// Whether worker `home`'s Get is still parked (no kick has taken it off the list).
+bool StillParked(ShardedQueue<int>& q, size_t home) {
+  return std::ranges::count(internal::QueuePeer::ParkedHomes(q), home) == 1;
+}
+
+// An item that its own shard's sleeping worker is woken for wakes nobody else: with a
+// worker asleep on each shard, an add to shard 1 leaves worker 0 parked and asleep (the
+// parked worker of another shard is the one a kick would take first). Worker 0 still takes
+// the next item of its own shard.
+TEST(ShardedQueueTest, AnItemItsOwnShardsWorkerIsWokenForWakesNoOther) {
+  auto q = *ShardedQueue<int>::Create(2);
+  testing::AsyncGet get1(GetOn(q, 1));
   ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 1); }));
-  testing::AsyncGet get0(get_on(0));
+  testing::AsyncGet get0(GetOn(q, 0));
   ASSERT_TRUE(testing::Eventually([&] {
     return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(0)) == 1;
   }));
-  ASSERT_EQ(internal::QueuePeer::ParkedHomes(*q), (std::vector<size_t>{0, 1}));
   const int key1 = KeyIn(*q, 1);
-  q->Add(key1);  // worker 0 parked last (so listed first), yet not the one kicked
-  // The kick takes its worker off the list before Add returns, and nothing wakes worker 0.
-  EXPECT_EQ(internal::QueuePeer::ParkedHomes(*q), std::vector<size_t>{0});
+  q->Add(key1);
+  // A kick would have taken worker 0 off the list before Add returned.
+  EXPECT_TRUE(StillParked(*q, 0)) << "worker 0 was kicked for an item worker 1 takes";
   EXPECT_TRUE(get1.Await([&] { q->ShutDown(); }));
   EXPECT_EQ(get1.outcome(), absl::StrCat(key1));
   EXPECT_FALSE(get0.ReturnsWithin(absl::Milliseconds(20))) << "worker 0 woke for shard 1's item";
@@ -612,6 +634,127 @@ TEST(ShardedQueueTest, AnAddWakesAWorkerOfItsOwnShardFirst) {
   q->Add(key0);
   EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
   EXPECT_EQ(get0.outcome(), absl::StrCat(key0));
+}
+
+// An item that a Get of its own shard polls for (the test counts one as polling at length
+// on shard 1) wakes nobody else either: the poller takes it. A second one, more than the
+// pollers, does wake the worker parked on shard 0.
+TEST(ShardedQueueTest, AnItemAPollerOfItsShardTakesWakesNoOther) {
+  auto q = *ShardedQueue<int>::Create(2);
+  testing::AsyncGet get0(GetOn(q, 0));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  internal::QueuePeer::SetPolling(q->shard(1), 1);
+  std::vector<int> keys;  // two keys of shard 1
+  for (int key = 0; keys.size() < 2; ++key) {
+    if (q->ShardOf(key) == 1) keys.push_back(key);
+  }
+  q->Add(keys[0]);
+  EXPECT_TRUE(StillParked(*q, 0)) << "worker 0 was kicked for an item a poller takes";
+  q->Add(keys[1]);
+  EXPECT_FALSE(StillParked(*q, 0)) << "two items, one poller: worker 0 slept";
+  EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
+  internal::QueuePeer::SetPolling(q->shard(1), 0);
+  auto left = q->TryGet(1);
+  ASSERT_TRUE(left.has_value());
+  EXPECT_NE(get0.outcome(), absl::StrCat(**left));  // worker 0 took the other one
+}
+
+// A second item on a shard whose one sleeping worker is already woken for the first is
+// unclaimed: it wakes the worker asleep on the other shard, which steals it, so both items
+// run at once. (Before the unclaimed count every add kicked a worker, and a kick that went
+// to a worker of the item's own shard first was spent on worker 1, already on its way.)
+TEST(ShardedQueueTest, AnItemItsShardsWorkersDoNotTakeWakesAWorkerOfAnother) {
+  auto q = *ShardedQueue<int>::Create(2);
+  testing::AsyncGet get0(GetOn(q, 0));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  testing::AsyncGet get1(GetOn(q, 1));
+  ASSERT_TRUE(testing::Eventually([&] {
+    return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(1)) == 1;
+  }));
+  std::vector<int> keys;  // two keys of shard 1
+  for (int key = 0; keys.size() < 2; ++key) {
+    if (q->ShardOf(key) == 1) keys.push_back(key);
+  }
+  q->AddAll(keys);  // one hold of shard 1's lock: worker 1 cannot take the first meanwhile
+  // The kick took worker 0 off the list before AddAll returned (a kick spent on worker 1
+  // is passed on to worker 0 only once worker 1 has its item).
+  EXPECT_FALSE(StillParked(*q, 0)) << "the kick went to worker 1, already on its way";
+  EXPECT_TRUE(get0.Await([&] { q->ShutDown(); })) << "worker 0 slept with an item unclaimed";
+  EXPECT_TRUE(get1.Await([&] { q->ShutDown(); }));
+  std::vector<std::string> got = {get0.outcome(), get1.outcome()};
+  std::ranges::sort(got);
+  std::vector<std::string> want = {absl::StrCat(keys[0]), absl::StrCat(keys[1])};
+  std::ranges::sort(want);
+  EXPECT_EQ(got, want);
+}
+
+// A worker kicked for an item that leaves without it (here its context is cancelled while
+// the kick is on its way) passes the kick on: the other sleeping worker takes the item.
+// Shard 0's lock, held by a helper thread, keeps worker 0 from looking until both the
+// kick and the cancel have landed. (The kick was lost, and worker 1 slept.)
+TEST(ShardedQueueTest, AKickedWorkerThatLeavesWithoutTheItemPassesTheKickOn) {
+  auto q = *ShardedQueue<int>::Create(3);
+  testing::AsyncGet get1(GetOn(q, 1));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 1); }));
+  auto [ctx, cancel] = WithCancel(Background());
+  testing::AsyncGet get0([&q, c = ctx] {
+    auto lease = q->Get(0, c);
+    return lease ? absl::StrCat(**lease) : std::string("none");
+  });
+  ASSERT_TRUE(testing::Eventually([&] {
+    return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(0)) == 1;
+  }));
+  std::atomic<bool> held{false}, release{false};
+  std::thread holder([&] {
+    internal::MutexLock hold(&internal::QueuePeer::Mu(q->shard(0)));
+    held = true;
+    while (!release.load()) std::this_thread::yield();
+  });
+  ASSERT_TRUE(testing::Eventually([&] { return held.load(); }));
+  const int key = KeyIn(*q, 2);
+  // The kick takes worker 0 (parked last, of another shard), then waits for its lock.
+  std::thread adder([&] { q->Add(key); });
+  EXPECT_TRUE(testing::Eventually([&] { return !StillParked(*q, 0); }));
+  std::thread canceller([&, c = cancel] { c(); });  // its wake-up waits for the lock too
+  EXPECT_TRUE(testing::Eventually([c = ctx] { return c.IsCancelled(); }));
+  release = true;
+  holder.join();
+  adder.join();
+  canceller.join();
+  EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
+  EXPECT_EQ(get0.outcome(), "none");  // cancelled: it leaves without the item
+  EXPECT_TRUE(get1.Await([&] { q->ShutDown(); })) << "the kick was lost with worker 0";
+  EXPECT_EQ(get1.outcome(), absl::StrCat(key));
+}
+
+// A drain that a ShutDown ends waits for that ShutDown to be done with the queue before it
+// returns, so its caller may destroy the queue at once. A test-only call after the first
+// shard's ShutDown holds the ShutDown there (for up to 200 ms) while the drainer, woken by
+// that shard, ends its lease and destroys the queue: without the wait the ShutDown went on
+// into the freed queue (ASan: heap-use-after-free).
+TEST(ShardedQueueTest, ADrainEndedByAShutDownReturnsOnlyOnceTheShutDownIsDone) {
+  auto q = *ShardedQueue<int>::Create(2);
+  q->Add(KeyIn(*q, 0));
+  auto lease = q->TryGet(0);  // keeps the drain waiting on shard 0
+  ASSERT_TRUE(lease.has_value());
+  std::atomic<bool> destroyed{false};
+  internal::QueuePeer::AfterShardShutDown(*q, [&](size_t shard) {
+    if (shard == 0) testing::Eventually([&] { return destroyed.load(); }, absl::Milliseconds(200));
+  });
+  auto* queue = q.get();
+  std::atomic<int> drained{-1};
+  std::thread drainer([&] {
+    drained = queue->ShutDownWithDrain();
+    lease->Done();
+    q.reset();
+    destroyed = true;
+  });
+  ASSERT_TRUE(
+      testing::Eventually([&] { return internal::QueuePeer::Draining(queue->shard(0)) > 0; }));
+  queue->ShutDown();
+  drainer.join();
+  EXPECT_EQ(drained.load(), 0);
+  EXPECT_TRUE(destroyed.load());
 }
 
 // A Done that queues its item (added again while in flight) wakes a worker asleep on
@@ -627,8 +770,8 @@ TEST(ShardedQueueTest, ADoneThatQueuesItsItemWakesAWorkerAsleepOnAnotherShard) {
     return lease ? absl::StrCat(**lease) : std::string("none");
   });
   ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
-  q->Add(key);  // owed a run after `held`: kicks the worker, which finds nothing yet
-  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  q->Add(key);  // owed a run after `held`: nothing ready, so nobody is woken
+  EXPECT_TRUE(StillParked(*q, 0)) << "a re-add of an item in flight kicked a worker";
   held->Done();  // queues the key on shard 1
   EXPECT_TRUE(get.Await([&] { q->ShutDown(); })) << "the worker slept through the Done";
   EXPECT_EQ(get.outcome(), absl::StrCat(key));

@@ -339,9 +339,12 @@ class Queue {
 
   // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
   // choose the shard and passes the hash on. With `retry`, also counts a retry
-  // (RecordRetryLocked) under the same hold of the lock (DelayingQueue's AddAfter).
+  // (RecordRetryLocked) under the same hold of the lock (DelayingQueue's AddAfter). With
+  // `unclaimed` (ShardedQueue), also sets *unclaimed to whether the add made an item ready
+  // that no Get of this queue is on its way to take (UnclaimedAfterPushLocked).
   template <typename K>
-  ABSL_ATTRIBUTE_ALWAYS_INLINE bool AddHashed(K&& item, uint32_t hash, bool retry = false) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE bool AddHashed(K&& item, uint32_t hash, bool retry = false,
+                                              bool* unclaimed = nullptr) {
     bool wake = false;
     {
       internal::MutexLock lock(&mu_);
@@ -351,10 +354,38 @@ class Queue {
       if (slot == Table::kNone) return false;
       bool pushed = false;
       if (!MarkDirtyLocked(slot, fresh, &pushed)) return false;
-      if (pushed) wake = NeedWakeLocked();
+      if (pushed) {
+        wake = NeedWakeLocked();
+        if (unclaimed != nullptr) *unclaimed = UnclaimedAfterPushLocked(wake);
+      }
     }
     if (wake) ready_cv_.Signal();
     return true;
+  }
+
+  // Whether the item one push just made ready is left to no Get of this queue, `woke`
+  // being whether the push signalled a sleeping Get (NeedWakeLocked): for ShardedQueue,
+  // which then wakes a worker of another shard. Not when a sleeper was signalled for it,
+  // nor while no more items are ready than Gets poll at length (case (1) of
+  // NeedWakeLocked). Reads only the pollers' count unless some Get polls, so an add pays
+  // for no line the workers write.
+  bool UnclaimedAfterPushLocked(bool woke) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (woke) return false;
+    const int polling = spinners_.load(std::memory_order_relaxed);
+    return polling <= 0 || ReadyCountLocked() > static_cast<size_t>(polling);
+  }
+
+  // Ready items beyond the Gets of this queue that are on their way to take one: those
+  // signalled and not yet awake, and those polling at length (a batch's count, see
+  // UnclaimedAfterPushLocked for one push). For ShardedQueue, which wakes workers of other
+  // shards for the rest. (Only a hint: a Get that polls briefly, or one just taking an
+  // item, is not counted, so it errs towards waking someone.)
+  size_t UnclaimedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t ready = ReadyCountLocked();
+    const size_t coming =
+        static_cast<size_t>(signaled_) +
+        static_cast<size_t>(std::max(0, spinners_.load(std::memory_order_relaxed)));
+    return ready > coming ? ready - coming : 0;
   }
 
   // For ShardedQueue, whose drain spans its shards. StopAdds starts a drain without
@@ -813,9 +844,10 @@ class Queue {
     return added_.load(std::memory_order_acquire) > taken;
   }
 
-  // Called by a Done that queued its item (one added again while in flight), after mu_
-  // is released: ShardedQueue's wake-up of a worker asleep on another shard. Set before
-  // the queue is shared. `fn` must not throw.
+  // Called by a Done that queued its item (one added again while in flight) when no Get
+  // of this queue is on its way to take it (UnclaimedAfterPushLocked), after mu_ is released:
+  // ShardedQueue's wake-up of a worker asleep on another shard. Set before the queue is
+  // shared. `fn` must not throw.
   struct ReadyHook {
     void (*fn)(void* owner, size_t shard) = nullptr;
     void* owner = nullptr;
@@ -915,9 +947,10 @@ class Queue {
   // for what it queued (add_items adds with AddOneLocked, which counts into `added`).
   // Returns how many were queued. An exception from add_items (an item's hash,
   // comparison or copy) ends the batch: the items before it stay added, so sleeping
-  // Gets are woken for them before the exception goes on.
+  // Gets are woken for them before the exception goes on. With `unclaimed`, also sets
+  // *unclaimed to UnclaimedLocked() after the batch (also when it throws).
   template <typename AddItems>
-  size_t AddBatch(AddItems&& add_items) {
+  size_t AddBatch(AddItems&& add_items, size_t* unclaimed = nullptr) {
     size_t added = 0;
     bool wake;
     std::exception_ptr thrown;
@@ -933,6 +966,7 @@ class Queue {
         signaled_ = waiters_;
         PublishSleepersLocked();
       }
+      if (unclaimed != nullptr) *unclaimed = added > 0 ? UnclaimedLocked() : 0;
     }
     if (wake) ready_cv_.SignalAll();
     if (thrown) std::rethrow_exception(thrown);
@@ -951,12 +985,14 @@ class Queue {
 
   // ShardedQueue::AddAll's share for this shard: moves in batch[i].item (whose
   // Table::HashOf is batch[i].hash) for each i in `order`, in that order, as one
-  // AddBatch.
+  // AddBatch, which sets *unclaimed (also when it throws).
   template <typename Entry>
-  size_t AddEntries(std::vector<Entry>& batch, std::span<const size_t> order) {
-    return AddBatch([&](size_t* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const size_t i : order) AddOneLocked(std::move(batch[i].item), batch[i].hash, added);
-    });
+  size_t AddEntries(std::vector<Entry>& batch, std::span<const size_t> order, size_t* unclaimed) {
+    return AddBatch(
+        [&](size_t* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          for (const size_t i : order) AddOneLocked(std::move(batch[i].item), batch[i].hash, added);
+        },
+        unclaimed);
   }
 
   // Marks `slot` waiting and, unless a lease is active (its Done will), queues it. Returns
@@ -1180,15 +1216,17 @@ class Queue {
         State(slot).fetch_and(static_cast<uint8_t>(~kProcessing), std::memory_order_acq_rel);
     if (old & kDirty) {
       bool wake;
+      bool unclaimed = false;
       {
         internal::MutexLock lock(&mu_);
         --owed_pushes_;
         PushLocked(slot);  // into room reserved by the add (no allocation)
         wake = NeedWakeLocked();
+        if (ready_hook_.fn != nullptr) unclaimed = UnclaimedAfterPushLocked(wake);
       }
       // Safe before the lease is counted as ended: the item waits, so no drain finishes.
       if (wake) ready_cv_.Signal();
-      if (ready_hook_.fn != nullptr) ready_hook_.fn(ready_hook_.owner, ready_hook_.shard);
+      if (unclaimed) ready_hook_.fn(ready_hook_.owner, ready_hook_.shard);
     }
     uint64_t finished = finished_.load(std::memory_order_relaxed);
     while (!(finished & kDrainFlag)) {

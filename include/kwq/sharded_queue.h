@@ -15,13 +15,15 @@
 //   - Get(w) serves shard w first; when it is empty the worker steals one ready item from
 //     another shard (scanning from w + 1) before it sleeps. A stolen item's lease ends in
 //     its home shard, so exclusivity is unaffected.
-//   - No worker sleeps while an item waits: a worker asleep on its shard is woken by an
-//     item made ready on any shard (an add, or the Done of an item added again while in
-//     flight) when that shard has no sleeping worker of its own to take it, and steals it.
-//     Each such item wakes at most one worker, the item's own shard's first. So any number
-//     of workers serves any number of shards (fewer workers than shards included), and an
-//     idle worker relieves a busy one. The price: an Add that queues an item pays a
-//     store-load fence (one locked instruction) to see a worker going to sleep.
+//   - No worker sleeps while an item waits: an item made ready on a shard (by an add, or
+//     by the Done of an item added again while in flight) that none of that shard's own
+//     Gets is on its way to take (none signalled for it, none polling) wakes one worker
+//     asleep on another shard, which steals it. So any number of workers serves any
+//     number of shards (fewer workers than shards included), and an idle worker relieves
+//     a busy one. An item its shard's own sleeping worker is woken for wakes nobody else.
+//     The price: an add whose item is not claimed that way (the shard's workers are busy,
+//     or it has none) pays a store-load fence (one locked instruction) to see a worker
+//     going to sleep.
 //   - Order is FIFO within a shard, not across shards.
 //   - ShutDown / ShutDownWithDrain act on every shard; Get(w) returns nullopt once shard w
 //     is shut down with nothing ready, nothing is left to steal and, during a drain, no
@@ -44,6 +46,7 @@
 #include <optional>
 #include <ranges>
 #include <span>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -86,14 +89,17 @@ class ShardedQueue {
   int ShardOf(const T& item) const { return ShardOfHash(Shard::Table::HashOf(item)); }
 
   // Shard::Add on the item's shard (the key is hashed once, for both).
-  // Wakes a worker asleep on another shard when none of the item's shard is asleep (see
-  // Get).
+  // Wakes a worker asleep on another shard when no Get of the item's shard is on its way
+  // to take it (see Get).
   template <typename K>
   bool Add(K&& item) {
     const uint32_t hash = Shard::Table::HashOf(item);  // the shard's own hash of the key
     const size_t shard = static_cast<size_t>(ShardOfHash(hash));
-    if (!shards_[shard]->AddHashed(std::forward<K>(item), hash)) return false;
-    MadeReady(shard, 1);
+    bool unclaimed = false;
+    if (!shards_[shard]->AddHashed(std::forward<K>(item), hash, /*retry=*/false, &unclaimed)) {
+      return false;
+    }
+    if (unclaimed) MadeReady(shard, 1);
     return true;
   }
 
@@ -135,9 +141,10 @@ class ShardedQueue {
       if (!thrown) thrown = std::current_exception();
       for (Entry& e : batch) {
         try {
-          if (shards_[e.shard]->AddHashed(std::move(e.item), e.hash)) {
+          bool unclaimed = false;
+          if (shards_[e.shard]->AddHashed(std::move(e.item), e.hash, /*retry=*/false, &unclaimed)) {
             ++added;
-            MadeReady(e.shard, 1);
+            if (unclaimed) MadeReady(e.shard, 1);
           }
         } catch (...) {  // dropped: the first exception, kept in `thrown`, goes on
         }
@@ -148,15 +155,14 @@ class ShardedQueue {
       const uint32_t s = batch[order[begin]].shard;
       size_t end = begin + 1;
       while (end < order.size() && batch[order[end]].shard == s) ++end;
+      size_t unclaimed = 0;  // set also when the shard's add throws
       try {
-        const size_t queued =
-            shards_[s]->AddEntries(batch, std::span<const size_t>(&order[begin], end - begin));
-        added += queued;
-        if (queued > 0) MadeReady(s, queued);
+        added += shards_[s]->AddEntries(batch, std::span<const size_t>(&order[begin], end - begin),
+                                        &unclaimed);
       } catch (...) {
         if (!thrown) thrown = std::current_exception();
-        MadeReady(s, 1);  // the items before the throw went in: wake a worker for them
       }
+      if (unclaimed > 0) MadeReady(s, unclaimed);
       begin = end;
     }
     if (thrown) std::rethrow_exception(thrown);
@@ -166,7 +172,7 @@ class ShardedQueue {
   // Ready item from shard `worker` % K (any int: a negative worker counts as
   // -(worker + 1)), else stolen from another shard; blocks on shard `worker` when none is
   // ready anywhere, until an item comes to that shard or is made ready on another one
-  // that has no sleeping worker of its own (then it steals it; see the promises above).
+  // whose own Gets do not take it (then it steals it; see the promises above).
   // While it polls before sleeping it also watches the other shards, one per poll.
   // nullopt once that shard is shut down and empty, no other shard has a ready item left
   // to steal and, during a drain, none owes a run (it waits for one owed elsewhere, in
@@ -214,14 +220,23 @@ class ShardedQueue {
 
   // Shuts every shard down (Queue::ShutDown); ends every ShutDownWithDrain in progress.
   void ShutDown() {
+    // A drain that this call ends may return, and its caller destroy the queue, only once
+    // this call is done with it (DrainAll waits for the count to fall).
+    shutting_down_calls_.fetch_add(1, std::memory_order_acq_rel);
     aborts_.fetch_add(1, std::memory_order_acq_rel);  // before the shards wake the drains
-    for (auto& s : shards_) s->ShutDown();
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      shards_[i]->ShutDown();
+      if (after_shard_shutdown_) after_shard_shutdown_(i);
+    }
     parked_.WakeWaitSteps();  // Gets waiting for a run owed elsewhere look again
+    shutting_down_calls_.fetch_sub(1, std::memory_order_release);  // last touch
   }
   // Stops adds on every shard, then waits for each to drain (queued and in-flight items,
   // as Queue::ShutDownWithDrain). True when all drained; false when a ShutDown() from
-  // another thread ended the wait. Concurrent drains do not end each other. A thread
-  // that holds a Lease of this queue must not call it (it would wait for that lease).
+  // another thread ended the wait (it returns once that ShutDown() is done with the
+  // queue, so the caller may destroy the queue at once). Concurrent drains do not end
+  // each other. A thread that holds a Lease of this queue must not call it (it would wait
+  // for that lease).
   bool ShutDownWithDrain() { return DrainAll(nullptr); }
   // ShutDownWithDrain bounded by `ctx`, as Queue::ShutDownWithDrain(ctx): the wait also
   // ends, returning false, once `ctx` is done, whichever shard it has reached (leases
@@ -235,13 +250,22 @@ class ShardedQueue {
   bool ShuttingDown() const { return shards_.back()->ShuttingDown(); }
 
  private:
-  friend struct internal::QueuePeer;  // tests: before_shard_wait_, before_park_, parked_
+  friend struct internal::QueuePeer;  // tests: the hooks below, parked_
 
   // ShutDownWithDrain; `ctx` may be null (no bound).
   bool DrainAll(const Context* ctx) {
     const uint64_t aborts = aborts_.load(std::memory_order_acquire);
     drains_.fetch_add(1, std::memory_order_acq_rel);  // before any shard stops adds
-    absl::Cleanup uncount = [this] { drains_.fetch_sub(1, std::memory_order_acq_rel); };
+    absl::Cleanup uncount = [this] {
+      drains_.fetch_sub(1, std::memory_order_acq_rel);
+      // Gets waiting for a run owed elsewhere see the drain over (DrainOwesRuns).
+      parked_.WakeWaitSteps();
+      // A ShutDown() that ended this drain may still be at work on the queue, which the
+      // caller may destroy as soon as this returns.
+      while (shutting_down_calls_.load(std::memory_order_acquire) != 0) {
+        std::this_thread::yield();
+      }
+    };
     // Every shard counts as draining from the start (not only once the wait reaches it),
     // so each worker's Get waits for the runs owed on its shard by leases in flight.
     for (auto& s : shards_) s->BeginDrain();
@@ -281,25 +305,40 @@ class ShardedQueue {
   // on another shard), `ctx`, or the end. During a drain it returns nullopt only once no
   // shard owes a run any more, so that fewer workers than shards still drain them all.
   std::optional<Lease> GetFrom(size_t home, const Context* ctx) {
+    bool home_done = false;  // home is shut down with nothing ready or owed: for good
     for (;;) {
       if (auto lease = TryGetFrom(home)) return lease;
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
-      Parked parked(home, /*on_list_cv=*/false);
-      if (auto lease = SleepOnHome(&parked, ctx)) {
-        // Kicked, and took an item at home instead: the kick was for an item elsewhere.
-        if (parked.kicked.load(std::memory_order_acquire)) PassOnKick(home);
-        return lease;
+      if (home_done) {
+        if (!DrainOwesRuns()) return std::nullopt;
+        // A run owed on another shard: wait a step of 1 ms (a hand-out that leaves none
+        // owed wakes nobody, as in Queue::WaitForReady), or until a Done that queues it
+        // kicks this worker, the drain ends, a ShutDown or `ctx`.
+        Parked waiting(home, /*on_list_cv=*/true);
+        parked_.WaitStep(
+            &waiting, ctx, [&] { return AnyShardReady(); }, absl::Milliseconds(1));
+        continue;
       }
+      Parked parked(home, /*on_list_cv=*/false);
+      std::optional<Lease> lease;
+      const int uncaught = std::uncaught_exceptions();
+      {
+        // A kicked worker that leaves without the item it was kicked for (it took one at
+        // home, its context ended, or its wake-up on the context could not be made) wakes
+        // another for it.
+        absl::Cleanup pass_on = [&] {
+          if (parked.kicked.load(std::memory_order_acquire) &&
+              (lease || std::uncaught_exceptions() > uncaught ||
+               (ctx != nullptr && ctx->IsCancelled()))) {
+            PassOnKick();
+          }
+        };
+        lease = SleepOnHome(&parked, ctx);
+      }
+      if (lease) return lease;
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
       if (parked.kicked.load(std::memory_order_acquire)) continue;  // look everywhere again
-      // Home is shut down with nothing ready or owed on it: what the others still hold.
-      if (auto lease = TryGetFrom(home)) return lease;
-      if (!DrainOwesRuns()) return std::nullopt;
-      // A run owed on another shard: wait a step of 1 ms (a Done that owes nothing wakes
-      // nobody, as in Queue::WaitForReady), or until its Done kicks this worker.
-      Parked waiting(home, /*on_list_cv=*/true);
-      parked_.WaitStep(
-          &waiting, ctx, [&] { return AnyShardReady(); }, absl::Milliseconds(1));
+      home_done = true;  // then what the others still hold, and runs owed there
     }
   }
 
@@ -360,9 +399,11 @@ class ShardedQueue {
   }
   bool AnyShardReady() const { return shards_[0]->ReadyHint() != 0 || OtherShardReady(0); }
 
-  // `count` items were made ready (or owed a run) on `shard`: wakes up to that many parked
-  // workers, those of `shard` first. Costs a fence and a load when none is parked (each
-  // Add pays it). Never throws.
+  // `count` items were made ready on `shard` that none of its own Gets is on its way to
+  // take (Queue::UnclaimedAfterPushLocked, UnclaimedLocked): wakes up to that many parked
+  // workers, those of other shards first. Costs a fence and a load when none is parked
+  // (an Add pays it whenever its item is unclaimed, as when the shard's workers are
+  // busy). Never throws.
   void MadeReady(size_t shard, size_t count) {
     // Made ready, then look for parked workers: pairs with the parking side's fence.
     internal::SeqCstFence();
@@ -376,8 +417,8 @@ class ShardedQueue {
     static_cast<ShardedQueue*>(owner)->MadeReady(shard, 1);
   }
 
-  // Takes up to `count` parked workers off the list (ParkList::TakeOne: `shard`'s own
-  // first) and wakes each where it sleeps, to look at every shard again.
+  // Takes up to `count` parked workers off the list (ParkList::TakeOne: those of other
+  // shards first) and wakes each where it sleeps, to look at every shard again.
   void Kick(size_t shard, size_t count) {
     for (; count > 0; --count) {
       const std::optional<internal::ParkList::Taken> taken = parked_.TakeOne(shard);
@@ -390,13 +431,11 @@ class ShardedQueue {
     }
   }
 
-  // A kicked worker that took an item at home instead: wakes another parked worker for
-  // the item it was kicked for, if some other shard still has one ready.
-  void PassOnKick(size_t home) {
+  // A kicked worker that leaves without the item it was kicked for: wakes another parked
+  // worker for it, if some shard still has an item ready.
+  void PassOnKick() {
     if (parked_.count() == 0) return;
-    const size_t n = shards_.size();
-    for (size_t i = 1; i < n; ++i) {
-      const size_t s = (home + i) % n;
+    for (size_t s = 0; s < shards_.size(); ++s) {
       if (shards_[s]->ReadyHint() != 0) {
         Kick(s, 1);
         return;
@@ -475,6 +514,8 @@ class ShardedQueue {
   std::atomic<uint64_t> aborts_{0};
   // ShutDownWithDrain calls in progress (DrainOwesRuns).
   std::atomic<int> drains_{0};
+  // ShutDown() calls in progress, which a drain waits out before it returns.
+  std::atomic<int> shutting_down_calls_{0};
 
   // Workers asleep, or about to sleep, for a kick (MadeReady).
   internal::ParkList parked_;
@@ -486,6 +527,9 @@ class ShardedQueue {
   // before it parks, so that a test can land an add in the moment before the worker is
   // listed (and so before any add can see it).
   std::function<void(size_t)> before_park_;
+  // Tests only (set the same way before a ShutDown): called by ShutDown with each shard's
+  // index after that shard is shut down.
+  std::function<void(size_t)> after_shard_shutdown_;
 };
 
 }  // namespace kwq

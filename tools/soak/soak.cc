@@ -1,6 +1,6 @@
 // kwq-soak: multi-threaded soak of the queues and workqueues with an invariant checker.
 //
-//   kwq-soak --seconds=60 [--keys=512] [--producers=3] [--workers=4]
+//   kwq-soak --seconds=60 [--keys=512] [--producers=3] [--workers=4] [--shards=9]
 //
 // Runs, for the given time, producers that Add / AddAfter / AddRateLimited random keys
 // to a RateLimitingQueue and Add / AddAll them to a ShardedQueue, workers that process
@@ -9,6 +9,11 @@
 //   - no key is ever held by two workers at once (per queue);
 //   - nothing is lost: after the producers stop, every key's last add is followed by a
 //     run that started after it (level-triggered), and ShutDownWithDrain completes;
+//   - no worker sleeps while work waits: the ShardedQueue, with more shards than
+//     workers by default (so workers steal, park and are kicked), must run every key's
+//     last add before anything shuts it down. (Its workers usually find the last items
+//     awake, so this seldom catches a missing kick; tests/sharded_queue_test.cc's
+//     FewerWorkersThanShardsRunEveryItem is the test that does.)
 //   - no thread leaks: the process's thread count returns to its start value exactly
 //     (the default timer service's thread is started before the first count; the
 //     workqueue runs on a runtime of the soak's own, destroyed before the last).
@@ -34,6 +39,8 @@ ABSL_FLAG(double, seconds, 10, "how long to run");
 ABSL_FLAG(int, keys, 512, "distinct keys");
 ABSL_FLAG(int, producers, 3, "producer threads");
 ABSL_FLAG(int, workers, 4, "worker threads per queue");
+ABSL_FLAG(int, shards, 0,
+          "ShardedQueue shards (0: 2 * workers + 1, so that some shards have no worker)");
 
 namespace {
 
@@ -74,9 +81,12 @@ int main(int argc, char** argv) {
   const int keys = absl::GetFlag(FLAGS_keys);
   const int producers = absl::GetFlag(FLAGS_producers);
   const int workers = absl::GetFlag(FLAGS_workers);
+  const int shards =
+      absl::GetFlag(FLAGS_shards) > 0 ? absl::GetFlag(FLAGS_shards) : 2 * workers + 1;
   kwq::TimerService::Default();  // its thread is process-wide: started before counting
   const int threads_before = ThreadCount();
   uint64_t wq_runs = 0;
+  bool sh_settled = true;
   int threads_during = 0;
   Ledger rl(keys), sh(keys);
   {
@@ -87,7 +97,7 @@ int main(int argc, char** argv) {
     auto runtime = *kwq::WorkqueueRuntime::Create({});
     kwq::RateLimitingQueue<int> rlq(*kwq::ExponentialFailureRateLimiter<int>::Create(
         {.base = absl::Microseconds(1), .max = absl::Milliseconds(2)}));
-    auto shq = *kwq::ShardedQueue<int>::Create(workers);
+    auto shq = *kwq::ShardedQueue<int>::Create(shards);
     auto wq = *kwq::Workqueue::Create(
         {.name = "soak", .flags = kwq::kUnbound, .max_active = 4, .runtime = runtime.get()});
     std::atomic<bool> stop{false};
@@ -124,7 +134,11 @@ int main(int argc, char** argv) {
     for (int p = 0; p < producers; ++p) {
       threads.emplace_back([&, p] {
         std::mt19937 rng(p);
-        while (!stop.load(std::memory_order_relaxed)) {
+        for (uint64_t op = 1; !stop.load(std::memory_order_relaxed); ++op) {
+          // Now and then a pause long enough for idle workers to fall asleep, so that the
+          // adds after it must wake them (on the ShardedQueue, often from a shard
+          // without a worker of its own).
+          if (op % 2048 == 0) absl::SleepFor(absl::Milliseconds(3));
           const int k = static_cast<int>(rng() % keys);
           switch (rng() % 4) {
             case 0:
@@ -163,6 +177,17 @@ int main(int argc, char** argv) {
     while (rlq.InFlight() != 0 || rlq.Waiting() != 0 || rlq.Depth() != 0) {
       absl::SleepFor(absl::Milliseconds(1));
     }
+    // The sharded queue's items run with nothing shut down: a worker asleep while a shard
+    // without a worker holds an item would leave it there.
+    const absl::Time settle_by = absl::Now() + absl::Seconds(10);
+    while (!(sh.Lost() == 0 && shq->Depth() == 0 && shq->InFlight() == 0)) {
+      if (absl::Now() > settle_by) {
+        sh_settled = false;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    if (!sh_settled) sh.violations.fetch_add(1);
     const bool rl_drained = rlq.ShutDownWithDrain();
     const bool sh_drained = shq->ShutDownWithDrain();
     for (int i = 0; i < workers * 2; ++i) threads[i].join();
@@ -177,10 +202,11 @@ int main(int argc, char** argv) {
   const uint64_t violations = rl.violations.load() + sh.violations.load();
   const bool leaked = threads_after != threads_before;
   std::printf(
-      "soak seconds=%.1f rl_runs=%llu sharded_runs=%llu wq_runs=%llu violations=%llu "
-      "lost=%d threads_before=%d threads_during=%d threads_after=%d\n",
-      absl::ToDoubleSeconds(run_for), (unsigned long long)rl.runs.load(),
-      (unsigned long long)sh.runs.load(), (unsigned long long)wq_runs,
+      "soak seconds=%.1f shards=%d rl_runs=%llu sharded_runs=%llu wq_runs=%llu "
+      "sharded_settled=%d violations=%llu lost=%d threads_before=%d threads_during=%d "
+      "threads_after=%d\n",
+      absl::ToDoubleSeconds(run_for), shards, (unsigned long long)rl.runs.load(),
+      (unsigned long long)sh.runs.load(), (unsigned long long)wq_runs, sh_settled ? 1 : 0,
       (unsigned long long)violations, lost, threads_before, threads_during, threads_after);
   return violations == 0 && lost == 0 && !leaked && wq_runs > 0 ? 0 : 1;
 }

@@ -6,10 +6,11 @@
 // Internal: kwq users must not depend on this header.
 //
 // A worker parks an Entry that lives in its own frame, then (after a store-load fence,
-// the caller's) looks for work once more and sleeps; whoever makes an item ready (after
-// its own fence) reads count() and, when it is not zero, calls TakeOne, which takes an
-// entry off the list, marks it kicked and tells the caller where that worker sleeps, so
-// the caller can wake it there. The worker leaves with Unpark (a no-op once kicked).
+// the caller's) looks for work once more and sleeps; whoever makes an item ready that no
+// Get of its shard is on its way to take (after its own fence) reads count() and, when it
+// is not zero, calls TakeOne, which takes an entry off the list, marks it kicked and tells
+// the caller where that worker sleeps, so the caller can wake it there. The worker leaves
+// with Unpark (a no-op once kicked).
 //
 // Thread safety: every member may be called from any thread. The list's lock is taken
 // with no shard lock held, and no shard lock is taken under it (callers wake a kicked
@@ -80,13 +81,16 @@ class ParkList {
     if (kick) entry->kicked.store(true, std::memory_order_relaxed);
   }
 
-  // Takes one entry off the list, one whose home is `shard` if any, else the one parked
-  // last, and marks it kicked. nullopt when none is parked. O(parked).
+  // Takes one entry off the list for an item on `shard` that none of that shard's own
+  // Gets is on its way to take, and marks it kicked: the one parked last among those whose
+  // home is another shard, else the one parked last. (A parked worker of `shard` itself
+  // was signalled by its shard, or has yet to look under that shard's lock and will find
+  // the item: kicking it wakes nobody new.) nullopt when none is parked. O(parked).
   std::optional<Taken> TakeOne(size_t shard) {
     MutexLock lock(&mu_);
     Entry* chosen = head_;
     for (Entry* e = head_; e != nullptr; e = e->next) {
-      if (e->home == shard) {
+      if (e->home != shard) {
         chosen = e;
         break;
       }
@@ -118,9 +122,10 @@ class ParkList {
     if (entry->listed) UnlinkLocked(entry);
   }
 
-  // Wakes every worker in WaitStep (each looks for work again).
+  // Wakes every worker in WaitStep (each looks for work again). Signals under the lock, so
+  // a WaitStep that has checked is waiting by then.
   void WakeWaitSteps() {
-    { MutexLock lock(&mu_); }  // a WaitStep that has checked is waiting by the signal
+    MutexLock lock(&mu_);
     cv_.SignalAll();
   }
 
