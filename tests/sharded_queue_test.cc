@@ -727,6 +727,28 @@ TEST(ShardedQueueTest, AKickedWorkerThatLeavesWithoutTheItemPassesTheKickOn) {
   EXPECT_EQ(get1.outcome(), absl::StrCat(key));
 }
 
+// A ShutDown stops the shards one by one: a worker whose shard is stopped and empty waits
+// until every shard is, since the others still take adds meanwhile. Here an add lands on
+// shard 2 after shard 0 stopped (a test-only call after each shard's ShutDown makes it,
+// after giving the worker 100 ms to end wrongly); the worker must take it. (Its Get ended
+// as soon as shard 0 was stopped, and the item stayed with no worker.)
+TEST(ShardedQueueTest, AWorkerWhoseShardStoppedFirstWaitsForTheOthersToStop) {
+  auto q = *ShardedQueue<int>::Create(3);
+  testing::AsyncGet get(GetOn(q, 0));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  const int key = KeyIn(*q, 2);
+  internal::QueuePeer::AfterShardShutDown(*q, [&](size_t shard) {
+    if (shard != 0) return;
+    // A negative check: it can only miss a failure.
+    EXPECT_FALSE(get.ReturnsWithin(absl::Milliseconds(100)))
+        << "the Get ended with shards still taking adds";
+    EXPECT_TRUE(q->Add(key));  // shard 2 is not stopped yet
+  });
+  q->ShutDown();
+  EXPECT_TRUE(get.Await([] {}));
+  EXPECT_EQ(get.outcome(), absl::StrCat(key));
+}
+
 // A drain that a ShutDown ends waits for that ShutDown to be done with the queue before it
 // returns, so its caller may destroy the queue at once. A test-only call after the first
 // shard's ShutDown holds the ShutDown there (for up to 200 ms) while the drainer, woken by

@@ -366,13 +366,18 @@ class Queue {
   // Whether the item one push just made ready is left to no Get of this queue, `woke`
   // being whether the push signalled a sleeping Get (NeedWakeLocked): for ShardedQueue,
   // which then wakes a worker of another shard. Not when a sleeper was signalled for it,
-  // nor while no more items are ready than Gets poll at length (case (1) of
-  // NeedWakeLocked). Reads only the pollers' count unless some Get polls, so an add pays
-  // for no line the workers write.
+  // nor while no more items are ready than Gets poll at length. Reads only the pollers'
+  // count unless some Get polls, so an add pays for no line the workers write; when one
+  // does, the ready count is read before the pollers' count again, as in NeedWakeLocked's
+  // case (1): a poller that took one of the counted items has left the count by then (read
+  // the other way round, a poller counted before it took an older item looked like one
+  // on its way to this item, which then waited for that poller's whole run).
   bool UnclaimedAfterPushLocked(bool woke) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (woke) return false;
+    if (spinners_.load(std::memory_order_relaxed) <= 0) return true;
+    const size_t ready = ReadyCountLocked();
     const int polling = spinners_.load(std::memory_order_relaxed);
-    return polling <= 0 || ReadyCountLocked() > static_cast<size_t>(polling);
+    return polling <= 0 || ready > static_cast<size_t>(polling);
   }
 
   // Ready items beyond the Gets of this queue that are on their way to take one: those

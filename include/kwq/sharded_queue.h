@@ -25,10 +25,10 @@
 //     or it has none) pays a store-load fence (one locked instruction) to see a worker
 //     going to sleep.
 //   - Order is FIFO within a shard, not across shards.
-//   - ShutDown / ShutDownWithDrain act on every shard; Get(w) returns nullopt once shard w
-//     is shut down with nothing ready, nothing is left to steal and, during a drain, no
-//     shard owes a run (an item in flight that was added again is ready at its Done, and a
-//     Get takes it then, on whichever shard, as in Queue).
+//   - ShutDown / ShutDownWithDrain act on every shard, one after another; Get(w) returns
+//     nullopt once every shard is shut down, nothing is left ready on any and, during a
+//     drain, no shard owes a run (an item in flight that was added again is ready at its
+//     Done, and a Get takes it then, on whichever shard, as in Queue).
 //
 // Thread safety: every member may be called from any thread; shards lock independently.
 // As for Queue, a Lease must not outlive its queue: destroying the queue while a lease
@@ -174,10 +174,10 @@ class ShardedQueue {
   // ready anywhere, until an item comes to that shard or is made ready on another one
   // whose own Gets do not take it (then it steals it; see the promises above).
   // While it polls before sleeping it also watches the other shards, one per poll.
-  // nullopt once that shard is shut down and empty, no other shard has a ready item left
-  // to steal and, during a drain, none owes a run (it waits for one owed elsewhere, in
-  // steps of 1 ms, or until its Done queues it). A steal reads every other shard's ready
-  // count without its lock (O(K)) and locks only a shard that reports one.
+  // nullopt once every shard is shut down, none has a ready item left to steal and,
+  // during a drain, none owes a run (with its own shard done it waits for the others, in
+  // steps of 1 ms, or until a kick or the end of the ShutDown). A steal reads every other
+  // shard's ready count without its lock (O(K)) and locks only a shard that reports one.
   std::optional<Lease> Get(int worker) { return GetFrom(Home(worker), nullptr); }
 
   // Like Get(worker), and also returns nullopt when `ctx` is done: a ready item on any
@@ -269,6 +269,7 @@ class ShardedQueue {
     // Every shard counts as draining from the start (not only once the wait reaches it),
     // so each worker's Get waits for the runs owed on its shard by leases in flight.
     for (auto& s : shards_) s->BeginDrain();
+    parked_.WakeWaitSteps();  // every shard refuses adds now: Gets waiting on that look again
     // Also when a shard's wait throws (std::bad_alloc registering the wake-up on `ctx`):
     // a drain left counted would keep every Done on its slow path for good.
     absl::Cleanup end_drains = [this] {
@@ -305,37 +306,43 @@ class ShardedQueue {
   // on another shard), `ctx`, or the end. During a drain it returns nullopt only once no
   // shard owes a run any more, so that fewer workers than shards still drain them all.
   std::optional<Lease> GetFrom(size_t home, const Context* ctx) {
+    // Kicked for an item elsewhere and not yet holding one from another shard: on every
+    // way out without one (an item taken at home, a done context, nullopt, a throw) the
+    // kick goes on to another parked worker, or the item it was for could wait beside a
+    // sleeping worker.
+    bool owe_kick = false;
+    absl::Cleanup pass_on = [&] {
+      if (owe_kick) PassOnKick();
+    };
     bool home_done = false;  // home is shut down with nothing ready or owed: for good
     for (;;) {
-      if (auto lease = TryGetFrom(home)) return lease;
+      // Read before the look for items: once every shard refuses adds, an item the look
+      // misses can only be one a Done queues, which DrainOwesRuns counts.
+      const bool all_stopped = home_done && ShuttingDown();
+      size_t from = home;
+      if (auto lease = TryGetFrom(home, &from)) {
+        if (from != home) owe_kick = false;  // an item from elsewhere: what it was kicked for
+        return lease;
+      }
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
       if (home_done) {
-        if (!DrainOwesRuns()) return std::nullopt;
-        // A run owed on another shard: wait a step of 1 ms (a hand-out that leaves none
-        // owed wakes nobody, as in Queue::WaitForReady), or until a Done that queues it
-        // kicks this worker, the drain ends, a ShutDown or `ctx`.
+        // Shards not yet stopped may still take adds (a ShutDown or drain stops them one
+        // by one), and during a drain a Done may queue a run owed on any shard.
+        if (all_stopped && !DrainOwesRuns()) return std::nullopt;
+        // Wait a step of 1 ms (a hand-out that leaves none owed wakes nobody, as in
+        // Queue::WaitForReady), or until a kick, the end of a ShutDown or of a drain's
+        // start or end, or `ctx`.
         Parked waiting(home, /*on_list_cv=*/true);
         parked_.WaitStep(
             &waiting, ctx, [&] { return AnyShardReady(); }, absl::Milliseconds(1));
+        if (waiting.taken.load(std::memory_order_relaxed)) owe_kick = true;
         continue;
       }
       Parked parked(home, /*on_list_cv=*/false);
-      std::optional<Lease> lease;
-      const int uncaught = std::uncaught_exceptions();
-      {
-        // A kicked worker that leaves without the item it was kicked for (it took one at
-        // home, its context ended, or its wake-up on the context could not be made) wakes
-        // another for it.
-        absl::Cleanup pass_on = [&] {
-          if (parked.kicked.load(std::memory_order_acquire) &&
-              (lease || std::uncaught_exceptions() > uncaught ||
-               (ctx != nullptr && ctx->IsCancelled()))) {
-            PassOnKick();
-          }
-        };
-        lease = SleepOnHome(&parked, ctx);
-      }
-      if (lease) return lease;
+      std::optional<Lease> lease = SleepOnHome(&parked, ctx);
+      // SleepOnHome has left the list (under its lock): `taken` is final.
+      if (parked.taken.load(std::memory_order_relaxed)) owe_kick = true;
+      if (lease) return lease;  // from home
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
       if (parked.kicked.load(std::memory_order_acquire)) continue;  // look everywhere again
       home_done = true;  // then what the others still hold, and runs owed there
@@ -498,13 +505,20 @@ class ShardedQueue {
   // to a shard concurrently may be passed by, as it could be just after the look; one
   // added before the call, as the items a ShutDown finds, is seen, also while that
   // shard's worker moves its overflow list to its outbox: Queue::ReadyHint).
-  std::optional<Lease> TryGetFrom(size_t home) {
-    if (auto lease = shards_[home]->TryGet()) return lease;
+  // `from` (may be null) is set to the shard the item came from.
+  std::optional<Lease> TryGetFrom(size_t home, size_t* from = nullptr) {
+    if (auto lease = shards_[home]->TryGet()) {
+      if (from != nullptr) *from = home;
+      return lease;
+    }
     const size_t n = shards_.size();
     for (size_t i = 1; i < n; ++i) {
-      Shard& shard = *shards_[(home + i) % n];
-      if (shard.ReadyHint() == 0) continue;
-      if (auto lease = shard.TryGet()) return lease;
+      const size_t s = (home + i) % n;
+      if (shards_[s]->ReadyHint() == 0) continue;
+      if (auto lease = shards_[s]->TryGet()) {
+        if (from != nullptr) *from = s;
+        return lease;
+      }
     }
     return std::nullopt;
   }

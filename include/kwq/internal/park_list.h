@@ -46,6 +46,10 @@ class ParkList {
     // with kick); read by its own worker, which then looks at every shard again instead
     // of sleeping (a shard's Get checks it under that shard's lock: Queue::WaitForReady).
     std::atomic<bool> kicked{false};
+    // Set with `kicked` by TakeOne only: a kick for an item elsewhere, which the worker
+    // passes on if it leaves without that item. Final once the entry is off the list and
+    // its worker has taken the lock since (Unpark, or WaitStep's return).
+    std::atomic<bool> taken{false};
 
    private:
     friend class ParkList;
@@ -97,6 +101,7 @@ class ParkList {
     }
     if (chosen == nullptr) return std::nullopt;
     UnlinkLocked(chosen);
+    chosen->taken.store(true, std::memory_order_relaxed);
     chosen->kicked.store(true, std::memory_order_release);
     // `chosen` may be gone once the lock is released.
     return Taken{.home = chosen->home, .on_cv = chosen->on_cv};
