@@ -727,6 +727,29 @@ TEST(ShardedQueueTest, AKickedWorkerThatLeavesWithoutTheItemPassesTheKickOn) {
   EXPECT_EQ(get1.outcome(), absl::StrCat(key));
 }
 
+// A kicked worker takes the item it was kicked for, not an item another shard's own Get
+// is on its way to: here shard 0 has an item that a Get polling there claims (the test
+// counts one in), and the kick for shard 1's item must end with that item. (A kicked
+// worker scanned from its own shard on and stole the claimed item, counting it as the one
+// it was kicked for; the item on shard 1 then waited, and the claimed one's sleeper, when
+// there is one, woke to nothing.)
+TEST(ShardedQueueTest, AKickedWorkerTakesTheItemItWasKickedFor) {
+  auto q = *ShardedQueue<int>::Create(3);
+  testing::AsyncGet get(GetOn(q, 2));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 2); }));
+  internal::QueuePeer::SetPolling(q->shard(0), 1);
+  const int claimed = KeyIn(*q, 0);
+  const int unclaimed = KeyIn(*q, 1);
+  q->Add(claimed);  // a Get polls there: nobody is kicked
+  ASSERT_TRUE(StillParked(*q, 2));
+  q->Add(unclaimed);  // kicks worker 2
+  EXPECT_TRUE(get.Await([&] { q->ShutDown(); }));
+  EXPECT_EQ(get.outcome(), absl::StrCat(unclaimed));
+  internal::QueuePeer::SetPolling(q->shard(0), 0);
+  while (auto lease = q->TryGet(0)) {  // empty the queue before it goes
+  }
+}
+
 // A ShutDown stops the shards one by one: a worker whose shard is stopped and empty waits
 // until every shard is, since the others still take adds meanwhile. Here an add lands on
 // shard 2 after shard 0 stopped (a test-only call after each shard's ShutDown makes it,

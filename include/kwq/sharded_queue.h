@@ -306,22 +306,37 @@ class ShardedQueue {
   // on another shard), `ctx`, or the end. During a drain it returns nullopt only once no
   // shard owes a run any more, so that fewer workers than shards still drain them all.
   std::optional<Lease> GetFrom(size_t home, const Context* ctx) {
-    // Kicked for an item elsewhere and not yet holding one from another shard: on every
-    // way out without one (an item taken at home, a done context, nullopt, a throw) the
+    // Kicked for an item on shard `owed_for` and not yet holding one from there: on every
+    // way out without one (an item taken elsewhere, a done context, nullopt, a throw) the
     // kick goes on to another parked worker, or the item it was for could wait beside a
-    // sleeping worker.
+    // sleeping worker. (An item stolen from another shard does not pay it: that one may
+    // be the item a sleeper of its own shard was woken for, who then finds nothing.)
     bool owe_kick = false;
+    size_t owed_for = 0;
     absl::Cleanup pass_on = [&] {
       if (owe_kick) PassOnKick();
+    };
+    // Takes on a kick noted in `entry`, once the entry is off the list (`taken` is final).
+    auto note_kick = [&](const Parked& entry) {
+      if (entry.taken.load(std::memory_order_relaxed)) {
+        owe_kick = true;
+        owed_for = entry.kicked_for.load(std::memory_order_relaxed);
+      }
     };
     bool home_done = false;  // home is shut down with nothing ready or owed: for good
     for (;;) {
       // Read before the look for items: once every shard refuses adds, an item the look
       // misses can only be one a Done queues, which DrainOwesRuns counts.
       const bool all_stopped = home_done && ShuttingDown();
+      if (owe_kick) {  // the item it was kicked for first
+        if (auto lease = shards_[owed_for]->TryGet()) {
+          owe_kick = false;
+          return lease;
+        }
+      }
       size_t from = home;
       if (auto lease = TryGetFrom(home, &from)) {
-        if (from != home) owe_kick = false;  // an item from elsewhere: what it was kicked for
+        if (owe_kick && from == owed_for) owe_kick = false;
         return lease;
       }
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
@@ -335,13 +350,16 @@ class ShardedQueue {
         Parked waiting(home, /*on_list_cv=*/true);
         parked_.WaitStep(
             &waiting, ctx, [&] { return AnyShardReady(); }, absl::Milliseconds(1));
-        if (waiting.taken.load(std::memory_order_relaxed)) owe_kick = true;
+        note_kick(waiting);
         continue;
       }
       Parked parked(home, /*on_list_cv=*/false);
-      std::optional<Lease> lease = SleepOnHome(&parked, ctx);
-      // SleepOnHome has left the list (under its lock): `taken` is final.
-      if (parked.taken.load(std::memory_order_relaxed)) owe_kick = true;
+      std::optional<Lease> lease;
+      {
+        // Also when SleepOnHome throws (its wake-up on `ctx` after a kick took it).
+        absl::Cleanup note = [&] { note_kick(parked); };
+        lease = SleepOnHome(&parked, ctx);
+      }
       if (lease) return lease;  // from home
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
       if (parked.kicked.load(std::memory_order_acquire)) continue;  // look everywhere again

@@ -50,6 +50,8 @@ class ParkList {
     // passes on if it leaves without that item. Final once the entry is off the list and
     // its worker has taken the lock since (Unpark, or WaitStep's return).
     std::atomic<bool> taken{false};
+    // The shard TakeOne was called for (the item's), written with `taken`.
+    std::atomic<size_t> kicked_for{0};
 
    private:
     friend class ParkList;
@@ -102,6 +104,7 @@ class ParkList {
     if (chosen == nullptr) return std::nullopt;
     UnlinkLocked(chosen);
     chosen->taken.store(true, std::memory_order_relaxed);
+    chosen->kicked_for.store(shard, std::memory_order_relaxed);
     chosen->kicked.store(true, std::memory_order_release);
     // `chosen` may be gone once the lock is released.
     return Taken{.home = chosen->home, .on_cv = chosen->on_cv};
