@@ -90,12 +90,20 @@ struct internal::QueuePeer {
 
 namespace {
 
+// The first `n` keys (of 0, 1, 2, ...) that live in `shard`.
+template <typename Q>
+std::vector<int> KeysIn(Q& q, int shard, size_t n) {
+  std::vector<int> keys;
+  for (int key = 0; keys.size() < n; ++key) {
+    if (q.ShardOf(key) == shard) keys.push_back(key);
+  }
+  return keys;
+}
+
 // The first key (0, 1, 2, ...) that lives in `shard`.
 template <typename Q>
 int KeyIn(Q& q, int shard) {
-  int key = 0;
-  while (q.ShardOf(key) != shard) ++key;
-  return key;
+  return KeysIn(q, shard, 1)[0];
 }
 
 // A worker stealing passes by a shard with nothing ready without taking its lock: the
@@ -644,10 +652,7 @@ TEST(ShardedQueueTest, AnItemAPollerOfItsShardTakesWakesNoOther) {
   testing::AsyncGet get0(GetOn(q, 0));
   ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
   internal::QueuePeer::SetPolling(q->shard(1), 1);
-  std::vector<int> keys;  // two keys of shard 1
-  for (int key = 0; keys.size() < 2; ++key) {
-    if (q->ShardOf(key) == 1) keys.push_back(key);
-  }
+  const std::vector<int> keys = KeysIn(*q, 1, 2);
   q->Add(keys[0]);
   EXPECT_TRUE(StillParked(*q, 0)) << "worker 0 was kicked for an item a poller takes";
   q->Add(keys[1]);
@@ -671,10 +676,7 @@ TEST(ShardedQueueTest, AnItemItsShardsWorkersDoNotTakeWakesAWorkerOfAnother) {
   ASSERT_TRUE(testing::Eventually([&] {
     return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(1)) == 1;
   }));
-  std::vector<int> keys;  // two keys of shard 1
-  for (int key = 0; keys.size() < 2; ++key) {
-    if (q->ShardOf(key) == 1) keys.push_back(key);
-  }
+  const std::vector<int> keys = KeysIn(*q, 1, 2);
   q->AddAll(keys);  // one hold of shard 1's lock: worker 1 cannot take the first meanwhile
   // The kick took worker 0 off the list before AddAll returned (a kick spent on worker 1
   // is passed on to worker 0 only once worker 1 has its item).

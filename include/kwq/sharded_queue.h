@@ -360,7 +360,10 @@ class ShardedQueue {
         absl::Cleanup note = [&] { note_kick(parked); };
         lease = SleepOnHome(&parked, ctx);
       }
-      if (lease) return lease;  // from home
+      if (lease) {  // from home: pays a kick for home (when none of another was parked)
+        if (owe_kick && owed_for == home) owe_kick = false;
+        return lease;
+      }
       if (ctx != nullptr && ctx->IsCancelled()) return std::nullopt;
       if (parked.kicked.load(std::memory_order_acquire)) continue;  // look everywhere again
       home_done = true;  // then what the others still hold, and runs owed there
