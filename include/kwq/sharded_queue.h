@@ -349,7 +349,7 @@ class ShardedQueue {
         // start or end, or `ctx`.
         Parked waiting(home, /*on_list_cv=*/true);
         parked_.WaitStep(
-            &waiting, ctx, [&] { return AnyShardReady(); }, absl::Milliseconds(1));
+            &waiting, ctx, [&] { return AnyReadyShard().has_value(); }, absl::Milliseconds(1));
         note_kick(waiting);
         continue;
       }
@@ -417,15 +417,22 @@ class ShardedQueue {
     return false;
   }
 
-  // Whether a shard other than `home` reports a ready item (ReadyHint, no lock).
-  bool OtherShardReady(size_t home) const {
+  // The first shard after `home` (round the ring, `home` itself excluded) that reports a
+  // ready item (ReadyHint, no lock), or nullopt.
+  std::optional<size_t> ReadyShardAfter(size_t home) const {
     const size_t n = shards_.size();
     for (size_t i = 1; i < n; ++i) {
-      if (shards_[(home + i) % n]->ReadyHint() != 0) return true;
+      const size_t s = (home + i) % n;
+      if (shards_[s]->ReadyHint() != 0) return s;
     }
-    return false;
+    return std::nullopt;
   }
-  bool AnyShardReady() const { return shards_[0]->ReadyHint() != 0 || OtherShardReady(0); }
+  bool OtherShardReady(size_t home) const { return ReadyShardAfter(home).has_value(); }
+  // The first shard (from 0) that reports a ready item, or nullopt.
+  std::optional<size_t> AnyReadyShard() const {
+    if (shards_[0]->ReadyHint() != 0) return 0;
+    return ReadyShardAfter(0);
+  }
 
   // `count` items were made ready on `shard` that none of its own Gets is on its way to
   // take (Queue::UnclaimedAfterPushLocked, UnclaimedLocked): wakes up to that many parked
@@ -463,12 +470,7 @@ class ShardedQueue {
   // worker for it, if some shard still has an item ready.
   void PassOnKick() {
     if (parked_.count() == 0) return;
-    for (size_t s = 0; s < shards_.size(); ++s) {
-      if (shards_[s]->ReadyHint() != 0) {
-        Kick(s, 1);
-        return;
-      }
-    }
+    if (const std::optional<size_t> s = AnyReadyShard()) Kick(*s, 1);
   }
 
   // The shard of a key whose table hash (KeyTable::HashOf) is `hash`. It is mixed first (the
