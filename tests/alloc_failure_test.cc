@@ -1043,6 +1043,18 @@ TEST(PriorityQueueAllocTest, ADelayedItemWithoutATimerIsStillHandedOut) {
   q->ShutDown();
   worker.join();
 }
+// As Queue's (ADrainWhoseWakeUpCannotBeMadeChangesNothing above).
+TEST(PriorityQueueAllocTest, ADrainWhoseWakeUpCannotBeMadeChangesNothing) {
+  auto [ctx, cancel] = WithCancel(Background());
+  auto q = *StringPQ::Create();
+  FailAllocation(1);
+  EXPECT_THROW(q->ShutDownWithDrain(ctx), std::bad_alloc);
+  ASSERT_TRUE(FailureUsed());
+  EXPECT_FALSE(q->ShuttingDown());
+  EXPECT_EQ(internal::QueuePeer::Draining(*q), 0);
+  EXPECT_TRUE(q->Add(std::string("a")));
+}
+
 // A PriorityQueue Get(ctx) registers a wake-up on ctx that points into its frame. While a
 // delayed item has no timer, the sleeping Get looks for due items itself and reads the
 // clock; a throw there removes the wake-up first. It was left on ctx, and cancelling ctx

@@ -31,6 +31,7 @@
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
+#include "testing/fragile_key.h"
 #include "testing/heap_in_use.h"
 #include "testing/hint_recorder.h"
 #include "testing/late_timer.h"
@@ -221,7 +222,8 @@ TEST_F(PriorityQueueTest, OwedPlacesSurviveGroupsComingAndGoing) {
 
 // A counting limiter (one the queue keeps the failure counts for) whose WhenCounted
 // throws: the add does not happen. A new key was left stored, never listed idle (so never
-// erased), and the group pinned for it was never given back.
+// erased), and the group pinned for it was never given back; later it was stored and
+// erased, which took the caller's item.
 TEST_F(PriorityQueueTest, AnAddWhoseLimiterThrowsDoesNotHappen) {
   struct Throwing : RateLimiter<std::string> {
     explicit Throwing(Clock* c) : clock(c) {}
@@ -247,6 +249,13 @@ TEST_F(PriorityQueueTest, AnAddWhoseLimiterThrowsDoesNotHappen) {
   EXPECT_THROW(q->AddRateLimited("new"), std::runtime_error);
   EXPECT_EQ(internal::QueuePeer::StoredKeys(*q), 0u);
   EXPECT_EQ(q->Len(), 0u);
+  // A new key's limiter is asked before the item is moved in: the caller keeps it (it
+  // was moved into the table, then erased with the key).
+  std::string item(40, 'n');  // past the small-string buffer: a move takes its bytes
+  throwing->throw_next = true;
+  EXPECT_THROW(q->AddRateLimited(std::move(item)), std::runtime_error);
+  EXPECT_EQ(item, std::string(40, 'n')) << "the failed add took the caller's item";
+  EXPECT_EQ(internal::QueuePeer::StoredKeys(*q), 0u);
   ASSERT_TRUE(q->Add("old", {.priority = 1}));
   throwing->throw_next = true;
   EXPECT_THROW(q->AddRateLimited("old"), std::runtime_error);  // known and queued: as it was
@@ -425,6 +434,54 @@ TEST_F(PriorityQueueTest, GetsTakeADueItemTheTimerHasNotMoved) {
     ASSERT_TRUE(lease.has_value());
     EXPECT_EQ(lease->item(), "a");
   }
+}
+
+// An add that throws (here a key whose copy throws) after its own look at the clock made
+// a due item ready still wakes a sleeping Get for it: the late timer, finding nothing
+// left to move, wakes nobody. Add skipped the wake-up when it threw; AddAll did not.
+TEST_F(PriorityQueueTest, AnAddThatThrowsWakesASleeperForTheItemsItMadeReady) {
+  using FragilePQ = PriorityQueue<testing::FragileKey>;
+  FragilePQ::Options options;
+  options.clock = &clock_;
+  options.timers = timers_.get();
+  auto q = *FragilePQ::Create(std::move(options));
+  q->AddAfter(testing::FragileKey(1), absl::Seconds(1));
+  std::atomic<bool> got{false};
+  std::thread sleeper([&] { got = q->Get().has_value(); });
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) > 0; }));
+  testing::LateTimer late(*timers_, clock_, absl::Seconds(1));
+  ASSERT_TRUE(late.Start());
+  const testing::FragileKey seven(7);
+  EXPECT_THROW(q->Add(seven), std::runtime_error);  // made "1" ready, then threw
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); })) << "a Get slept with an item ready";
+  late.Release();
+  if (!got) q->ShutDown();  // releases the sleeper, so the test fails instead of hanging
+  sleeper.join();
+}
+
+// With aging on, a Get reads the clock again to hand out; when that reading throws after
+// the Get made a due item ready, a sleeping Get is woken for the item (the Get making
+// items ready wakes others only for the rest).
+TEST_F(PriorityQueueTest, AGetWhoseAgingClockThrowsWakesASleeperForTheItem) {
+  testing::CountingClock clock(&clock_);
+  auto timers = *TimerService::Create({.clock = &clock});
+  PQ::Options options;
+  options.clock = &clock;
+  options.timers = timers.get();
+  options.aging = absl::Seconds(10);
+  auto q = Make(std::move(options));
+  q->AddAfter("a", absl::Seconds(1));
+  std::atomic<bool> got{false};
+  std::thread sleeper([&] { got = q->Get().has_value(); });
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Waiters(*q) > 0; }));
+  testing::LateTimer late(*timers, clock_, absl::Seconds(1));
+  ASSERT_TRUE(late.Start());
+  clock.ThrowNext(1, /*after=*/1);  // the TryGet's look for due items passes; aging's throws
+  EXPECT_THROW(q->TryGet(), std::runtime_error);
+  EXPECT_TRUE(testing::Eventually([&] { return got.load(); })) << "a Get slept with an item ready";
+  late.Release();
+  if (!got) q->ShutDown();
+  sleeper.join();
 }
 
 // Delayed items already due when the queue shuts down are handed out, whether or not the

@@ -134,6 +134,7 @@
 #include "kwq/internal/key_table.h"
 #include "kwq/internal/lease.h"
 #include "kwq/internal/mutex.h"
+#include "kwq/internal/pod_vector.h"
 #include "kwq/internal/queue_metrics.h"
 #include "kwq/internal/range_items.h"
 #include "kwq/internal/ready_levels.h"
@@ -268,17 +269,9 @@ class PriorityQueue {
       return Add(T(std::forward<K>(item)), opts);  // convert once, not at every use
     } else {
       const Prep prep = Prepare(item, opts);  // outside the lock
-      bool added;
-      WakeKind wake;
-      {
-        internal::MutexLock lock(&mu_);
-        const uint64_t ready_before = next_seq_;
-        const absl::Time now = NowForAddLocked(ClockNeed(prep));
-        added = AddLocked(std::forward<K>(item), prep, opts.priority, now);
-        wake = WakeLocked(next_seq_ - ready_before);
-      }
-      Notify(wake);
-      return added;
+      return AddUnderLock(ClockNeed(prep), [&](absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return size_t{AddLocked(std::forward<K>(item), prep, opts.priority, now)};
+      });
     }
   }
 
@@ -310,32 +303,20 @@ class PriorityQueue {
       preps.push_back(Prepare(item, opts));
       longest = std::max(longest, ClockNeed(preps.back()));
     }
-    size_t added = 0;
-    WakeKind wake;
-    std::exception_ptr thrown;
-    {
-      internal::MutexLock lock(&mu_);
-      const uint64_t ready_before = next_seq_;
-      const absl::Time now = NowForAddLocked(longest);
+    // An item whose copy throws ends the batch; the items before it stay added (and
+    // sleeping Gets are woken for them).
+    return AddUnderLock(longest, [&](absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      size_t added = 0;
       size_t i = 0;
-      // An item whose copy throws ends the batch; the items before it stay added, so
-      // sleeping Gets are woken for them before the exception goes on.
-      try {
-        for (auto&& item : items) {
-          if constexpr (kMove) {
-            added += AddLocked(std::move(item), preps[i++], opts.priority, now);
-          } else {
-            added += AddLocked(item, preps[i++], opts.priority, now);
-          }
+      for (auto&& item : items) {
+        if constexpr (kMove) {
+          added += AddLocked(std::move(item), preps[i++], opts.priority, now);
+        } else {
+          added += AddLocked(item, preps[i++], opts.priority, now);
         }
-      } catch (...) {
-        thrown = std::current_exception();
       }
-      wake = WakeLocked(next_seq_ - ready_before);
-    }
-    Notify(wake);
-    if (thrown) std::rethrow_exception(thrown);
-    return added;
+      return added;
+    });
   }
 
   // controller-runtime's AddWithOpts(opts, items...): AddAll of the arguments, in order.
@@ -344,24 +325,12 @@ class PriorityQueue {
     const std::array<Prep, sizeof...(Items)> preps{Prepare(items, opts)...};
     absl::Duration longest = absl::ZeroDuration();
     for (const Prep& prep : preps) longest = std::max(longest, ClockNeed(prep));
-    size_t added = 0;
-    WakeKind wake;
-    std::exception_ptr thrown;
-    {
-      internal::MutexLock lock(&mu_);
-      const uint64_t ready_before = next_seq_;
-      const absl::Time now = NowForAddLocked(longest);
+    return AddUnderLock(longest, [&](absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      size_t added = 0;
       [[maybe_unused]] size_t i = 0;
-      try {  // as AddAll: wake for the items added before one that throws
-        ((added += AddLocked(std::forward<Items>(items), preps[i++], opts.priority, now)), ...);
-      } catch (...) {
-        thrown = std::current_exception();
-      }
-      wake = WakeLocked(next_seq_ - ready_before);
-    }
-    Notify(wake);
-    if (thrown) std::rethrow_exception(thrown);
-    return added;
+      ((added += AddLocked(std::forward<Items>(items), preps[i++], opts.priority, now)), ...);
+      return added;
+    });
   }
 
   // The rate limiter's Forget: clears `item`'s failure history (call it on success).
@@ -551,16 +520,19 @@ class PriorityQueue {
   };
 
   // Per stored key.
+  // 24 bytes, the two 32-bit fields side by side (a million keys: 8 MB less than with
+  // `group` last, which padded both).
   struct SlotInfo {
-    int priority;        // while waiting: the largest of the adds since the last Get
-    uint64_t group_key;  // Options::group(item), or 0
-    int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
+    int priority;  // while waiting: the largest of the adds since the last Get
     // While the slot is owed a place among the ready items with no delay (kQueued and in
     // flight): the group of (priority, group_key), pinned for it (ReadyLevels::Pin), so
     // that linking it at the Done cannot fail. Else kNoGroup: a delayed item pins its
     // group only when it comes due (TryPinLocked), so a delayed add makes no group.
     uint32_t group = kNoGroup;
+    uint64_t group_key;  // Options::group(item), or 0
+    int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
   };
+  static_assert(sizeof(SlotInfo) == 24);
   static constexpr uint32_t kNoGroup = internal::ReadyLevels::kNoGroup;
 
   enum class WakeKind { kNone, kOne, kAll };
@@ -662,6 +634,32 @@ class PriorityQueue {
     }
   }
 
+  // Every add's frame: under mu_, makes due delayed items ready (NowForAddLocked, with
+  // the clock read if `clock_need` or the queue needs it), runs `add(now)` (returns how
+  // many items it added) and wakes sleeping Gets for every item made ready, also when
+  // `add` throws (the exception goes on after the wake-ups): an item the add's promotion
+  // made ready, or one an add before the throw queued, is never left beside a sleeping
+  // Get whose timer has already fired.
+  template <typename AddFn>
+  size_t AddUnderLock(absl::Duration clock_need, AddFn add) {
+    size_t added = 0;
+    WakeKind wake;
+    std::exception_ptr thrown;
+    {
+      internal::MutexLock lock(&mu_);
+      const uint64_t ready_before = next_seq_;
+      try {
+        added = add(NowForAddLocked(clock_need));
+      } catch (...) {
+        thrown = std::current_exception();
+      }
+      wake = WakeLocked(next_seq_ - ready_before);
+    }
+    Notify(wake);
+    if (thrown) std::rethrow_exception(thrown);
+    return added;
+  }
+
   // Reads the clock when an add needs it (for a delay, for aging's ready times, or when
   // items are delayed) and first makes every due delayed item ready, so that ready order
   // follows ready time. Returns the time read (InfinitePast, unused, when not read).
@@ -678,8 +676,9 @@ class PriorityQueue {
   // Stores or merges one add. `now` is the clock (read when the add needs it).
   // Out of memory: everything that allocates comes before the add changes anything, and
   // throws std::bad_alloc; the item is moved in only once nothing else can fail for
-  // memory. A counting limiter whose WhenCounted throws undoes the add (not the failure
-  // it counted).
+  // memory. A counting limiter whose WhenCounted throws undoes the add; the failure it
+  // counted stays for a key the queue held, and a new key is not stored (the caller keeps
+  // the item).
   template <typename K>
   bool AddLocked(K&& item, const Prep& prep, int priority, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -717,27 +716,35 @@ class PriorityQueue {
       const int p = (state & kDelayed) ? std::max(priority, info_[slot].priority) : priority;
       pinned = ready_.Pin(p, fresh ? prep.group : info_[slot].group_key);
     }
+    absl::Duration after = prep.after;
     if (fresh) {
+      // A key the queue does not hold has no failures: its limiter is asked before the
+      // item is moved in, so a limiter that throws leaves the caller's item, and the add
+      // records nothing (no key holds the count).
       try {
+        if (prep.counted) after = std::max(after, limiter_->WhenCounted(0));
         slot = table_.Insert(std::forward<K>(item), prep.hash, 0);
       } catch (...) {
         if (pinned != kNoGroup) ready_.Unpin(pinned);
         throw;
       }
-      if (counts_) counts_->Reset(slot);  // room reserved: cannot fail
+      if (counts_) {  // room reserved: cannot fail
+        counts_->Reset(slot);
+        if (prep.counted) counts_->Record(slot, counts_->Now(), /*busy=*/false);  // 0 before
+      }
       info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
-    } else if (counts_ && !BusyLocked(slot)) {
-      counts_->EndIdle(slot);  // a count that lapsed while idle goes before the key is busy
-    }
-    absl::Duration after = prep.after;
-    if (prep.counted) {
-      const int64_t failures = counts_->Record(slot, counts_->Now(), BusyLocked(slot));
-      try {
-        after = std::max(after, limiter_->WhenCounted(failures));
-      } catch (...) {  // a limiter of the user's: the add does not happen (the failure counts)
-        if (pinned != kNoGroup) ready_.Unpin(pinned);
-        if (fresh) table_.Erase(slot);
-        throw;
+    } else {
+      if (counts_ && !BusyLocked(slot)) {
+        counts_->EndIdle(slot);  // a count that lapsed while idle goes before it is busy
+      }
+      if (prep.counted) {
+        const int64_t failures = counts_->Record(slot, counts_->Now(), BusyLocked(slot));
+        try {
+          after = std::max(after, limiter_->WhenCounted(failures));
+        } catch (...) {  // a limiter of the user's: the add does not happen (the failure counts)
+          if (pinned != kNoGroup) ready_.Unpin(pinned);
+          throw;
+        }
       }
     }
     const bool immediate = after <= absl::ZeroDuration();
@@ -810,7 +817,7 @@ class PriorityQueue {
     if (aging_) aged_.Reserve(slots);
     idle_.ReserveFor(slots);  // each slot is listed at most once
     if (counts_) counts_->Reserve(static_cast<uint32_t>(slots));
-    info_.resize(slots);  // last: it says the others are done
+    info_.resize(slots, SlotInfo{});  // last: it says the others are done
   }
 
   // kDelayed -> kQueued bookkeeping (the caller moves the slot between structures).
@@ -907,10 +914,22 @@ class PriorityQueue {
   bool Aged(int64_t now_key, int64_t ready_key) const {
     return internal::AtLeastApart(ready_key, now_key, aging_ns_);
   }
+  int64_t AgingNowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    try {
+      return ToKey(clock_->Now());
+    } catch (...) {
+      WakeNextLocked();
+      throw;
+    }
+  }
 
+  // Hands out the next ready item (ready_ must not be empty). A clock that throws (read
+  // for aging) throws out of it with nothing taken, after waking a sleeping Get for the
+  // item: this caller may have been the Get signalled for it, or the one that made it
+  // ready (PromoteIfNoneReadyLocked wakes others only for the rest).
   Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint32_t slot;
-    if (aging_ && Aged(ToKey(clock_->Now()), aged_.TopKey())) {
+    if (aging_ && Aged(AgingNowLocked(), aged_.TopKey())) {
       slot = aged_.TopId();  // out of turn: no group's turn moves on
       ready_.Unlink(slot);
     } else {
@@ -1234,7 +1253,9 @@ class PriorityQueue {
   internal::CondVar drained_cv_;  // nothing queued or in flight while draining, or abort
   TimerService* timers_ ABSL_GUARDED_BY(mu_);  // nullptr until the first delay: Default()
   Table table_ ABSL_GUARDED_BY(mu_);
-  std::vector<SlotInfo> info_ ABSL_GUARDED_BY(mu_);  // per slot
+  // Per slot. Grows with realloc (kwq/internal/pod_vector.h): a std::vector would copy
+  // itself at each doubling and leave the old blocks resident.
+  internal::PodVector<SlotInfo> info_ ABSL_GUARDED_BY(mu_);
   // kIdleListed slots, oldest first; room for every slot (ReserveSlotsLocked).
   internal::SlotFifo idle_ ABSL_GUARDED_BY(mu_);
   size_t idle_floor_ ABSL_GUARDED_BY(mu_) = 0;  // see KeepIdleLocked

@@ -15,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kwq/delaying_queue.h"
+#include "kwq/priority_queue.h"
 #include "kwq/queue.h"
 #include "scenario.h"
 
@@ -132,14 +134,40 @@ std::string Mem(int64_t n) {
                          static_cast<double>(after - before) / n, n, q.Len());
 }
 
+// mem's measure for the other queues that hold many keys (not a SCENARIOS.md scenario:
+// for choosing between them): the same keys waiting on a DelayingQueue (AddAfter one
+// hour), and ready on a PriorityQueue (priorities i % 10).
+std::string MemDelayed(int64_t n) {
+  std::vector<std::string> keys = MakeKeys(n);
+  DelayingQueue<std::string> q;
+  const int64_t before = ResidentBytes();
+  for (auto& k : keys) q.AddAfter(std::move(k), absl::Hours(1));
+  const int64_t after = ResidentBytes();
+  Check(q.Len() == 0, "a key an hour away is ready");
+  return absl::StrFormat("bytes_per_waiting_key=%.1f n=%d", static_cast<double>(after - before) / n,
+                         n);
+}
+
+std::string MemPriority(int64_t n) {
+  std::vector<std::string> keys = MakeKeys(n);
+  auto q = *PriorityQueue<std::string>::Create();
+  const int64_t before = ResidentBytes();
+  for (int64_t i = 0; i < n; ++i) {
+    q->Add(std::move(keys[i]), {.priority = static_cast<int>(i % 10)});
+  }
+  const int64_t after = ResidentBytes();
+  Check(static_cast<int64_t>(q->Len()) == n, "len != n");
+  return absl::StrFormat("bytes_per_queued_key=%.1f n=%d len=%d",
+                         static_cast<double>(after - before) / n, n, q->Len());
+}
+
 }  // namespace
 
 std::vector<Scenario> QueueScenarios() {
   return {
-      {"fifo_1t", 1'000'000, Fifo1T},
-      {"pc_2w", 1'000'000, Pc2W},
-      {"dedup_hot", 1'000'000, DedupHot},
-      {"mem", 1'000'000, Mem},
+      {"fifo_1t", 1'000'000, Fifo1T},         {"pc_2w", 1'000'000, Pc2W},
+      {"dedup_hot", 1'000'000, DedupHot},     {"mem", 1'000'000, Mem},
+      {"mem_delayed", 1'000'000, MemDelayed}, {"mem_priority", 1'000'000, MemPriority},
   };
 }
 

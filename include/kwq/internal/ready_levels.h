@@ -38,6 +38,7 @@
 #include "absl/hash/hash.h"
 #include "kwq/internal/check.h"
 #include "kwq/internal/indexed_heap.h"
+#include "kwq/internal/pod_vector.h"
 #include "kwq/internal/safe_growth.h"
 #include "kwq/internal/seq_ring.h"
 
@@ -54,7 +55,7 @@ class ReadyLevels {
   // Makes room for the positions of every slot below `slots`. Throws std::bad_alloc with
   // nothing changed.
   void ReserveSlots(size_t slots) {
-    if (pos_.size() < slots) pos_.resize(slots);
+    if (pos_.size() < slots) pos_.resize(slots, Position{});
   }
 
   // Sets aside one Link into the group of (priority, group_key), creating the group if
@@ -383,7 +384,7 @@ class ReadyLevels {
       absl::flat_hash_map<GroupKey, uint32_t, absl::Hash<GroupKey>, std::equal_to<GroupKey>,
                           ReservingAllocator<std::pair<const GroupKey, uint32_t>>>;
 
-  std::vector<Position> pos_;  // by slot
+  PodVector<Position> pos_;  // by slot; grows with realloc, as PriorityQueue's info_ does
   std::vector<Level> levels_;
   std::vector<Group> groups_;
   GrowthReserve level_growth_;  // before the maps, whose allocators point at them
