@@ -509,6 +509,72 @@ TEST(ShardedQueueAllocTest, ADrainWhoseWakeUpCannotBeMadeLeavesNoDrainCounted) {
   }
 }
 
+// A Get(ctx) whose wake-up on ctx cannot be made for want of memory does not throw: it
+// sleeps in steps of a millisecond, and returns once ctx is done, or with an item added
+// meanwhile. It threw std::bad_alloc out of the worker's loop. `get(ctx)` returns the
+// item or "none"; `waiters()` counts Gets asleep; `add()` adds "item".
+void ExpectAGetWhoseWakeUpCannotBeMadeStillWaits(
+    const std::function<std::string(const Context&)>& get, const std::function<int()>& waiters,
+    const std::function<void()>& add) {
+  for (const bool by_cancel : {true, false}) {
+    SCOPED_TRACE(by_cancel ? "ended by a cancel" : "ended by an add");
+    auto [ctx, cancel] = WithCancel(Background());
+    std::string outcome;
+    std::atomic<bool> done{false};
+    bool used = false;
+    std::thread getter([&, c = ctx] {
+      testing::FailAllocation(1);  // the wake-up's registration on c, before it sleeps
+      try {
+        outcome = get(c);
+      } catch (const std::bad_alloc&) {
+        outcome = "threw";
+      }
+      used = testing::FailureUsed();
+      done = true;
+    });
+    EXPECT_TRUE(testing::Eventually([&] { return waiters() > 0 || done.load(); }));
+    if (by_cancel) {
+      cancel();
+    } else {
+      add();
+    }
+    EXPECT_TRUE(testing::Eventually([&] { return done.load(); }));
+    if (!done) cancel();  // releases the Get, so the test fails instead of hanging
+    getter.join();
+    EXPECT_TRUE(used);
+    EXPECT_EQ(outcome, by_cancel ? "none" : "item");
+  }
+}
+
+TEST(QueueAllocTest, AGetWhoseWakeUpCannotBeMadeStillWaits) {
+  Queue<std::string> q;
+  ExpectAGetWhoseWakeUpCannotBeMadeStillWaits(
+      [&](const Context& ctx) {
+        auto lease = q.Get(ctx);
+        return lease ? lease->item() : std::string("none");
+      },
+      [&] { return internal::QueuePeer::Waiters(q); }, [&] { q.Add(std::string("item")); });
+}
+TEST(PriorityQueueAllocTest, AGetWhoseWakeUpCannotBeMadeStillWaits) {
+  auto q = *PriorityQueue<std::string>::Create();
+  ExpectAGetWhoseWakeUpCannotBeMadeStillWaits(
+      [&](const Context& ctx) {
+        auto lease = q->Get(ctx);
+        return lease ? lease->item() : std::string("none");
+      },
+      [&] { return internal::QueuePeer::Waiters(*q); }, [&] { q->Add(std::string("item")); });
+}
+TEST(ShardedQueueAllocTest, AGetWhoseWakeUpCannotBeMadeStillWaits) {
+  auto q = *ShardedQueue<std::string>::Create(2);
+  ExpectAGetWhoseWakeUpCannotBeMadeStillWaits(
+      [&](const Context& ctx) {
+        auto lease = q->Get(0, ctx);
+        return lease ? lease->item() : std::string("none");
+      },
+      [&] { return internal::QueuePeer::Waiters(q->shard(0)); },
+      [&] { q->Add(std::string("item")); });
+}
+
 // An add of a new key that fails for memory has not taken the caller's item: the key is
 // moved in only once the room the add needs next (the ready list's push, the failure
 // count) is made. It was moved into the key table first, and the overflow list's growth

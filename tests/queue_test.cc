@@ -109,6 +109,32 @@ TEST(QueueTest, AddWhileProcessingRunsAgainAfterDone) {
   EXPECT_EQ(**again, "a");
 }
 
+// Writes made before an Add are visible to the processing of the item that follows it,
+// whatever the Add returns: a merged add (the item already queued) and one refused
+// because the queue is shutting down (the item queued before is still handed out). The
+// refused one published nothing: the worker takes the item through the ring, without the
+// table lock (TSan reported the race). Meaningful under TSan.
+TEST(QueueTest, WritesBeforeAnAddAreVisibleToTheProcessingThatFollows) {
+  for (const bool shut_down : {false, true}) {
+    SCOPED_TRACE(shut_down ? "refused" : "merged");
+    Queue<std::string> q;
+    q.Add("x");
+    if (shut_down) q.ShutDown();
+    int payload = 0;
+    std::atomic<bool> added{false};  // relaxed: no synchronisation of its own
+    std::thread worker([&] {
+      while (!added.load(std::memory_order_relaxed)) std::this_thread::yield();
+      auto lease = q.Get();
+      ASSERT_TRUE(lease.has_value());
+      EXPECT_EQ(payload, 42);
+    });
+    payload = 42;
+    EXPECT_FALSE(q.Add("x"));
+    added.store(true, std::memory_order_relaxed);
+    worker.join();
+  }
+}
+
 TEST(QueueTest, LeaseDestructorCallsDone) {
   StringQueue q;
   q.Add("a");

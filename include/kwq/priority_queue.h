@@ -390,7 +390,8 @@ class PriorityQueue {
 
   // Like Get, and also returns nullopt when `ctx` is done (check ctx.IsCancelled() to
   // tell). A ready item wins over a done context. Registers a wake-up on `ctx` only when
-  // it has to block.
+  // it has to block; when that cannot allocate it does not throw, but sleeps in steps of
+  // a millisecond and looks at `ctx` after each.
   std::optional<Lease> Get(const Context& ctx) {
     {
       internal::MutexLock lock(&mu_);
@@ -402,12 +403,13 @@ class PriorityQueue {
     }
     // Gone on every way out, a throw included (WaitLocked reads a user's clock while
     // delayed items have no timer): it touches this queue (kwq/internal/context_wake.h).
-    internal::ContextWake wake(ctx, &mu_, &ready_cv_);
+    std::optional<internal::ContextWake> wake;
+    const bool unwatched = !internal::ContextWake::TryEmplace(&wake, ctx, &mu_, &ready_cv_);
     std::optional<Lease> lease;
     internal::MutexLock lock(&mu_);
     while (ready_.empty() && !(shutting_down_ && (draining_ == 0 || queued_ == 0)) &&
            !ctx.IsCancelled()) {
-      WaitLocked();
+      WaitLocked(unwatched ? kUnwatchedStep : absl::InfiniteDuration());
     }
     if (!ready_.empty()) lease.emplace(PopLocked());
     return lease;
@@ -1076,10 +1078,15 @@ class PriorityQueue {
   // then consumes one unit of signaled_. While delayed items have no timer (it could not
   // be made: out of memory, see ArmLocked), the wait ends every kNoTimerPoll, and the
   // Get makes due items ready itself (PromoteIfNoneReadyLocked).
-  void WaitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Sleeps on ready_cv_ for at most `step` (a Get(ctx) whose wake-up on its context
+  // could not be made looks at it every kUnwatchedStep). A wait that ends unsignalled may
+  // consume a unit of signaled_ (see Queue::WaitLocked): only extra wake-ups follow.
+  void WaitLocked(absl::Duration step = absl::InfiniteDuration())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++waiters_;
-    if (timer_ == 0 && !delayed_.empty() && !shutting_down_) {
-      ready_cv_.WaitFor(&mu_, kNoTimerPoll);
+    if (timer_ == 0 && !delayed_.empty() && !shutting_down_) step = std::min(step, kNoTimerPoll);
+    if (step != absl::InfiniteDuration()) {
+      ready_cv_.WaitFor(&mu_, step);
     } else {
       ready_cv_.Wait(&mu_);
     }
@@ -1091,6 +1098,7 @@ class PriorityQueue {
     }
   }
   static constexpr absl::Duration kNoTimerPoll = absl::Milliseconds(1);
+  static constexpr absl::Duration kUnwatchedStep = absl::Milliseconds(1);
 
   // How to wake blocked Gets for `made_ready` newly ready items: one Signal per sleeping
   // worker not yet signalled, and none while the Gets polling at length (SpinLocked) are

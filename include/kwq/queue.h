@@ -242,7 +242,8 @@ class Queue {
   // Like Get, and also returns nullopt when `ctx` is done (check ctx.IsCancelled() to
   // tell); a ready item wins over a done context. Polls like Get before it sleeps (the
   // polling ends when ctx is done), and registers a wake-up on `ctx` only when it has to
-  // sleep.
+  // sleep. Does not throw when that registration cannot allocate: it then sleeps in
+  // steps of a millisecond and looks at `ctx` after each.
   std::optional<Lease> Get(const Context& ctx) {
     return GetPromoting(
         &ctx, [] { return false; }, [](bool) { return false; });
@@ -460,6 +461,7 @@ class Queue {
     // `promote` or `due` (a user's clock) included: it touches this queue and lives in
     // this frame (a throw once left it on `ctx`, and cancelling ran it on a dead frame).
     std::optional<internal::ContextWake> wake;
+    bool unwatched = false;  // the wake-up could not be made: sleep in steps, look at ctx
     std::optional<Lease> lease;
     for (bool spun = false;; spun = true) {
       if ((lease = TryGet())) break;
@@ -468,8 +470,10 @@ class Queue {
         Spin([&] { return due() || (ctx != nullptr && ctx->IsCancelled()); });
         continue;
       }
-      if (ctx != nullptr && !wake && !ctx->IsCancelled()) wake.emplace(*ctx, &mu_, &ready_cv_);
-      if (!WaitForReady(ctx, stop)) break;
+      if (ctx != nullptr && !wake && !unwatched && !ctx->IsCancelled()) {
+        unwatched = !internal::ContextWake::TryEmplace(&wake, *ctx, &mu_, &ready_cv_);
+      }
+      if (!WaitForReady(ctx, stop, unwatched)) break;
     }
     return lease;
   }
@@ -783,8 +787,11 @@ class Queue {
 
   // Blocks until an item may be ready. Returns false when the queue is shut down (or
   // `ctx` is done, or `*stop` is true) and nothing is ready; true also after one step of
-  // kSleepStep while sleep_in_steps_ is set. `ctx` and `stop` may be null.
-  bool WaitForReady(const Context* ctx, const std::atomic<bool>* stop = nullptr) {
+  // kSleepStep while sleep_in_steps_ is set. `ctx` and `stop` may be null. With
+  // `ctx_unwatched` (no wake-up on ctx could be made) it sleeps in steps of kSleepStep
+  // and looks at ctx after each.
+  bool WaitForReady(const Context* ctx, const std::atomic<bool>* stop = nullptr,
+                    bool ctx_unwatched = false) {
     internal::MutexLock lock(&mu_);
     while (NothingReadyLocked()) {
       if (ctx != nullptr && ctx->IsCancelled()) return false;
@@ -809,6 +816,10 @@ class Queue {
         WaitLocked(kSleepStep);
         return true;
       }
+      if (ctx_unwatched) {  // no wake-up on ctx (no memory for it): look at it every step
+        WaitLocked(kSleepStep);
+        continue;
+      }
       WaitLocked();
     }
     return true;
@@ -816,8 +827,11 @@ class Queue {
 
   // Blocks one Get on ready_cv_. Each Signal wakes exactly one blocked waiter, which
   // then consumes one unit of signaled_.
-  // With a timeout (shutting down only), a wait may end unsignalled and still consume a
-  // unit of signaled_; the Gets it could take that from poll the same way.
+  // With a timeout (while shutting down, while sleep_in_steps_, or for a Get(ctx) whose
+  // wake-up on ctx could not be made), a wait may end unsignalled and still consume a
+  // unit of signaled_: it then finds the item that signal was for (or that another Get
+  // took it), and the signal, still pending, wakes another Get for nothing; fewer units
+  // counted than signals pending only make later adds signal more.
   void WaitLocked(absl::Duration timeout = absl::InfiniteDuration())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++waiters_;
@@ -923,11 +937,19 @@ class Queue {
   }
 
   // The slot of `item`, inserted (idle; `*fresh` set) if new; or kNone when the queue is
-  // shutting down.
+  // shutting down. A refused add still makes a release read-modify-write on a known
+  // key's state, as a merged add does, so the caller's earlier writes are visible to the
+  // Get that hands out the item, if it is still queued (client-go's refused Add takes
+  // the queue's lock, which orders it before a later Get). Rare: no cost on the add path.
   template <typename K>
   uint32_t FindOrInsertLocked(K&& item, uint32_t hash, bool* fresh)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (shutting_down_) return Table::kNone;
+    if (shutting_down_) [[unlikely]] {
+      if (const uint32_t known = table_.Find(item, hash); known != Table::kNone) {
+        State(known).fetch_or(0, std::memory_order_acq_rel);
+      }
+      return Table::kNone;
+    }
     // Both index lines at once: the lookup reads the control bytes, and an insert (a new
     // key) then writes the slot line, whose miss would otherwise stall the unlock.
     table_.Prefetch(item, hash);

@@ -182,8 +182,9 @@ class ShardedQueue {
 
   // Like Get(worker), and also returns nullopt when `ctx` is done: a ready item on any
   // shard still wins over a context already done at the call; a cancel that ends the
-  // sleep returns without stealing. Throws std::bad_alloc when the wake-up on `ctx`
-  // cannot be registered (as Queue::Get(ctx)).
+  // sleep returns without stealing. Does not throw when the wake-up on `ctx` cannot be
+  // registered for want of memory: it then looks at `ctx` every millisecond (as
+  // Queue::Get(ctx)).
   std::optional<Lease> Get(int worker, const Context& ctx) { return GetFrom(Home(worker), &ctx); }
 
   // A ready item from shard `worker` % K or any other, without blocking (worker mapped
@@ -356,7 +357,7 @@ class ShardedQueue {
       Parked parked(home, /*on_list_cv=*/false);
       std::optional<Lease> lease;
       {
-        // Also when SleepOnHome throws (its wake-up on `ctx` after a kick took it).
+        // Also when SleepOnHome throws (after a kick took it).
         absl::Cleanup note = [&] { note_kick(parked); };
         lease = SleepOnHome(&parked, ctx);
       }

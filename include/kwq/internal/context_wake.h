@@ -17,6 +17,8 @@
 #define KWQ_INTERNAL_CONTEXT_WAKE_H_
 
 #include <atomic>
+#include <new>
+#include <optional>
 #include <thread>
 
 #include "kwq/context.h"
@@ -36,6 +38,20 @@ class ContextWake {
   }
   ContextWake(const ContextWake&) = delete;
   ContextWake& operator=(const ContextWake&) = delete;
+
+  // Makes the wake-up in `*wake` (as the constructor, which throws std::bad_alloc when the
+  // registration on `ctx` cannot be made); false, with `*wake` left empty, when it cannot.
+  // For the Gets: one that cannot register sleeps in short steps instead and looks at
+  // `ctx` after each (a worker's Get(ctx) does not throw for want of memory).
+  static bool TryEmplace(std::optional<ContextWake>* wake, const Context& ctx, Mutex* mu,
+                         CondVar* cv) noexcept {
+    try {
+      wake->emplace(ctx, mu, cv);
+      return true;
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
 
  private:
   void Wake() {

@@ -112,14 +112,14 @@ class ParkList {
 
   // Parks `entry` (made with on_cv) and sleeps for at most `step`, unless `ready()`
   // (called after the fence, under the list's lock) says there is work, or `ctx` (may be
-  // null) is done. Woken early by WakeWaitSteps (a kick, a ShutDown) or a cancel. Leaves
-  // the list before it returns. Throws std::bad_alloc when the wake-up on `ctx` cannot be
-  // registered (before it parks).
+  // null) is done. Woken early by WakeWaitSteps (a kick, a ShutDown) or a cancel (unless
+  // the wake-up on `ctx` cannot be registered for want of memory: then the step ends it).
+  // Leaves the list before it returns.
   template <typename Ready>
   void WaitStep(Entry* entry, const Context* ctx, Ready ready, absl::Duration step) {
     // Before the lock (kwq/internal/context_wake.h); gone once the lock is released.
     std::optional<ContextWake> wake;
-    if (ctx != nullptr) wake.emplace(*ctx, &mu_, &cv_);
+    if (ctx != nullptr) ContextWake::TryEmplace(&wake, *ctx, &mu_, &cv_);
     MutexLock lock(&mu_);
     LinkLocked(entry);
     // Listed, then look: work made ready before this fence is seen by ready(); whoever
