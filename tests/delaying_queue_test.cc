@@ -67,6 +67,23 @@ class DelayingQueueClockTest : public ::testing::Test {
       DelayingQueue<std::string>::Options{.clock = &clock_, .timers = timers_.get()});
 };
 
+// A manual clock that reads `inner`'s time and takes observers without ever telling them
+// of a move: a timer service on it never fires, so only a queue's own promotion (an add,
+// or a Get looking for due items) moves its waiting items. (Those tests ran the timers
+// on a second clock that never moved, which a DelayingQueue no longer accepts.)
+class UnheardClock final : public Clock {
+ public:
+  explicit UnheardClock(FakeClock* inner) : inner_(inner) {}
+  absl::Time Now() const override { return inner_->Now(); }
+  void SleepUntil(absl::Time) override {}
+  bool is_manual() const override { return true; }
+  bool AddObserver(ClockObserver*) override { return true; }
+  void RemoveObserver(ClockObserver*) override {}
+
+ private:
+  FakeClock* const inner_;
+};
+
 class DelayingQueueTest : public ::testing::Test {
  protected:
   FakeClock clock_;
@@ -139,6 +156,37 @@ TEST_F(DelayingQueueClockTest, FakeClockWithoutTimerServiceWakesASleepingGet) {
 
 // A delay shorter than a nanosecond still waits (ready times round up; they used to round
 // down, and such an item was ready at once).
+// A timer service on another clock than the queue's: Create refuses it (as
+// PriorityQueue::Create does), and the constructor makes a service of its own on the
+// queue's clock, so a Get asleep for a delayed item is woken at its ready time. The
+// timer was armed on the other clock, and the Get slept for ever.
+TEST_F(DelayingQueueTest, ATimerServiceOnAnotherClockIsNotUsed) {
+  FakeClock other;
+  auto other_timers = *TimerService::Create({.clock = &other});
+  const DelayingQueue<std::string>::Options wrong{.clock = &clock_, .timers = other_timers.get()};
+  EXPECT_EQ(DelayingQueue<std::string>::Create(wrong).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RateLimitingQueue<std::string>::Create(nullptr, wrong).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(DelayingQueue<std::string>::Create({.clock = &clock_, .timers = timers_.get()}).ok());
+  EXPECT_TRUE(DelayingQueue<std::string>::Create({.clock = &clock_}).ok());  // one of its own
+
+  DelayingQueue<std::string> q(wrong);
+  q.AddAfter("a", absl::Seconds(1));
+  std::promise<std::string> got;
+  std::thread worker([&] {
+    auto lease = q.Get();
+    got.set_value(lease ? lease->item() : "");
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
+  clock_.Advance(absl::Seconds(1));
+  std::future<std::string> result = got.get_future();
+  const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!woken) q.ShutDown();  // releases the worker, so the test fails instead of hanging
+  worker.join();
+  EXPECT_TRUE(woken) << "the Get slept past the item's ready time";
+}
+
 TEST_F(DelayingQueueTest, SubNanosecondDelayIsNotReadyEarly) {
   q_.AddAfter("a", absl::Nanoseconds(0.5));
   clock_.Advance(absl::ZeroDuration());
@@ -309,6 +357,18 @@ TEST_F(DelayingQueueTest, AddOfWaitingItemRunsItOnceNow) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
   clock_.Advance(absl::Seconds(10));
   EXPECT_TRUE(Ready().empty());  // kubernetes#126027: not a second time
+}
+
+// AddAll likewise: each waiting item of the batch runs once, now, and not again at its
+// old ready time.
+TEST_F(DelayingQueueTest, AddAllOfWaitingItemsRunsEachOnceNow) {
+  q_.AddAfter("a", absl::Seconds(10));
+  q_.AddAfter("b", absl::Seconds(10));
+  EXPECT_EQ(q_.AddAll(std::vector<std::string>{"a", "b", "c"}), 3u);
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b", "c"}));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(Ready().empty());
 }
 
 TEST_F(DelayingQueueTest, CancelAfterRemovesWaitingEntry) {
@@ -569,12 +629,12 @@ TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {
 }
 
 // Workers skip the queue's lock while nothing is due (PromoteDue's lock-free exit on a
-// published "next ready time"). With the timer service on a clock that never moves, only
-// that promotion can move items, so a stale published time would leave them waiting.
+// published "next ready time"). With timers that never fire (UnheardClock), only that
+// promotion can move items, so a stale published time would leave them waiting.
 TEST(DelayingQueueHintTest, PromotionSeesEveryNewEarliestReadyTime) {
-  FakeClock clock;
-  FakeClock frozen;
-  auto timers = *TimerService::Create({.clock = &frozen});
+  FakeClock fake;
+  UnheardClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
   DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
   auto take = [&q]() -> std::string {
     auto lease = q.TryGet();
@@ -583,16 +643,16 @@ TEST(DelayingQueueHintTest, PromotionSeesEveryNewEarliestReadyTime) {
   q.AddAfter("late", absl::Seconds(10));
   EXPECT_EQ(take(), "");                 // nothing due before 10 s
   q.AddAfter("soon", absl::Seconds(1));  // a new earliest ready time
-  clock.Advance(absl::Seconds(1));
+  fake.Advance(absl::Seconds(1));
   EXPECT_EQ(take(), "soon");
   EXPECT_TRUE(q.CancelAfter("late"));  // nothing waits now
   EXPECT_EQ(take(), "");
   q.AddAfter("third", absl::Seconds(2));
   q.AddAfter("third", absl::Milliseconds(500));  // earlier ready time for a waiting item
-  clock.Advance(absl::Milliseconds(500));
+  fake.Advance(absl::Milliseconds(500));
   EXPECT_EQ(take(), "third");
   q.AddAfter("fourth", absl::Seconds(1));
-  clock.Advance(absl::Seconds(1));
+  fake.Advance(absl::Seconds(1));
   auto lease = q.Get();  // the blocking Get promotes before it polls
   ASSERT_TRUE(lease.has_value());
   EXPECT_EQ(lease->item(), "fourth");
@@ -709,14 +769,14 @@ TEST_F(DelayingQueueTest, WaitingItemsSurviveIdleKeyEviction) {
 
 // A delayed add moves up to two already due items along the way (a reconcile loop's
 // retries then move its own due retries rather than wait for the timer thread). The
-// timers here run on a clock that never moves, so only the adds can move anything.
+// timers here never fire (UnheardClock), so only the adds can move anything.
 TEST(DelayingQueuePiggybackTest, DelayedAddMovesDueItemsAlongTheWay) {
-  FakeClock clock;
-  FakeClock frozen;
-  auto timers = *TimerService::Create({.clock = &frozen});
+  FakeClock fake;
+  UnheardClock clock(&fake);
+  auto timers = *TimerService::Create({.clock = &clock});
   DelayingQueue<std::string> q({.clock = &clock, .timers = timers.get()});
   for (const char* key : {"a", "b", "c"}) q.AddAfter(key, absl::Seconds(1));
-  clock.Advance(absl::Seconds(1));
+  fake.Advance(absl::Seconds(1));
   EXPECT_EQ(q.Len(), 0u);  // due, but nothing has moved them
   q.AddAfter("d", absl::Seconds(1));
   EXPECT_EQ(q.Len(), 2u);  // "a" and "b", in ready-time order

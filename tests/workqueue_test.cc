@@ -749,7 +749,8 @@ TEST_F(WorkqueueTest, OverlappingFlushesEachWaitForOlderWorks) {
 // A Flush waits for every work queued before it was called, also one whose Queue read
 // the flush color just before another Flush bumped it. That Queue counted its work in the
 // old color's bucket, which the other Flush had found empty; the next Flush waited only
-// for the new color's bucket and returned before the work ran.
+// for the new color's bucket and returned before the work ran. stats() counts the call
+// once.
 TEST_F(WorkqueueTest, AFlushAfterAQueueThatRacedAnotherFlushWaitsForItsWork) {
   auto wq = Make({.flags = kUnbound});
   internal::WorkqueueCore* core = internal::WorkAccess::core(wq.get());
@@ -767,6 +768,10 @@ TEST_F(WorkqueueTest, AFlushAfterAQueueThatRacedAnotherFlushWaitsForItsWork) {
   held.gate.Open();
   flush.get();
   EXPECT_TRUE(held.finished.load());
+  // One call, counted once, although its count moved to the newer color's bucket (it
+  // read 2 for good).
+  EXPECT_EQ(wq->stats().queued, 1u);
+  EXPECT_EQ(wq->stats().completed, 1u);
 }
 
 TEST_F(WorkqueueTest, DrainAllowsChainingAndRefusesOutsiders) {

@@ -85,13 +85,16 @@ class DelayingQueue {
 
   DelayingQueue() : DelayingQueue(Options{}) {}
   // Without options.timers, delays run on TimerService::Default(), or for a manual clock
-  // (FakeClock) on a service of the queue's own (QueueOptions::timers).
+  // (FakeClock) on a service of the queue's own (QueueOptions::timers). A service that
+  // does not run on the queue's clock (options.timers, or the default one for a clock
+  // of your own that is not manual) is not used: the queue says so on stderr and makes
+  // one of its own on its clock. Create refuses such options instead.
   explicit DelayingQueue(Options options)
       : clock_(options.clock != nullptr ? options.clock : RealClock::Default()),
         own_timers_(OwnTimers(clock_, options)),
-        timers_(options.timers != nullptr ? options.timers
-                : own_timers_ != nullptr  ? own_timers_.get()
-                                          : &TimerService::Default()),
+        timers_(own_timers_ != nullptr      ? own_timers_.get()
+                : options.timers != nullptr ? options.timers
+                                            : &TimerService::Default()),
         queue_(WithTimers(std::move(options), timers_)) {
     queue_.EnableHandOutTracking();
   }
@@ -99,6 +102,20 @@ class DelayingQueue {
   // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
   // the queue down. Virtual: a RateLimitingQueue may be owned and deleted as a
   // DelayingQueue (Go embeds the one interface in the other).
+  // The constructor, after CheckOptions: InvalidArgument when the timer service does not
+  // run on the clock.
+  static absl::StatusOr<std::unique_ptr<DelayingQueue>> Create(Options options) {
+    if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+    return std::make_unique<DelayingQueue>(std::move(options));
+  }
+  // OK unless the timer service the options name (or, without one, the default service
+  // for a clock that is not manual) runs on another clock than the options' clock.
+  static absl::Status CheckOptions(const Options& options) {
+    Clock* const clock = options.clock != nullptr ? options.clock : RealClock::Default();
+    if (options.timers == nullptr && clock->is_manual()) return absl::OkStatus();  // its own
+    return internal::CheckTimersClock("DelayingQueue", clock, options.timers);
+  }
+
   virtual ~DelayingQueue() {
     StopWaiting(/*evict=*/false);  // the table goes whole
     queue_.ShutDown();
@@ -604,11 +621,20 @@ class DelayingQueue {
 
   // A timer service on clock_ when the options named none and clock_ is manual (the
   // default service runs on the real clock, where a FakeClock's delays would never come
-  // due). A manual clock's service has no thread. Null when it cannot start (said on
-  // stderr; then the default one).
+  // due; a manual clock's service has no thread), or when the service they name (or the
+  // default one, for a clock of your own) runs on another clock (said on stderr). Null
+  // when none is needed, or when it cannot start (said on stderr; then the options' or
+  // the default one).
   static std::unique_ptr<TimerService> OwnTimers(Clock* clock, const Options& options) {
     absl::StatusOr<std::unique_ptr<TimerService>> timers =
         internal::OwnTimerService(clock, options.timers);
+    if (timers.ok() && *timers == nullptr) {
+      if (absl::Status wrong = CheckOptions(options); !wrong.ok()) {
+        std::fprintf(stderr, "kwq::DelayingQueue: %s; using a timer service of its own\n",
+                     wrong.ToString().c_str());
+        timers = TimerService::Create({.clock = clock});
+      }
+    }
     if (!timers.ok()) {
       std::fprintf(stderr, "kwq::DelayingQueue: no timer service on its clock (%s)\n",
                    timers.status().ToString().c_str());

@@ -221,10 +221,9 @@ class PriorityQueue {
     if (!own.ok()) return own.status();
     std::unique_ptr<TimerService> own_timers = *std::move(own);
     if (own_timers != nullptr) options.timers = own_timers.get();
-    Clock* const timer_clock =
-        options.timers != nullptr ? &options.timers->clock() : RealClock::Default();
-    if (timer_clock != clock) {
-      return absl::InvalidArgumentError("PriorityQueue: options.timers must run on options.clock");
+    if (absl::Status s = internal::CheckTimersClock("PriorityQueue", clock, options.timers);
+        !s.ok()) {
+      return s;
     }
     if (options.rate_limiter == nullptr) {
       if constexpr (std::is_copy_constructible_v<T>) {

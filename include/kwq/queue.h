@@ -98,15 +98,17 @@ struct QueueOptions {
   // Time source for metrics and (delaying queues) for delays. nullptr: RealClock. Must
   // outlive the queue.
   Clock* clock = nullptr;
-  // Timer service for delays and metric refreshes; must run on `clock` (PriorityQueue's
-  // Create checks; the others trust it). nullptr: TimerService::Default(), or for a
-  // DelayingQueue, RateLimitingQueue or PriorityQueue on a manual clock (FakeClock), a
-  // service of the queue's own on that clock, which has no thread (should a
-  // DelayingQueue's fail to start, because the clock refuses observers, it says so on
-  // stderr and uses the default one; PriorityQueue::Create returns the error). A clock
-  // of your own that is not manual needs a service built on it (one service per clock,
-  // not per queue: a real-time service runs a thread). A plain Queue's metric refreshes
-  // on a FakeClock need one built on that clock.
+  // Timer service for delays and metric refreshes; must run on `clock`. nullptr:
+  // TimerService::Default(), or for a DelayingQueue, RateLimitingQueue or PriorityQueue on
+  // a manual clock (FakeClock), a service of the queue's own on that clock, which has no
+  // thread (should a DelayingQueue's fail to start, because the clock refuses observers,
+  // it says so on stderr and uses the default one; PriorityQueue::Create returns the
+  // error). A clock of your own that is not manual needs a service built on it (one
+  // service per clock, not per queue: a real-time service runs a thread). The Create of
+  // PriorityQueue, DelayingQueue and RateLimitingQueue refuses a service on another clock
+  // (InvalidArgument); a DelayingQueue or RateLimitingQueue built by its constructor says
+  // so on stderr and makes a service of its own on its clock. A plain Queue's metric
+  // refreshes on a FakeClock need one built on that clock.
   TimerService* timers = nullptr;
   // How many idle Gets may poll at length (about half a millisecond) before they sleep;
   // the others poll briefly, sleep, and are woken when items pile up (by the producer
@@ -129,6 +131,19 @@ inline absl::StatusOr<std::unique_ptr<TimerService>> OwnTimerService(Clock* cloc
                                                                      TimerService* given) {
   if (given != nullptr || !clock->is_manual()) return std::unique_ptr<TimerService>();
   return TimerService::Create({.clock = clock});
+}
+
+// OK when delays of a queue on `clock` can run on `timers` (null: TimerService::Default(),
+// which runs on RealClock::Default()); else InvalidArgument naming `who`: a timer armed on
+// another clock's service comes due by that clock, never by the queue's (a Get asleep for
+// a delayed item slept for ever).
+inline absl::Status CheckTimersClock(const char* who, Clock* clock, TimerService* timers) {
+  Clock* const timer_clock = timers != nullptr ? &timers->clock() : RealClock::Default();
+  if (timer_clock == clock) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      std::string(who) +
+      ": options.timers must run on options.clock (a clock of your own that is not manual "
+      "needs a timer service built on it)");
 }
 }  // namespace internal
 

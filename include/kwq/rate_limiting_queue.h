@@ -73,6 +73,14 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
     }
   }
 
+  // The constructor, after DelayingQueue::CheckOptions: InvalidArgument when the timer
+  // service does not run on the clock.
+  static absl::StatusOr<std::unique_ptr<RateLimitingQueue>> Create(
+      std::unique_ptr<Limiter> limiter = nullptr, QueueOptions options = {}) {
+    if (absl::Status s = Base::CheckOptions(options); !s.ok()) return s;
+    return std::make_unique<RateLimitingQueue>(std::move(limiter), std::move(options));
+  }
+
   // DelayingQueue's Get, TryGet and Get(ctx). With a limiter that keeps its own counts
   // (not counting, see above), each hand-out also names the item next in line to the
   // limiter (RateLimiter::Prefetch), so that with a large failure table the

@@ -489,6 +489,9 @@ class WorkqueueCore {
   // For stats().queued, which counts calls: delayed works put on a timer, and those that
   // left it into a pool (already counted once, as they went on the timer).
   std::atomic<uint64_t> timer_armed_{0}, timer_entered_{0};
+  // Enqueue counts moved to a newer flush color's bucket (a Flush bumped the color while
+  // the call counted): each is in two buckets, for one call.
+  std::atomic<uint64_t> rehomed_{0};
 
   // Rescuer (kMemReclaim).
   std::thread rescuer_;

@@ -260,6 +260,7 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
   for (uint64_t now; (now = color_.load(std::memory_order_seq_cst)) != color; color = now) {
     color_queued_[now % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
+    rehomed_.fetch_add(1, std::memory_order_relaxed);  // for Stats: one call, counted twice
     InstanceGone(color, nullptr);  // the old bucket's count, as if that instance had finished
   }
   A::color(w) = color;
@@ -689,13 +690,15 @@ bool WorkqueueCore::MoveOwnTimer(DelayedWork* d, absl::Time deadline, int cpu) {
   MutexLock lock(&timer_mu_);
   // A work goes on a timer, and leaves it, only under its workqueue's timer lock: on a
   // timer, with this workqueue's pwq, it is on this workqueue's timer until we let go.
+  // The pwq (atomic) is checked first, so that list_ is read only under the lock that
+  // guards it (a work on another workqueue's timer has it written under that one's).
   // A CancelSync in progress takes the general path (as before this shortcut).
+  PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
+  if (pwq == nullptr || pwq->wq != this) return false;
   if (WhereOf(w) != WorkWhere::kTimer || A::list(w) != d ||
       A::state(w).load(std::memory_order_acquire) >= kCancelHoldUnit) {
     return false;
   }
-  PoolWorkqueue* pwq = A::pwq(w).load(std::memory_order_acquire);
-  if (pwq == nullptr || pwq->wq != this) return false;
   TimerService& timers = *rt->timers;
   // False while the timer fires (its TimerFired waits for timer_mu_): the general path.
   if (!timers.Reschedule(A::timer(d), deadline)) return false;
@@ -811,6 +814,7 @@ WorkqueueStats WorkqueueCore::Stats() const {
                timer_entered_.load(std::memory_order_relaxed);
     for (int b = 0; b < kColorBuckets; ++b)
       s.queued += color_queued_[b].load(std::memory_order_relaxed);
+    s.queued -= rehomed_.load(std::memory_order_relaxed);  // counts moved to a newer bucket
   }
   int64_t busy_ticks = 0;
   for (const auto& pwq : pwqs_) pwq->pool->AddStats(pwq.get(), &s, &busy_ticks);
