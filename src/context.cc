@@ -536,23 +536,22 @@ Context::Context(Context&& other) noexcept : node_(other.node_), word_(other.wor
   other.word_ = &internal::kNeverCancelledWord;
 }
 
+// Both assignments take the new reference (and read `other`) before they drop the old
+// one, which may free the node and with it `other` itself (a context stored as a value of
+// the context it replaces: ctx = ctx.Value(k)->ctx), or run user code (value destructors,
+// AfterFunc captures) that reads this handle: it then sees the new context, whole.
 Context& Context::operator=(const Context& other) {
-  if (this != &other) {
-    if (other.node_ != nullptr) internal::Ref(other.node_);
-    if (node_ != nullptr) internal::Unref(node_);
-    node_ = other.node_;
-    word_ = other.word_;
-  }
-  return *this;
+  Context copy(other);
+  std::swap(node_, copy.node_);
+  std::swap(word_, copy.word_);
+  return *this;  // `copy` drops the old reference
 }
 
 Context& Context::operator=(Context&& other) noexcept {
   if (this != &other) {
-    if (node_ != nullptr) internal::Unref(node_);
-    node_ = other.node_;
-    word_ = other.word_;
-    other.node_ = nullptr;
-    other.word_ = &internal::kNeverCancelledWord;
+    Context taken(std::move(other));
+    std::swap(node_, taken.node_);
+    std::swap(word_, taken.word_);
   }
   return *this;
 }

@@ -1111,6 +1111,29 @@ struct CancelOnDestroy {
 };
 inline constexpr ContextKey<std::shared_ptr<CancelOnDestroy>> kGuard{"guard"};
 
+// Assigning to a handle a context stored in a value of the context it holds (Go's
+// `ctx = ctx.Value(k).(context.Context)`): the assignment dropped the old reference
+// first, which freed the value, and then read the freed handle (ASan). Copy and move.
+struct HeldContext {
+  Context ctx;
+};
+inline constexpr ContextKey<HeldContext> kHeld{"held"};
+TEST(ContextTest, AssigningAContextHeldInTheTargetsOwnValueIsSafe) {
+  for (const bool by_move : {false, true}) {
+    SCOPED_TRACE(by_move ? "move" : "copy");
+    auto [parent, cancel] = WithCancel(Background());
+    Context ctx = WithValue(Background(), kHeld, HeldContext{parent});
+    auto* held = const_cast<HeldContext*>(ctx.Value(kHeld));
+    if (by_move) {
+      ctx = std::move(held->ctx);  // frees *held: the last reference to its context goes
+    } else {
+      ctx = held->ctx;
+    }
+    EXPECT_FALSE(ctx.IsCancelled());
+    cancel();
+    EXPECT_TRUE(ctx.IsCancelled());
+  }
+}
 TEST(ContextTest, ValueDestructorMayCancelTheAncestorBeingCancelled) {
   auto [root, cancel_root] = WithCancel(Background());
   auto [wide, cancel_wide] = WithCancel(root);  // root's cancel meets it first

@@ -5,6 +5,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
+#include "testing/fragile_key.h"
 #include "testing/late_timer.h"
 #include "testing/recording_metrics.h"
 
@@ -266,6 +268,31 @@ TEST_F(DelayingQueueMetricsTest, EveryAddAfterCountsARetryUntilShutDown) {
   q.AddAfter("d", absl::Seconds(1));
   q.AddAfter("e", absl::ZeroDuration());
   EXPECT_EQ(rec.Get("retries"), 3);
+}
+
+// An AddAfter or AddRateLimited that throws (here a key whose copy throws) adds nothing
+// and counts no retry, whatever its delay. One with no delay, and AddRateLimited with a
+// counting limiter, counted the retry before the key was stored.
+TEST(DelayingQueueRetryMetricTest, AnAddThatThrowsCountsNoRetry) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false);
+  const QueueOptions options{.metrics = &provider, .clock = &clock, .timers = timers.get()};
+  const testing::FragileKey seven(7);  // its copy throws
+  {
+    DelayingQueue<testing::FragileKey> q(options);
+    EXPECT_THROW(q.AddAfter(seven, absl::Seconds(1)), std::runtime_error);
+    EXPECT_THROW(q.AddAfter(seven, absl::ZeroDuration()), std::runtime_error);
+    EXPECT_EQ(rec.Get("retries"), 0);
+    EXPECT_EQ(rec.Get("depth"), 0);
+  }
+  RateLimitingQueue<testing::FragileKey> q(nullptr, options);  // a counting limiter
+  EXPECT_THROW(q.AddRateLimited(seven), std::runtime_error);
+  EXPECT_EQ(rec.Get("retries"), 0);
+  EXPECT_EQ(rec.Get("delayed"), 0);
+  q.AddRateLimited(testing::FragileKey(1));  // and one that works counts
+  EXPECT_EQ(rec.Get("retries"), 1);
 }
 
 // An in-flight item's delayed re-add: counted in `delayed` while it waits, then in depth

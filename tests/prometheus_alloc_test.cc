@@ -52,6 +52,31 @@ struct Fixture {
   }
 };
 
+// A Create that runs out of memory throws std::bad_alloc, whichever allocation fails; it
+// reported one inside the family registrations as AlreadyExists (a name clash that is
+// not there). Once memory is back, Create succeeds on the same registry.
+TEST(PrometheusAllocTest, ACreateWithoutMemoryThrowsBadAlloc) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  for (int k = 1;; ++k) {
+    ASSERT_LT(k, 10'000) << "Create never succeeded";
+    FailAllocation(k);
+    absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> provider;
+    bool threw = false;
+    try {
+      provider = PrometheusMetricsProvider::Create(registry);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    const bool used = FailureUsed();
+    if (threw) {
+      EXPECT_TRUE(used);
+      continue;
+    }
+    EXPECT_TRUE(provider.ok()) << "allocation " << k << ": " << provider.status();
+    if (!used) break;  // no allocation failed: done
+  }
+}
+
 // Destroying a queue pushes its metrics' last changes; each allocation of that teardown
 // fails in turn, and the process goes on (the changes of a push that fails there are
 // dropped). A histogram's push allocated, from the metric's destructor: std::terminate.

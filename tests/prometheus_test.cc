@@ -705,5 +705,19 @@ TEST_F(PrometheusTest, AValueFlushedAfterItsCountStillReachesTheSum) {
   EXPECT_EQ(m->histogram.sample_sum, 0.25);
 }
 
+// The destructor flushes once more: a change buffered by a metric still alive (its queue
+// should be gone first, but the metric keeps the flusher) reaches the registry. Nothing
+// pinned it: without that flush every test here passed.
+TEST(PrometheusProviderTest, TheDestructorFlushesOnceMore) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto provider =
+      *PrometheusMetricsProvider::Create(registry, {.flush_period = absl::InfiniteDuration()});
+  std::unique_ptr<CounterMetric> adds = provider->NewAddsMetric("late");
+  adds->Inc();
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "late")->counter.value, 0);
+  provider.reset();
+  EXPECT_EQ(FindIn(*registry, "workqueue_adds_total", "late")->counter.value, 1);
+}
+
 }  // namespace
 }  // namespace kwq

@@ -38,7 +38,9 @@
 //
 // Differences from Go: AfterFunc runs `fn` on the cancelling thread (after its locks are
 // released) rather than in a new goroutine, and at once on the calling thread when the
-// context is already done; Done() is a waitable object rather than a channel.
+// context is already done; for a deadline that is the timer service's thread, so an `fn`
+// that blocks holds up every timer of that service (see AfterFunc). Done() is a waitable
+// object rather than a channel.
 
 #ifndef KWQ_CONTEXT_H_
 #define KWQ_CONTEXT_H_
@@ -175,6 +177,15 @@ class AfterFuncHandle {
  public:
   // Names no function: Stop() returns false.
   AfterFuncHandle() = default;
+  AfterFuncHandle(const AfterFuncHandle&) = default;
+  AfterFuncHandle(AfterFuncHandle&&) noexcept = default;
+  // Copy-and-swap: `other` is read whole before the old record and owner go (which may
+  // free `other`, when it lives in what they held).
+  AfterFuncHandle& operator=(AfterFuncHandle other) noexcept {
+    record_.swap(other.record_);
+    std::swap(owner_, other.owner_);
+    return *this;
+  }
   // Stops the function from running. Returns true when this call stopped it; false when
   // it has already started (it may still be running: Stop does not wait) or was already
   // stopped. Never blocks on the function.
@@ -285,7 +296,16 @@ Context WithoutCancel(const Context& parent);
 // has released every context lock), or on this thread before returning when `ctx` is
 // already done. Every descendant of `ctx` reports IsCancelled() before `fn` runs, so `fn`
 // may wait on a descendant's Done(). The AfterFuncs of one cancellation run one after
-// another on the cancelling thread: one must not wait for another. A cancel made inside
+// another on the cancelling thread: one must not wait for another. A deadline's
+// cancelling thread is the tree's timer service thread (TimerService::Default()'s, shared
+// by every timer of the process, unless the tree was given another): while an `fn` there
+// blocks, no other timer of that service fires (nor another deadline: an `fn` that waits
+// for a later deadline waits for ever), so hand long or blocking work to a thread or a
+// workqueue (Go runs each AfterFunc in a goroutine of its own). On a FakeClock that thread
+// is the caller of Advance, which holds the clock's lock of moves: there `fn` must not
+// Advance that clock, nor wait for a thread that makes or destroys a timer service or a
+// delaying queue on it. The same holds for what a deadline's cancellation runs besides
+// (value destructors, ToStopToken's stop callbacks). A cancel made inside
 // an AfterFunc (Go's AfterFunc(a, cancel_b)) runs its own AfterFuncs before it returns,
 // like any cancel, up to 16 nested levels on one thread; deeper (a long chain of contexts
 // cancelling one another through AfterFuncs, or ToStopToken/WithStopToken bridges) they

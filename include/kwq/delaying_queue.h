@@ -257,7 +257,6 @@ class DelayingQueue {
       }
       const bool made_timer = EnsureTimerLocked();  // may throw: before anything changes
       queue_.ReserveWaitingLocked();                // the same (it may wait)
-      queue_.RecordRetryLocked();
       bool fresh = false;
       if (slot == Table::kNone) {
         slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
@@ -275,6 +274,7 @@ class DelayingQueue {
         AfterWaitingLocked(
             queue_.SetWaitingLocked(slot, fresh, ReadyKey(now + delay)) || made_timer, now);
       }
+      queue_.RecordRetryLocked();  // the add happened: a call that threw counts none
     }
     if (wake) queue_.ready_cv_.Signal();
   }

@@ -124,7 +124,8 @@ class PrometheusMetricsProvider final : public MetricsProvider {
   // [0, kMaxPrioritySeriesLimit] or a flush_period that is not positive; AlreadyExists
   // when the registry holds a family of one of these names that cannot be shared
   // (another metric type or other constant labels, or a registry built with
-  // InsertBehavior::Throw that has it already).
+  // InsertBehavior::Throw that has it already). Throws std::bad_alloc when memory lacks
+  // (the families registered by then stay in the registry; a later Create shares them).
   static absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> Create(
       std::shared_ptr<prometheus::Registry> registry, PrometheusOptions options = {});
 

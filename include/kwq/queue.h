@@ -355,7 +355,8 @@ class Queue {
 
   // Add with the key's hash (Table::HashOf) already computed: ShardedQueue hashes once to
   // choose the shard and passes the hash on. With `retry`, also counts a retry
-  // (RecordRetryLocked) under the same hold of the lock (DelayingQueue's AddAfter). With
+  // (RecordRetryLocked) under the same hold of the lock (DelayingQueue's AddAfter), once
+  // the add can no longer throw, also when it merges into a queued item. With
   // `unclaimed` (ShardedQueue), also sets *unclaimed to whether the add made an item ready
   // that no Get of this queue is on its way to take (UnclaimedAfterPushLocked).
   template <typename K>
@@ -364,12 +365,14 @@ class Queue {
     bool wake = false;
     {
       internal::MutexLock lock(&mu_);
-      if (retry) RecordRetryLocked();
       bool fresh = false;
       const uint32_t slot = FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
-      if (slot == Table::kNone) return false;
+      if (slot == Table::kNone) return false;  // shutting down: no retry counted either
       bool pushed = false;
-      if (!MarkDirtyLocked(slot, fresh, &pushed)) return false;
+      const bool marked = MarkDirtyLocked(slot, fresh, &pushed);
+      // Once nothing can throw any more: an add that throws counts no retry.
+      if (retry) RecordRetryLocked();
+      if (!marked) return false;
       if (pushed) {
         wake = NeedWakeLocked();
         if (unclaimed != nullptr) *unclaimed = UnclaimedAfterPushLocked(wake);

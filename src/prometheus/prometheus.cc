@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 
 #include <exception>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -107,6 +108,8 @@ absl::StatusOr<std::unique_ptr<PrometheusMetricsProvider>> PrometheusMetricsProv
     families->delayed =
         Register(prometheus::BuildGauge(), "kwq_workqueue_delayed_items",
                  "Items of a kwq delaying queue waiting for their delay", labels, *registry);
+  } catch (const std::bad_alloc&) {
+    throw;  // not a name clash (it read AlreadyExists)
   } catch (const std::exception& e) {
     return absl::AlreadyExistsError(absl::StrCat(
         "PrometheusMetricsProvider: cannot register the workqueue families: ", e.what()));

@@ -40,7 +40,7 @@
 #include "kwq/internal/indexed_heap.h"
 #include "kwq/internal/pod_vector.h"
 #include "kwq/internal/safe_growth.h"
-#include "kwq/internal/seq_ring.h"
+#include "kwq/internal/ticket_ring.h"
 
 namespace kwq::internal {
 
@@ -100,9 +100,9 @@ class ReadyLevels {
     Position& pos = pos_[slot];
     pos.group = g;
     pos.seq = seq;
-    if (group.fifo.empty() || seq > group.fifo.back().seq) {
-      group.fifo.push_back({seq, slot});
-      pos.local = kInFifo;
+    if (group.fifo.empty() || seq > group.fifo_last) {
+      pos.local = FifoLocal(group.fifo.push_back(slot));
+      group.fifo_last = seq;
     } else {
       uint32_t local;
       if (!group.free_ids.empty()) {
@@ -113,6 +113,7 @@ class ReadyLevels {
         local = static_cast<uint32_t>(group.slot_of.size());
         group.slot_of.push_back(slot);
       }
+      KWQ_DCHECK(local < kFifoBit, "ReadyLevels: heap id out of range");
       group.late.Push(local, seq);
       pos.local = local;
     }
@@ -130,10 +131,10 @@ class ReadyLevels {
     Position& pos = pos_[slot];
     const uint32_t g = pos.group;
     Group& group = groups_[g];
-    if (pos.local != kInFifo) {
+    if (!InFifo(pos.local)) {
       group.late.Remove(pos.local);
       group.free_ids.push_back(pos.local);
-    } else if (group.fifo.front().slot == slot) {
+    } else if (group.fifo.front() == slot) {  // the front is live: this slot's own entry
       group.fifo.pop_front();
     } else {
       ++group.dead;  // left in place, dead once pos.group changes
@@ -152,13 +153,16 @@ class ReadyLevels {
       RingRemove(level, g);
       if (level.count == 0) level_heap_.Remove(group.level);
     } else if (group.dead > 0) {
-      while (!group.fifo.empty() && !Live(g, group.fifo.front())) {  // keep it live
-        group.fifo.pop_front();
+      while (!group.fifo.empty() && !Live(g, group.fifo.front(), group.fifo.front_ticket())) {
+        group.fifo.pop_front();  // keep the front live
         --group.dead;
       }
-      if (group.dead > kMinDead && group.dead > group.count) {          // amortised O(1)
-        group.fifo.Filter([&](const Entry& e) { return Live(g, e); });  // in place
+      if (group.dead > kMinDead && group.dead > group.count) {  // amortised O(1)
+        group.fifo.Filter(  // in place; the live entries that move get new tickets
+            [&](uint32_t s, uint32_t ticket) { return Live(g, s, ticket); },
+            [&](uint32_t s, uint32_t ticket) { pos_[s].local = FifoLocal(ticket); });
         group.dead = 0;
+        if (!group.fifo.empty()) group.fifo_last = pos_[group.fifo.back()].seq;
       }
     }
     return pos.seq;
@@ -190,7 +194,13 @@ class ReadyLevels {
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
-  static constexpr uint32_t kInFifo = UINT32_MAX - 1;  // Position::local of a FIFO item
+  // Position::local of a FIFO item: this bit and the low 31 bits of its entry's ticket
+  // (kwq/internal/ticket_ring.h). A dead entry of the same slot in the same FIFO has
+  // another ticket, and would need 2^31 entries between them to share its low bits.
+  static constexpr uint32_t kFifoBit = 0x8000'0000;
+  static constexpr uint32_t kTicketMask = kFifoBit - 1;
+  static uint32_t FifoLocal(uint32_t ticket) { return kFifoBit | (ticket & kTicketMask); }
+  static bool InFifo(uint32_t local) { return (local & kFifoBit) != 0; }
   // Empty groups are kept for reuse until there are this many and more than non-empty
   // ones; then all are forgotten (Sweep).
   static constexpr size_t kMinEmptyGroups = 64;
@@ -201,15 +211,14 @@ class ReadyLevels {
   // Where a ready slot is.
   struct Position {
     uint32_t group = kNone;  // kNone when not ready
-    uint32_t local = kNone;  // kInFifo, or its id in the group's heap
+    uint32_t local = kNone;  // FifoLocal(its FIFO entry's ticket), or its id in the heap
     int64_t seq = -1;        // its ready sequence
   };
 
-  using Entry = SeqRing::Entry;
-
   // The ready items of one (priority, group key), by ready sequence.
   struct Group {
-    SeqRing fifo;                   // increasing seq; the front is always live
+    TicketRing fifo;                // slots by increasing seq; the front is always live
+    int64_t fifo_last = 0;          // the seq of the FIFO's newest entry (live or dead)
     IndexedHeap late;               // local ids by ready sequence
     std::vector<uint32_t> slot_of;  // local id -> slot
     std::vector<uint32_t> free_ids;
@@ -362,17 +371,17 @@ class ReadyLevels {
   }
 
   // Whether a FIFO entry of group `g` is a live item (not one taken out of the middle).
-  bool Live(uint32_t g, const Entry& e) const {
-    const Position& pos = pos_[e.slot];
-    return pos.group == g && pos.local == kInFifo && pos.seq == e.seq;
+  bool Live(uint32_t g, uint32_t slot, uint32_t ticket) const {
+    const Position& pos = pos_[slot];
+    return pos.group == g && pos.local == FifoLocal(ticket);
   }
 
   // The slot of group `g`'s earliest-ready item. The group must not be empty.
   uint32_t First(uint32_t g) const {
     const Group& group = groups_[g];
     if (group.late.empty() ||
-        (!group.fifo.empty() && group.fifo.front().seq < group.late.TopKey())) {
-      return group.fifo.front().slot;
+        (!group.fifo.empty() && pos_[group.fifo.front()].seq < group.late.TopKey())) {
+      return group.fifo.front();
     }
     return group.slot_of[group.late.TopId()];
   }
