@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "internal/context_node.h"
+#include "internal/timer_heap.h"
 #include "kwq/clock.h"
 #include "kwq/context.h"
 #include "kwq/delaying_queue.h"
@@ -1158,12 +1159,30 @@ TEST(PriorityQueueAllocTest, AGetWithAContextWhoseClockThrowsLeavesNoWakeUpOnIt)
   EXPECT_EQ(getter.outcome(), "threw");
 }
 
-// ---- contexts ----
+// A timer heap insert that cannot allocate changes nothing: each allocation of an insert
+// that grows the heap fails in turn, and the next insert gets the slot the failed one
+// would have had. The slot was appended before the heap's growth, which then threw, and
+// was lost for good (the next insert took the one after it).
+TEST(TimerHeapAllocTest, AnInsertThatCannotAllocateLosesNoSlot) {
+  for (int k = 1; k <= 3; ++k) {
+    SCOPED_TRACE(k);
+    internal::TimerHeap heap;
+    for (int i = 0; i < 16; ++i) heap.Insert(absl::UnixEpoch() + absl::Seconds(i), [] {});
+    FailAllocation(k);  // the 17th insert grows the heap and the slot array
+    bool threw = false;
+    try {
+      heap.Insert(absl::UnixEpoch() + absl::Seconds(16), [] {});
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    const bool used = FailureUsed();
+    EXPECT_EQ(threw, used);
+    EXPECT_EQ(heap.size(), threw ? 16u : 17u);
+    const uint64_t id = heap.Insert(absl::UnixEpoch() + absl::Seconds(17), [] {});
+    EXPECT_EQ(id & 0xffff'ffffu, threw ? 16u : 17u) << "the slot of the failed insert was lost";
+  }
+}
 
-// A WithTimeout that cannot allocate (its node, or its timer in a full timer service)
-// throws std::bad_alloc and leaves nothing behind; so do WithValue and WithoutCancel.
-// They leaked the node and a reference to the parent, so the parent was never freed
-// (LeakSanitizer reports it at exit in make test's ASan build).
 // Two late pins (raised items' places) held at once on one group: each reserved room in
 // the group's heap for one more id than it had, so together they reserved for one, and
 // the second Link (documented to allocate nothing: it runs where nothing may throw) grew
@@ -1185,6 +1204,13 @@ TEST(ReadyLevelsAllocTest, LatePinsHeldAtOnceLinkWithoutAllocating) {
   while (!levels.empty()) order.push_back(levels.PopNext());
   EXPECT_EQ(order, (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 20}));
 }
+
+// ---- contexts ----
+
+// A WithTimeout that cannot allocate (its node, or its timer in a full timer service)
+// throws std::bad_alloc and leaves nothing behind; so do WithValue and WithoutCancel.
+// They leaked the node and a reference to the parent, so the parent was never freed
+// (LeakSanitizer reports it at exit in make test's ASan build).
 
 TEST(ContextAllocTest, ContextsThatCannotAllocateLeaveNothingBehind) {
   FakeClock clock;

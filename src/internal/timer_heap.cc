@@ -27,13 +27,17 @@ int64_t TimerHeap::KeyOf(absl::Time t, bool* inexact) const {
 absl::Time TimerHeap::RangeEnd() const { return origin_ + absl::Nanoseconds(kMaxNs); }
 
 uint32_t TimerHeap::NewSlot(absl::Time deadline) {
+  // Every allocation first (each may throw std::bad_alloc, nothing changed yet): a new
+  // slot appended before a heap growth that threw was lost for good.
+  const bool reuse = free_head_ != kNoSlot;
+  heap_.ReserveOneMore(reuse ? slots_.size() : slots_.size() + 1);
   uint32_t slot;
-  if (free_head_ != kNoSlot) {
+  if (reuse) {
     slot = free_head_;
     free_head_ = slots_[slot].next_free;
   } else {
     slot = static_cast<uint32_t>(slots_.size());
-    slots_.emplace_back();
+    slots_.emplace_back();  // may throw, leaving slots_ as it was; the push below cannot
   }
   Slot& s = slots_[slot];
   s.next_free = kNoSlot;
