@@ -520,20 +520,18 @@ class PriorityQueue {
     bool counted;  // rate-limited with the queue's failure counts: the delay comes under mu_
   };
 
-  // Per stored key.
-  // 24 bytes, the two 32-bit fields side by side (a million keys: 8 MB less than with
-  // `group` last, which padded both).
+  // Per stored key: 16 bytes (the group key, where there is one, is kept apart:
+  // group_keys_).
   struct SlotInfo {
     int priority;  // while waiting: the largest of the adds since the last Get
     // While the slot is owed a place among the ready items with no delay (kQueued and in
-    // flight): the group of (priority, group_key), pinned for it (ReadyLevels::Pin), so
+    // flight): the group of (priority, group key), pinned for it (ReadyLevels::Pin), so
     // that linking it at the Done cannot fail. Else kNoGroup: a delayed item pins its
     // group only when it comes due (TryPinLocked), so a delayed add makes no group.
     uint32_t group = kNoGroup;
-    uint64_t group_key;  // Options::group(item), or 0
-    int64_t due;         // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
+    int64_t due;  // kProcessing | kDelayed: ready time (ReadyKey) of the re-add
   };
-  static_assert(sizeof(SlotInfo) == 24);
+  static_assert(sizeof(SlotInfo) == 16);
   static constexpr uint32_t kNoGroup = internal::ReadyLevels::kNoGroup;
 
   enum class WakeKind { kNone, kOne, kAll };
@@ -711,11 +709,11 @@ class PriorityQueue {
     if (state & kQueued) {
       if (priority > info_[slot].priority) {  // a raise: a place at the new priority
         const bool linked = !(state & kProcessing);
-        pinned = ready_.Pin(priority, info_[slot].group_key, /*late=*/linked);
+        pinned = ready_.Pin(priority, GroupKeyLocked(slot), /*late=*/linked);
       }
     } else if (maybe_now) {  // idle, in flight, or delayed: it may become ready (or owed)
       const int p = (state & kDelayed) ? std::max(priority, info_[slot].priority) : priority;
-      pinned = ready_.Pin(p, fresh ? prep.group : info_[slot].group_key);
+      pinned = ready_.Pin(p, fresh ? prep.group : GroupKeyLocked(slot));
     }
     absl::Duration after = prep.after;
     if (fresh) {
@@ -733,7 +731,8 @@ class PriorityQueue {
         counts_->Reset(slot);
         if (prep.counted) counts_->Record(slot, counts_->Now(), /*busy=*/false);  // 0 before
       }
-      info_[slot] = SlotInfo{.priority = priority, .group_key = prep.group, .due = 0};
+      info_[slot] = SlotInfo{.priority = priority, .due = 0};
+      if (group_fn_) group_keys_[slot] = prep.group;
     } else {
       if (counts_ && !BusyLocked(slot)) {
         counts_->EndIdle(slot);  // a count that lapsed while idle goes before it is busy
@@ -809,6 +808,10 @@ class PriorityQueue {
   // Makes room, in every structure indexed by slot, for slots below `limit` (rounded up
   // to a chunk of 4,096), so that moving a slot between them never allocates. Throws
   // std::bad_alloc; what it grew stays grown, unused.
+  uint64_t GroupKeyLocked(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return group_fn_ ? group_keys_[slot] : 0;
+  }
+
   void ReserveSlotsLocked(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (info_.size() >= limit) return;
     constexpr size_t kChunk = 4096;
@@ -818,6 +821,7 @@ class PriorityQueue {
     if (aging_) aged_.Reserve(slots);
     idle_.ReserveFor(slots);  // each slot is listed at most once
     if (counts_) counts_->Reserve(static_cast<uint32_t>(slots));
+    if (group_fn_) group_keys_.resize(slots, 0);
     info_.resize(slots, SlotInfo{});  // last: it says the others are done
   }
 
@@ -878,7 +882,7 @@ class PriorityQueue {
   bool TryPinLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     SlotInfo& info = info_[slot];
     try {
-      info.group = ready_.Pin(info.priority, info.group_key);
+      info.group = ready_.Pin(info.priority, GroupKeyLocked(slot));
     } catch (const std::bad_alloc&) {
       return false;
     }
@@ -1263,6 +1267,9 @@ class PriorityQueue {
   // Per slot. Grows with realloc (kwq/internal/pod_vector.h): a std::vector would copy
   // itself at each doubling and leave the old blocks resident.
   internal::PodVector<SlotInfo> info_ ABSL_GUARDED_BY(mu_);
+  // Per slot, with Options::group only (without it every key's group key is 0): the
+  // key's Options::group(item).
+  internal::PodVector<uint64_t> group_keys_ ABSL_GUARDED_BY(mu_);
   // kIdleListed slots, oldest first; room for every slot (ReserveSlotsLocked).
   internal::SlotFifo idle_ ABSL_GUARDED_BY(mu_);
   size_t idle_floor_ ABSL_GUARDED_BY(mu_) = 0;  // see KeepIdleLocked

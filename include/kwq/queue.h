@@ -954,6 +954,15 @@ class Queue {
     return true;
   }
 
+  // FindOrInsertLocked's refused add (see there), out of line: the add path stays small.
+  template <typename K>
+  ABSL_ATTRIBUTE_NOINLINE void PublishRefusedAddLocked(const K& item, uint32_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (const uint32_t known = table_.Find(item, hash); known != Table::kNone) {
+      State(known).fetch_or(0, std::memory_order_acq_rel);
+    }
+  }
+
   // The slot of `item`, inserted (idle; `*fresh` set) if new; or kNone when the queue is
   // shutting down. A refused add still makes a release read-modify-write on a known
   // key's state, as a merged add does, so the caller's earlier writes are visible to the
@@ -963,9 +972,7 @@ class Queue {
   uint32_t FindOrInsertLocked(K&& item, uint32_t hash, bool* fresh)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) [[unlikely]] {
-      if (const uint32_t known = table_.Find(item, hash); known != Table::kNone) {
-        State(known).fetch_or(0, std::memory_order_acq_rel);
-      }
+      PublishRefusedAddLocked(item, hash);
       return Table::kNone;
     }
     // Both index lines at once: the lookup reads the control bytes, and an insert (a new

@@ -21,6 +21,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/base/attributes.h"
 #include "kwq/context.h"
 #include "kwq/internal/mutex.h"
 
@@ -43,8 +44,9 @@ class ContextWake {
   // registration on `ctx` cannot be made); false, with `*wake` left empty, when it cannot.
   // For the Gets: one that cannot register sleeps in short steps instead and looks at
   // `ctx` after each (a worker's Get(ctx) does not throw for want of memory).
-  static bool TryEmplace(std::optional<ContextWake>* wake, const Context& ctx, Mutex* mu,
-                         CondVar* cv) noexcept {
+  ABSL_ATTRIBUTE_NOINLINE static bool TryEmplace(std::optional<ContextWake>* wake,
+                                                 const Context& ctx, Mutex* mu,
+                                                 CondVar* cv) noexcept {
     try {
       wake->emplace(ctx, mu, cv);
       return true;
