@@ -189,6 +189,22 @@ TEST_F(DelayingQueueTest, ATimerServiceOnAnotherClockIsNotUsed) {
   EXPECT_TRUE(woken) << "the Get slept past the item's ready time";
 }
 
+// Create refuses a manual clock whose service of the queue's own cannot start (it refuses
+// observers), as PriorityQueue::Create does: the constructor would fall back to the
+// default service, on the real clock. Create returned OK for it.
+TEST(DelayingQueueCreateTest, AManualClockThatRefusesObserversIsRefused) {
+  class DeafClock final : public Clock {  // keeps Clock's AddObserver, which refuses
+   public:
+    absl::Time Now() const override { return absl::UnixEpoch(); }
+    void SleepUntil(absl::Time) override {}
+    bool is_manual() const override { return true; }
+  } clock;
+  EXPECT_EQ(DelayingQueue<std::string>::Create({.clock = &clock}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RateLimitingQueue<std::string>::Create(nullptr, {.clock = &clock}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(DelayingQueueTest, SubNanosecondDelayIsNotReadyEarly) {
   q_.AddAfter("a", absl::Nanoseconds(0.5));
   clock_.Advance(absl::ZeroDuration());

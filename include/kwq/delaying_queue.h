@@ -99,23 +99,30 @@ class DelayingQueue {
     queue_.EnableHandOutTracking();
   }
 
-  // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
-  // the queue down. Virtual: a RateLimitingQueue may be owned and deleted as a
-  // DelayingQueue (Go embeds the one interface in the other).
-  // The constructor, after CheckOptions: InvalidArgument when the timer service does not
-  // run on the clock.
+  // The constructor, after CheckOptions (its errors).
   static absl::StatusOr<std::unique_ptr<DelayingQueue>> Create(Options options) {
     if (absl::Status s = CheckOptions(options); !s.ok()) return s;
     return std::make_unique<DelayingQueue>(std::move(options));
   }
   // OK unless the timer service the options name (or, without one, the default service
-  // for a clock that is not manual) runs on another clock than the options' clock.
+  // for a clock that is not manual) runs on another clock than the options' clock
+  // (InvalidArgument), or, for a manual clock without one, the service of the queue's own
+  // cannot start (FailedPrecondition for a clock that refuses observers; the constructor
+  // would say so on stderr and use the default one, on the real clock). The check makes
+  // that service and drops it.
   static absl::Status CheckOptions(const Options& options) {
     Clock* const clock = options.clock != nullptr ? options.clock : RealClock::Default();
-    if (options.timers == nullptr && clock->is_manual()) return absl::OkStatus();  // its own
+    if (options.timers == nullptr && clock->is_manual()) {
+      absl::StatusOr<std::unique_ptr<TimerService>> own =
+          internal::OwnTimerService(clock, options.timers);
+      return own.ok() ? absl::OkStatus() : own.status();
+    }
     return internal::CheckTimersClock("DelayingQueue", clock, options.timers);
   }
 
+  // Drops waiting items, stops the timer (waiting for a firing in progress) and shuts
+  // the queue down. Virtual: a RateLimitingQueue may be owned and deleted as a
+  // DelayingQueue (Go embeds the one interface in the other).
   virtual ~DelayingQueue() {
     StopWaiting(/*evict=*/false);  // the table goes whole
     queue_.ShutDown();

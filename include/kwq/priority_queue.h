@@ -805,13 +805,14 @@ class PriorityQueue {
     return true;
   }
 
-  // Makes room, in every structure indexed by slot, for slots below `limit` (rounded up
-  // to a chunk of 4,096), so that moving a slot between them never allocates. Throws
-  // std::bad_alloc; what it grew stays grown, unused.
+  // Options::group(item) of the key in `slot`; 0 without Options::group.
   uint64_t GroupKeyLocked(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return group_fn_ ? group_keys_[slot] : 0;
   }
 
+  // Makes room, in every structure indexed by slot, for slots below `limit` (rounded up
+  // to a chunk of 4,096), so that moving a slot between them never allocates. Throws
+  // std::bad_alloc; what it grew stays grown, unused.
   void ReserveSlotsLocked(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (info_.size() >= limit) return;
     constexpr size_t kChunk = 4096;

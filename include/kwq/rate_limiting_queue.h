@@ -73,8 +73,7 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
     }
   }
 
-  // The constructor, after DelayingQueue::CheckOptions: InvalidArgument when the timer
-  // service does not run on the clock.
+  // The constructor, after DelayingQueue::CheckOptions (its errors).
   static absl::StatusOr<std::unique_ptr<RateLimitingQueue>> Create(
       std::unique_ptr<Limiter> limiter = nullptr, QueueOptions options = {}) {
     if (absl::Status s = Base::CheckOptions(options); !s.ok()) return s;

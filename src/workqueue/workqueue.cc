@@ -259,8 +259,10 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
   TestHook(HookPoint::kEnqueueReadColor, this);
   color_queued_[color % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
   for (uint64_t now; (now = color_.load(std::memory_order_seq_cst)) != color; color = now) {
+    // For Stats: one call, counted twice (first, so that a Stats between the two reads
+    // one call too few, not too many: the count never goes down).
+    rehomed_.fetch_add(1, std::memory_order_relaxed);
     color_queued_[now % kColorBuckets].fetch_add(1, std::memory_order_seq_cst);
-    rehomed_.fetch_add(1, std::memory_order_relaxed);  // for Stats: one call, counted twice
     InstanceGone(color, nullptr);  // the old bucket's count, as if that instance had finished
   }
   A::color(w) = color;

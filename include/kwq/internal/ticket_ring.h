@@ -1,10 +1,13 @@
 // File: kwq/internal/ticket_ring.h
 //
 // TicketRing: a FIFO of slot numbers in a circular buffer, each entry with a ticket: the
-// number of entries pushed before it (modulo 2^32), so that its owner can record where an
-// item's entry is and tell it from an older entry of the same slot (the priority queue's
-// groups, kwq/internal/ready_levels.h, which leave an item taken out of the middle in
-// place, dead, and recognise it by its ticket). Four bytes an entry.
+// front's ticket plus its place in the ring (modulo 2^32). A push gets the ticket after
+// the last entry's, a pop moves the front's on by one, and a Filter numbers the entries it
+// keeps anew from the front's; so the entries in the ring have distinct consecutive
+// tickets, and an owner can record where an item's entry is and tell it from an older
+// entry of the same slot (the priority queue's groups, kwq/internal/ready_levels.h, which
+// leave an item taken out of the middle in place, dead, and recognise it by its ticket).
+// Four bytes an entry.
 //
 // Room can be set aside ahead of time: after Reserve(n) the FIFO can hold n entries
 // without allocating, so that an item owed a place in a group (an add made while it was in
@@ -22,6 +25,10 @@
 #include <utility>
 
 namespace kwq::internal {
+
+// The first ticket of a new ring. Tests only (tickets that wrap around 2^32 and 2^31 soon):
+// set it before making the rings, on one thread, before any other thread runs.
+inline uint32_t ticket_ring_first_ticket = 0;
 
 class TicketRing {
  public:
@@ -113,7 +120,7 @@ class TicketRing {
   size_t capacity_ = 0;
   size_t head_ = 0;  // index of the front entry
   size_t size_ = 0;
-  uint32_t front_ticket_ = 0;  // the front entry's ticket; the others' follow it
+  uint32_t front_ticket_ = ticket_ring_first_ticket;  // the front's; the others' follow it
 };
 
 }  // namespace kwq::internal
