@@ -93,6 +93,14 @@ class PriorityQueueTest : public ::testing::Test {
     EXPECT_TRUE(q.ok()) << q.status();
     return q.ok() ? *std::move(q) : nullptr;
   }
+  // A queue on `clock` (with `timers`, a service on it) with aging after `aging`.
+  static std::unique_ptr<PQ> MakeAging(Clock& clock, TimerService& timers, absl::Duration aging) {
+    PQ::Options options;
+    options.clock = &clock;
+    options.timers = &timers;
+    options.aging = aging;
+    return Make(std::move(options));
+  }
   // A queue rate-limited by ExponentialFailure(base, max) on clock_, with idle horizon
   // `horizon` (unset: the limiter's default).
   std::unique_ptr<PQ> MakeExponential(absl::Duration base, absl::Duration max,
@@ -376,11 +384,7 @@ TEST_F(PriorityQueueTest, InfiniteDelayNeverFires) {
 TEST_F(PriorityQueueTest, AgingAcrossTheWholeTimeRange) {
   FakeClock clock(absl::FromUnixSeconds(-3600));
   auto timers = *TimerService::Create({.clock = &clock});
-  PQ::Options options;
-  options.clock = &clock;
-  options.timers = timers.get();
-  options.aging = absl::Seconds(1);
-  auto q = Make(std::move(options));
+  auto q = MakeAging(clock, *timers, absl::Seconds(1));
   q->Add("old", {.priority = 0});
   clock.Advance(absl::Hours(24 * 365 * 1000));
   q->Add("high", {.priority = 10});
@@ -465,11 +469,7 @@ TEST_F(PriorityQueueTest, AnAddThatThrowsWakesASleeperForTheItemsItMadeReady) {
 TEST_F(PriorityQueueTest, AGetWhoseAgingClockThrowsWakesASleeperForTheItem) {
   testing::CountingClock clock(&clock_);
   auto timers = *TimerService::Create({.clock = &clock});
-  PQ::Options options;
-  options.clock = &clock;
-  options.timers = timers.get();
-  options.aging = absl::Seconds(10);
-  auto q = Make(std::move(options));
+  auto q = MakeAging(clock, *timers, absl::Seconds(10));
   q->AddAfter("a", absl::Seconds(1));
   std::atomic<bool> got{false};
   std::thread sleeper([&] { got = q->Get().has_value(); });
