@@ -101,11 +101,11 @@ struct QueueOptions {
   // Timer service for delays and metric refreshes; must run on `clock`. nullptr:
   // TimerService::Default(), or for a DelayingQueue, RateLimitingQueue or PriorityQueue on
   // a manual clock (FakeClock), a service of the queue's own on that clock, which has no
-  // thread (should a DelayingQueue's fail to start, because the clock refuses observers,
-  // it says so on stderr and uses the default one; PriorityQueue::Create returns the
-  // error). A clock of your own that is not manual needs a service built on it (one
-  // service per clock, not per queue: a real-time service runs a thread). The Create of
-  // PriorityQueue, DelayingQueue and RateLimitingQueue refuses a service on another clock
+  // thread (should it fail to start, because the clock refuses observers, a
+  // DelayingQueue's constructor says so on stderr and uses the default one; the Create of
+  // each of the three returns the error). A clock of your own that is not manual needs a service
+  // built on it (one service per clock, not per queue: a real-time service runs a thread). The
+  // Create of PriorityQueue, DelayingQueue and RateLimitingQueue refuses a service on another clock
   // (InvalidArgument); a DelayingQueue or RateLimitingQueue built by its constructor says
   // so on stderr and makes a service of its own on its clock. A plain Queue's metric
   // refreshes on a FakeClock need one built on that clock.
