@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <optional>
@@ -27,10 +29,23 @@
 namespace kwq {
 
 // Tests' access to the number of keys a delaying queue stores (its Queue's table).
+struct internal::FailureCountsPeer {
+  static void Set(FailureCounts& counts, uint32_t slot, int64_t failures) {
+    counts.At(slot).failures.store(failures);
+  }
+};
 struct internal::QueuePeer {
   template <typename T, typename H, typename E>
   static int64_t StoredKeys(DelayingQueue<T, H, E>& q) {
     return q.queue_.stored_.load();
+  }
+  // Sets the failure count the queue keeps for `item` (which it stores).
+  template <typename T, typename H, typename E>
+  static void SetFailures(DelayingQueue<T, H, E>& q, const T& item, int64_t failures) {
+    internal::MutexLock lock(&q.queue_.mu_);
+    const uint32_t slot = q.queue_.FindLocked(item);
+    ASSERT_NE(slot, UINT32_MAX);
+    FailureCountsPeer::Set(*q.queue_.counts_, slot, failures);
   }
   // Gets asleep on a PriorityQueue's condition variable.
   template <typename Q>
@@ -216,6 +231,25 @@ TEST_F(RateLimitingQueueTest, DefaultLimiterIsClientGos) {
   for (int i = 0; i < 10; ++i) q.AddRateLimited(absl::StrCat("n", i));
   clock_.Advance(absl::Milliseconds(5));
   EXPECT_EQ(take_all(), 10);
+}
+
+// NumRequeues saturates at INT_MAX, and the count itself at INT64_MAX: a key that failed
+// more often than an int can say reads INT_MAX, one more failure changes nothing, and its
+// delay is the limiter's maximum.
+TEST_F(RateLimitingQueueTest, NumRequeuesSaturatesAtIntMax) {
+  RateLimitingQueue<std::string> q(Exponential(), {.clock = &clock_, .timers = timers_.get()});
+  q.AddRateLimited("a");
+  ASSERT_EQ(q.NumRequeues("a"), 1);
+  internal::QueuePeer::SetFailures(q, std::string("a"), int64_t{INT_MAX} + 5);
+  EXPECT_EQ(q.NumRequeues("a"), INT_MAX);
+  internal::QueuePeer::SetFailures(q, std::string("a"), INT64_MAX);
+  q.CancelAfter("a");
+  q.AddRateLimited("a");  // the count stays at INT64_MAX: no overflow
+  EXPECT_EQ(q.NumRequeues("a"), INT_MAX);
+  clock_.Advance(absl::Seconds(1) - absl::Nanoseconds(1));
+  EXPECT_FALSE(q.TryGet().has_value());  // waits the maximum, 1 s
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(q.TryGet().has_value());
 }
 
 TEST_F(RateLimitingQueueTest, RetriesAreCountedInMetrics) {

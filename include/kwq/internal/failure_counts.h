@@ -36,6 +36,8 @@
 
 namespace kwq::internal {
 
+struct FailureCountsPeer;  // tests: set a count near its saturation
+
 class FailureCounts {
  public:
   // `idle_horizon` >= 0 (absl::InfiniteDuration(): counts never lapse), read on
@@ -146,6 +148,7 @@ class FailureCounts {
   bool Held(uint32_t slot, int64_t now) const { return Failures(slot, now, /*busy=*/false) != 0; }
 
  private:
+  friend struct FailureCountsPeer;
   struct Entry {
     std::atomic<int64_t> failures{0};
     std::atomic<int64_t> last{0};
