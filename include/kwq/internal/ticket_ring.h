@@ -91,7 +91,8 @@ class TicketRing {
   }
   // Keeps only the entries for which `keep(slot, ticket)` is true, in order, in place.
   // The kept entries are numbered anew from the front's ticket: `renumbered(slot,
-  // ticket)` is called for each kept entry with its new ticket.
+  // ticket)` is called for each kept entry whose ticket changed (one that moved), with
+  // its new ticket.
   template <typename Keep, typename Renumbered>
   void Filter(Keep keep, Renumbered renumbered) {
     size_t kept = 0;
