@@ -3,7 +3,10 @@
 // PollUntil: how a queue's Get waits a little before it sleeps. It polls a condition
 // (a relaxed hint of ready items, read without the queue's lock) for about half a
 // millisecond, yielding the CPU every few polls, and returns as soon as it holds; only
-// QueueOptions::polling_workers Gets at a time poll that long (EnterLongPoll).
+// QueueOptions::polling_workers Gets at a time poll that long (EnterLongPoll). The polls
+// are counted, and their time is capped too (kGetPollLimit): on a busy machine each yield
+// can hand the CPU to another thread for a whole time slice, and 1,000 of them kept an
+// idle Get awake for seconds.
 // A producer usually adds the next item within that time, and catching it saves the
 // worker's sleep and the producer's futex wake-up. Measured on 2 cores (dedup_hot):
 // with 2,000 polls and no yield, futex calls were half the cost of an add (180 ns/add);
@@ -13,6 +16,7 @@
 #define KWQ_INTERNAL_SPIN_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <thread>
 
@@ -20,6 +24,10 @@ namespace kwq::internal {
 
 inline constexpr int kGetPolls = 8000;
 inline constexpr int kGetYieldEvery = 8;
+// The longest a poll goes on, from its first yield (on an idle machine kGetPolls end it
+// first, after about half a millisecond). Read at each yield from steady_clock (20-30 ns
+// through the vDSO, next to a yield's system call).
+inline constexpr std::chrono::microseconds kGetPollLimit{2000};
 // Polls of a Get that finds enough others polling at length, before it sleeps (a short
 // poll still catches the next item of a busy producer, which saves it a wake-up call).
 inline constexpr int kBriefPolls = 32;
@@ -42,11 +50,21 @@ inline bool EnterLongPoll(std::atomic<int>& pollers, int max) {
   return true;
 }
 
-// Polls until `ready()` returns true or `polls` polls have been made.
+// Polls until `ready()` returns true, `polls` polls have been made, or kGetPollLimit has
+// passed since the first yield (looked at when yielding, every kGetYieldEvery polls).
 template <typename Ready>
 void PollUntil(Ready ready, int polls = kGetPolls) {
+  std::chrono::steady_clock::time_point give_up;
   for (int i = 1; i <= polls && !ready(); ++i) {
-    if (i % kGetYieldEvery == 0) std::this_thread::yield();  // the producer may need the CPU
+    if (i % kGetYieldEvery == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (i == kGetYieldEvery) {
+        give_up = now + kGetPollLimit;
+      } else if (now >= give_up) {
+        return;
+      }
+      std::this_thread::yield();  // the producer may need the CPU
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

@@ -1,0 +1,40 @@
+#include "kwq/internal/spin.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace kwq::internal {
+namespace {
+
+TEST(PollUntilTest, ReturnsAtTheFirstPollThatFindsItReady) {
+  int calls = 0;
+  PollUntil([&] { return ++calls == 3; });
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(PollUntilTest, MakesAtMostTheGivenPolls) {
+  int calls = 0;
+  PollUntil([&] { return ++calls < 0; }, kBriefPolls);
+  // One look per poll.
+  EXPECT_EQ(calls, kBriefPolls);
+}
+
+// A busy machine makes each yield slow; here each look takes a millisecond. The polls'
+// count alone (kGetPolls) would keep the caller for over eight seconds; the time cap ends
+// them at the second yield that finds kGetPollLimit gone since the first.
+TEST(PollUntilTest, EndsOnceItsTimeIsUpWhateverThePollsLeft) {
+  static_assert(kGetPollLimit < std::chrono::milliseconds(kGetYieldEvery));
+  int calls = 0;
+  PollUntil([&] {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return false;
+  });
+  EXPECT_EQ(calls, 2 * kGetYieldEvery);
+}
+
+}  // namespace
+}  // namespace kwq::internal
