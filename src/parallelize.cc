@@ -8,6 +8,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,13 @@ class Pieces {
   absl::Status Result() {
     if (failed_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(error_mu_);
-      return absl::InternalError(absl::StrCat("ParallelizeUntil: a piece threw: ", error_));
+      try {
+        return absl::InternalError(absl::StrCat(
+            "ParallelizeUntil: a piece threw: ",
+            message_lost_ ? "(its message could not be copied: out of memory)" : error_));
+      } catch (const std::bad_alloc&) {
+        return absl::Status(absl::StatusCode::kInternal, "");  // an empty message allocates nothing
+      }
     }
     // A runner leaves a chunk unfinished only when a piece threw (above) or ctx is done.
     return stopped_early_.load(std::memory_order_relaxed) ? ctx_.Err() : absl::OkStatus();
@@ -77,9 +84,19 @@ class Pieces {
     return false;
   }
 
-  void Fail(const char* what) {
+  // Called in a catch block: it must not throw (a bad_alloc from copying the message once
+  // left the runner before failed_ was set, so a helper's failure read as OK, and on the
+  // calling thread the unwinding destroyed helpers still running). A message that cannot
+  // be copied is left out; the failure is still reported.
+  void Fail(const char* what) noexcept {
     std::lock_guard<std::mutex> lock(error_mu_);
-    if (!failed_.load(std::memory_order_relaxed)) error_ = what;
+    if (!failed_.load(std::memory_order_relaxed)) {
+      try {
+        error_ = what;
+      } catch (const std::bad_alloc&) {
+        message_lost_ = true;
+      }
+    }
     failed_.store(true, std::memory_order_release);
   }
 
@@ -92,7 +109,8 @@ class Pieces {
   std::atomic<bool> stopped_early_{false};  // a runner left a chunk unfinished
   std::atomic<bool> failed_{false};
   std::mutex error_mu_;
-  std::string error_;  // the first exception's message, under error_mu_
+  std::string error_;          // the first exception's message, under error_mu_
+  bool message_lost_ = false;  // under error_mu_: copying error_ ran out of memory
 };
 
 // Where helper i goes. A bound workqueue's per-CPU pool runs one work at a time unless

@@ -13,11 +13,13 @@
 #include <future>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "internal/context_node.h"
 #include "internal/timer_heap.h"
@@ -155,6 +157,52 @@ TEST(ParallelizeUntilAllocTest, AWorkerThatCannotBeMadeLeavesThePiecesToTheCalle
   worker_allocations = -1;
   EXPECT_TRUE(status.ok()) << status;
   for (int i = 0; i < 100; ++i) EXPECT_EQ(hits[i].load(), 1) << "piece " << i;
+}
+
+// Throws an exception whose message ParallelizeUntil cannot copy: the next allocation of
+// this thread fails (libstdc++ copies a runtime_error's message by reference count).
+[[noreturn]] void ThrowWithAMessageThatCannotBeCopied() {
+  std::runtime_error error(std::string(200, 'x'));
+  testing::FailAllocation(1);
+  throw error;
+}
+
+// Copying the message of a piece's exception ran out of memory inside the catch block:
+// the bad_alloc left ParallelizeUntil (on the calling thread) instead of its status. Now
+// the failure is reported, without the message.
+TEST(ParallelizeUntilAllocTest, AMessageThatCannotBeCopiedStillReportsTheFailure) {
+  absl::Status status;
+  EXPECT_NO_THROW(status = ParallelizeUntil(Background(), 1, 10, [](int i) {
+                    if (i == 3) ThrowWithAMessageThatCannotBeCopied();
+                  }));
+  EXPECT_TRUE(testing::FailureUsed());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("out of memory"));
+}
+
+// The same on a helper: its workqueue caught the bad_alloc, nothing recorded the failure,
+// and the call returned OK with the helper's other pieces never run.
+TEST(ParallelizeUntilAllocTest, AHelperWhoseMessageCannotBeCopiedIsNotReadAsSuccess) {
+  auto wq = *Workqueue::Create({.name = "alloc-msg", .flags = kUnbound});
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> helper_threw{false};
+  const absl::Status status =
+      ParallelizeUntil(Background(), 2, 2,
+                       [&](int) {
+                         if (std::this_thread::get_id() != caller) {
+                           helper_threw = true;
+                           ThrowWithAMessageThatCannotBeCopied();
+                         }
+                         // The caller's piece: wait for the helper's (a helper that never starts
+                         // leaves its piece to the caller, which then passes this way and gives up
+                         // waiting).
+                         testing::Eventually([&] { return helper_threw.load(); }, absl::Seconds(2));
+                       },
+                       {.workqueue = wq.get()});
+  wq->Drain();
+  ASSERT_TRUE(helper_threw.load()) << "no helper ran a piece";
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_EQ(wq->stats().exceptions, 0u) << "the failure escaped to the workqueue";
 }
 
 // Post's Works come from recycled blocks (src/workqueue/post_blocks.h): posting waves of

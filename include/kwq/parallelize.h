@@ -40,7 +40,8 @@ struct ParallelizeOptions {
 };
 
 // Returns OK when every piece ran; ctx.Err() when ctx ended it early; Internal (with the
-// message) when fn threw — the first exception stops the hand-out like a cancel.
+// message, or without it when copying it runs out of memory) when fn threw — the first
+// exception stops the hand-out like a cancel.
 // InvalidArgument for workers < 1, pieces < 0 or chunk_size < 1. Throws std::bad_alloc
 // when the helpers cannot be made (then before any piece runs, and no helper is queued).
 // A worker thread the workqueue cannot start is not an exception: the workqueue counts a
