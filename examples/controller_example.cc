@@ -17,6 +17,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kwq/context.h"
 #include "kwq/rate_limiter.h"
 #include "kwq/rate_limiting_queue.h"
@@ -91,9 +93,13 @@ int main() {
   for (int i = 0; i < kObjects; ++i) queue.Add(FakeCluster::Key(i));
   for (int i = 0; i < kObjects; i += 3) queue.Add(FakeCluster::Key(i));
 
-  // Wait until everything converged (retries are delayed), then drain and stop, giving
-  // the workers a grace period of 30 s to finish (a drain past it returns false).
-  while (cluster.converged() < kObjects) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Wait until everything converged (retries are delayed; a lost key would never
+  // converge, so the wait gives up after a minute), then drain and stop, giving the
+  // workers a grace period of 30 s to finish (a drain past it returns false).
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  while (cluster.converged() < kObjects && absl::Now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   auto [grace, cancel] = kwq::WithTimeout(kwq::Background(), absl::Seconds(30));
   const bool drained = queue.ShutDownWithDrain(grace);
   cancel();  // frees the grace period's timer now (Go's defer cancel())

@@ -83,6 +83,14 @@ int main(int argc, char** argv) {
   const int workers = absl::GetFlag(FLAGS_workers);
   const int shards =
       absl::GetFlag(FLAGS_shards) > 0 ? absl::GetFlag(FLAGS_shards) : 2 * workers + 1;
+  // Checked before anything runs: no keys divided by zero, no workers never drained.
+  if (!(absl::GetFlag(FLAGS_seconds) >= 0) || keys < 1 || producers < 1 || workers < 1 ||
+      workers > 1024 || absl::GetFlag(FLAGS_shards) < 0 || shards > 4096) {
+    std::fprintf(stderr,
+                 "kwq-soak: need --seconds >= 0, --keys >= 1, --producers >= 1, "
+                 "1 <= --workers <= 1024, 0 <= --shards <= 4096 (0: 2 * workers + 1)\n");
+    return 2;
+  }
   kwq::TimerService::Default();  // its thread is process-wide: started before counting
   const int threads_before = ThreadCount();
   uint64_t wq_runs = 0;
