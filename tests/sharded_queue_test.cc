@@ -37,6 +37,11 @@ struct internal::QueuePeer {
   static int Sleepers(const Q& q) {
     return q.sleepers_hint_.load();
   }
+  // Gets inside the condition-variable wait of a shard (caller holds Mu(q)).
+  template <typename Q>
+  static int WaitersLocked(Q& q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return q.waiters_;
+  }
   // ShutDownWithDrain calls waiting: a drainer counts itself in the hold of the lock in
   // which it checks and goes to wait, so a count seen here means that many wait.
   template <typename Q>
@@ -1185,6 +1190,153 @@ TEST(ShardedQueueStressTest, FewerWorkersThanShardsRunEveryItem) {
                internal::QueuePeer::Sleepers(q->shard(1));
       },
       [&] { return q->ShutDownWithDrain(); });
+}
+
+// A kick passed on by a worker that leaves without its item must go to that
+// item's shard. Here worker 2 sleeps on shard 2 and has been signalled for item z (its own
+// shard's item: claimed, nobody kicked), but has not woken yet (shard 2's lock is held).
+// Worker 0 is kicked for item x on shard 3 and leaves (its context is cancelled). Its
+// PassOnKick kicks for the first shard with a ready item (shard 2, z), so worker 1 steals
+// z; worker 2 then woke to nothing and slept again, and x waited beside it (a review
+// found it: the kicked worker's own look was fixed by AKickedWorkerTakesTheItemItWasKickedFor,
+// the kick it passes on was not).
+// One trial; sets *lost_race when worker 2 woke before the test held shard 2's lock.
+// Unchecked locking: the test holds a shard's lock across its own steps.
+void PassedOnKickTrial(bool* lost_race) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  *lost_race = false;
+  {
+    auto q = *ShardedQueue<int>::Create(4);
+    const int z = KeyIn(*q, 2);
+    const int x = KeyIn(*q, 3);
+    testing::AsyncGet get2(GetOn(q, 2));
+    ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 2); }));
+    testing::AsyncGet get1(GetOn(q, 1));
+    ASSERT_TRUE(testing::Eventually([&] {
+      return internal::QueuePeer::Parked(*q) == 2 &&
+             internal::QueuePeer::Sleepers(q->shard(1)) == 1;
+    }));
+    auto [ctx, cancel] = WithCancel(Background());
+    testing::AsyncGet get0([&q, c = ctx] {
+      auto lease = q->Get(0, c);
+      return lease ? absl::StrCat(**lease) : std::string("none");
+    });
+    ASSERT_TRUE(testing::Eventually([&] {
+      return internal::QueuePeer::Parked(*q) == 3 &&
+             internal::QueuePeer::Sleepers(q->shard(0)) == 1;
+    }));
+    // z: worker 2 is signalled for it (so no kick); hold shard 2's lock before it wakes.
+    q->Add(z);
+    internal::Mutex& mu2 = internal::QueuePeer::Mu(q->shard(2));
+    mu2.Lock();
+    const bool worker2_still_waiting = internal::QueuePeer::WaitersLocked(q->shard(2)) == 1;
+    if (!worker2_still_waiting) {  // lost the race with worker 2's wake-up: try again
+      mu2.Unlock();
+      q->ShutDown();
+      *lost_race = true;
+      return;
+    }
+    EXPECT_EQ(internal::QueuePeer::Parked(*q), 3) << "z kicked somebody";
+    // x on shard 3: the kick takes worker 0 (parked last), whose own look waits for
+    // shard 0's lock until its context is cancelled as well.
+    std::atomic<bool> held{false}, release{false};
+    std::thread holder([&] {
+      internal::MutexLock hold(&internal::QueuePeer::Mu(q->shard(0)));
+      held = true;
+      while (!release.load()) std::this_thread::yield();
+    });
+    EXPECT_TRUE(testing::Eventually([&] { return held.load(); }));
+    std::thread adder([&] { q->Add(x); });
+    EXPECT_TRUE(testing::Eventually([&] { return !StillParked(*q, 0); }));
+    std::thread canceller([&, c = cancel] { c(); });
+    EXPECT_TRUE(testing::Eventually([c = ctx] { return c.IsCancelled(); }));
+    release = true;
+    holder.join();
+    adder.join();
+    canceller.join();
+    EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
+    EXPECT_EQ(get0.outcome(), "none");
+    // Worker 1 was kicked on: let it take what it takes (its Get ends its lease), then let
+    // worker 2 wake.
+    EXPECT_TRUE(get1.Await([&] { q->ShutDown(); }));
+    const std::string got1 = get1.outcome();
+    mu2.Unlock();
+    // Both items were ready and two workers woken: both must be taken without a ShutDown.
+    const bool worker2_returned = get2.ReturnsWithin(absl::Seconds(2));
+    const size_t left = q->Len();
+    EXPECT_TRUE(worker2_returned) << "item x waits while worker 2 sleeps";
+    EXPECT_EQ(left, 0u);
+    EXPECT_EQ(got1, absl::StrCat(x)) << "the passed-on kick went to shard 2's claimed item";
+    get2.Await([&] { q->ShutDown(); });
+  }
+}
+TEST(ShardedQueueTest, APassedOnKickGoesToTheShardOfTheItemItWasFor) {
+  bool lost_race = true;
+  for (int attempt = 0; attempt < 20 && lost_race; ++attempt) PassedOnKickTrial(&lost_race);
+  if (lost_race) GTEST_SKIP() << "never won the race with worker 2's wake-up";
+}
+
+// Mixed stress (TSan): Gets with contexts some of which are cancelled at once, a thief's
+// TryGet, re-adds while processing, Add and AddAll from two producers, then a drain, with
+// fewer workers than shards: no key runs on two workers at once, and nothing is left.
+TEST(ShardedQueueTest, MixedStressWithCancelsTheftsAndBatches) {
+  constexpr int kShards = 5, kKeys = 97;
+  auto q = *ShardedQueue<std::string>::Create(kShards);
+  std::vector<std::atomic<int>> busy(kKeys);
+  std::atomic<bool> overlap{false}, stop{false};
+  std::atomic<int> runs{0};
+  auto run = [&](const std::string& k) {
+    const int i = std::stoi(k);
+    if (busy[i].fetch_add(1) != 0) overlap = true;
+    runs.fetch_add(1);
+    testing::HoldBriefly();
+    busy[i].fetch_sub(1);
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      for (int n = 0;; ++n) {
+        auto [ctx, cancel] = WithCancel(Background());
+        std::thread c;
+        if (n % 3 == 0) c = std::thread([cancel = cancel] { cancel(); });
+        auto lease = q->Get(w * 2, ctx);
+        if (c.joinable()) c.join();
+        if (lease) {
+          run(**lease);
+          if (n % 5 == 0) q->Add(**lease);  // added while processing
+          continue;
+        }
+        if (!ctx.IsCancelled()) return;  // shut down
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    while (!stop.load()) {
+      if (auto lease = q->TryGet(7)) run(**lease);
+    }
+  });
+  std::vector<std::thread> producers;
+  for (int p = 0; p < 2; ++p) {
+    producers.emplace_back([&, p] {
+      for (int i = 0; i < 4000; ++i) {
+        if (i % 7 == 0) {
+          std::vector<std::string> batch;
+          for (int j = 0; j < 5; ++j)
+            batch.push_back(std::to_string((i * 13 + j * 31 + p) % kKeys));
+          q->AddAll(std::move(batch));
+        } else {
+          q->Add(std::to_string((i * 17 + p * 5) % kKeys));
+        }
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  EXPECT_TRUE(testing::SettlesWithin([&] { return q->Depth() == 0 && q->InFlight() == 0; },
+                                     absl::Seconds(10)));
+  stop = true;
+  EXPECT_TRUE(q->ShutDownWithDrain());
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(overlap.load());
+  EXPECT_EQ(q->Len(), 0u);
 }
 
 }  // namespace

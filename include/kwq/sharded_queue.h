@@ -315,7 +315,7 @@ class ShardedQueue {
     bool owe_kick = false;
     size_t owed_for = 0;
     absl::Cleanup pass_on = [&] {
-      if (owe_kick) PassOnKick();
+      if (owe_kick) PassOnKick(owed_for);
     };
     // Takes on a kick noted in `entry`, once the entry is off the list (`taken` is final).
     auto note_kick = [&](const Parked& entry) {
@@ -467,11 +467,15 @@ class ShardedQueue {
     }
   }
 
-  // A kicked worker that leaves without the item it was kicked for: wakes another parked
-  // worker for it, if some shard still has an item ready.
-  void PassOnKick() {
+  // A kicked worker that leaves without the item it was kicked for, on `shard`: wakes
+  // another parked worker for that shard, if it still has an item ready. (Kicking for the
+  // first shard with a ready item could send the worker to an item that shard's own
+  // sleeper was already signalled for: that sleeper then woke to nothing, and the item the
+  // kick was for waited beside it.) The push of the item came before the kick took this
+  // worker off the park list, so the read here sees it unless another Get took it.
+  void PassOnKick(size_t shard) {
     if (parked_.count() == 0) return;
-    if (const std::optional<size_t> s = AnyReadyShard()) Kick(*s, 1);
+    if (shards_[shard]->ReadyHint() != 0) Kick(shard, 1);
   }
 
   // The shard of a key whose table hash (KeyTable::HashOf) is `hash`. It is mixed first (the
