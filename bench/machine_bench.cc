@@ -9,6 +9,8 @@
 //   deduplicates by value does at least this. Arg 1 reserves the index first (a queue
 //   cannot know to do that); arg 0 grows it as kwq's does.
 // - BM_FloorFirstTouch: the first write to a fresh 4 KiB page (a page fault).
+//   BM_FloorPopulate: the same pages mapped first in one madvise(MADV_POPULATE_WRITE) call,
+//   as kwq's key tables map their bulk growth (kwq/internal/prefault.h), then written.
 // - BM_FloorLineRoundTrip: one cache line passed from one thread to another and back
 //   (two transfers), the least a hand-out between cores can cost when someone waits on it.
 
@@ -28,6 +30,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "kwq/internal/prefault.h"
 
 namespace {
 
@@ -77,7 +80,10 @@ void BM_FloorDedupFifo(benchmark::State& state) {
 }
 BENCHMARK(BM_FloorDedupFifo)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-void BM_FloorFirstTouch(benchmark::State& state) {
+// Writes one byte to every page of 64 MiB of fresh memory; with `populate`, maps the
+// pages first in one call as kwq's key tables do for their bulk growth
+// (kwq/internal/prefault.h), timed with the writes.
+void FirstTouch(benchmark::State& state, bool populate) {
   constexpr size_t kPage = 4096;
   constexpr size_t kBytes = size_t{64} << 20;
   for (auto _ : state) {
@@ -90,6 +96,7 @@ void BM_FloorFirstTouch(benchmark::State& state) {
     madvise(map, kBytes, MADV_NOHUGEPAGE);
     auto* bytes = static_cast<volatile char*>(map);
     state.ResumeTiming();
+    if (populate) kwq::internal::Prefault(map, kBytes);
     for (size_t i = 0; i < kBytes; i += kPage) bytes[i] = 1;
     state.PauseTiming();
     munmap(map, kBytes);
@@ -100,7 +107,10 @@ void BM_FloorFirstTouch(benchmark::State& state) {
       static_cast<double>(kBytes / kPage),
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
+void BM_FloorFirstTouch(benchmark::State& state) { FirstTouch(state, /*populate=*/false); }
 BENCHMARK(BM_FloorFirstTouch)->Unit(benchmark::kMillisecond)->UseRealTime();
+void BM_FloorPopulate(benchmark::State& state) { FirstTouch(state, /*populate=*/true); }
+BENCHMARK(BM_FloorPopulate)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The first two CPUs in `allowed`, or none when fewer are allowed.
 std::vector<int> TwoCpus(const cpu_set_t& allowed) {

@@ -33,6 +33,7 @@
 #include "absl/base/attributes.h"
 #include "absl/container/flat_hash_set.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/prefault.h"
 #include "kwq/internal/safe_growth.h"
 #include "kwq/internal/spread_hash.h"
 
@@ -154,7 +155,7 @@ class KeyTable {
   // kChunk slots: the keys, their hashes and their state bytes. Growing by whole chunks
   // never copies (a vector per field would copy and leave freed buffers behind on growth).
   // Only the state bytes are cleared when a chunk is made (zero: not live), so the pages
-  // of unused slots are not touched.
+  // of unused slots are not touched (in the first chunk; later ones are prefaulted).
   struct Chunk {
     Storage items[kChunk];
     uint32_t hashes[kChunk];
@@ -209,6 +210,10 @@ class KeyTable {
   void AddChunk() {
     const size_t n = chunks_.size();
     auto chunk = std::make_unique_for_overwrite<Chunk>();
+    // A table past its first chunk grows in bulk and fills this one soon: map its pages
+    // in one call rather than a fault per page (kwq/internal/prefault.h). The first chunk
+    // is left to faults, so a small queue maps only the pages it uses.
+    if (n > 0) Prefault(chunk.get(), sizeof(Chunk));
     std::fill_n(chunk->state, kChunk, uint8_t{0});
     GrowIfFull(chunks_);
     if (n == dir_capacity_) {

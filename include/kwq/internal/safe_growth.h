@@ -32,12 +32,15 @@
 #include <utility>
 
 #include "absl/container/internal/raw_hash_set.h"
+#include "kwq/internal/prefault.h"
 
 namespace kwq::internal {
 
 // The block set aside for a set's next growth. Not thread-safe: the set's owner's lock.
 class GrowthReserve {
  public:
+  static constexpr size_t kPrefaultBytes = size_t{256} << 10;
+
   GrowthReserve() = default;
   ~GrowthReserve() { ::operator delete(block_); }
   GrowthReserve(const GrowthReserve&) = delete;
@@ -47,6 +50,10 @@ class GrowthReserve {
   void Ensure(size_t bytes) {
     if (block_ != nullptr && bytes_ == bytes) return;
     void* block = ::operator new(bytes);
+    // The growth this block is for writes all of it (the rehash), at once: map it in one
+    // call rather than a page fault per page (kwq/internal/prefault.h). Small blocks
+    // are left alone (the call would cost more than their faults).
+    if (bytes >= kPrefaultBytes) Prefault(block, bytes);
     ::operator delete(block_);
     block_ = block;
     bytes_ = bytes;
