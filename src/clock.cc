@@ -146,9 +146,22 @@ void FakeClock::SleepUntil(absl::Time deadline) {
   KWQ_CHECK(now_ >= deadline || !CalledByObserver(),
             "FakeClock::SleepUntil called from inside one of its observers (a timer callback) "
             "for a time still ahead; no other thread can move the clock before it returns.");
+  if (now_ >= deadline) return;
+  // Listed so a move to or past `deadline` marks it due under mu_: the clock may be set
+  // back before this thread wakes, and re-reading now_ alone would then sleep on through
+  // a move that reached the deadline.
+  Sleeper me{.deadline = deadline, .next = sleepers_head_};
+  if (me.next != nullptr) me.next->prev = &me;
+  sleepers_head_ = &me;
   ++sleepers_;
-  while (now_ < deadline) moved_.Wait(&mu_);
+  while (!me.due && now_ < deadline) moved_.Wait(&mu_);
   --sleepers_;
+  if (me.prev != nullptr) {
+    me.prev->next = me.next;
+  } else {
+    sleepers_head_ = me.next;
+  }
+  if (me.next != nullptr) me.next->prev = me.prev;
 }
 
 void FakeClock::Advance(absl::Duration d) {
@@ -181,6 +194,11 @@ void FakeClock::MoveTo(absl::Time t) {
     internal::MutexLock lock(&mu_);
     from = now_;
     now_ = t;
+    if (t >= from) {
+      for (Sleeper* s = sleepers_head_; s != nullptr; s = s->next) {
+        if (s->deadline <= t) s->due = true;
+      }
+    }
   }
   // Going back, nothing comes due that was not due before: no sleeper wakes, and the
   // observers are not told, so no timer fires (a timer already due runs at the next

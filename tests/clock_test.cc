@@ -181,6 +181,36 @@ TEST(FakeClockTest, AdvanceWakesSleeperThatBecameDue) {
   EXPECT_EQ(clock.NumSleepers(), 0u);
 }
 
+// A move that reaches a sleeper's deadline wakes it even when the clock is set back
+// before the sleeper runs again (it re-read the clock alone and slept on, in 19 of 20
+// rounds in a review, until a later move passed its deadline), and a sleeper not yet due
+// stays asleep through both moves. Two sleepers, so the list holds more than one.
+TEST(FakeClockTest, AMoveThatReachedTheDeadlineWakesTheSleeperDespiteAJumpBack) {
+  for (int round = 0; round < 3; ++round) {
+    FakeClock clock(absl::FromUnixSeconds(100));
+    std::atomic<bool> due_returned{false}, later_returned{false};
+    std::thread due([&] {
+      clock.SleepUntil(absl::FromUnixSeconds(110));
+      due_returned = true;
+    });
+    std::thread later([&] {
+      clock.SleepUntil(absl::FromUnixSeconds(130));
+      later_returned = true;
+    });
+    ASSERT_TRUE(testing::Eventually([&] { return clock.NumSleepers() == 2; }));
+    clock.SetTime(absl::FromUnixSeconds(120));  // past the first deadline only
+    clock.SetTime(absl::FromUnixSeconds(100));  // and back at once
+    EXPECT_TRUE(testing::Eventually([&] { return due_returned.load(); }, absl::Seconds(2)))
+        << "round " << round << ": the sleeper whose deadline was reached sleeps on";
+    EXPECT_FALSE(later_returned.load());
+    EXPECT_EQ(clock.NumSleepers(), due_returned.load() ? 1u : 2u);
+    clock.SetTime(absl::FromUnixSeconds(200));  // releases both
+    due.join();
+    later.join();
+    EXPECT_EQ(clock.NumSleepers(), 0u);
+  }
+}
+
 // Records every time an observed clock reports.
 struct MoveRecorder : ClockObserver {
   std::vector<absl::Time> seen;

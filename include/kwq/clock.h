@@ -141,7 +141,8 @@ class FakeClock final : public Clock {
 
   absl::Time Now() const override;
 
-  // Blocks until another thread moves the clock to or past `deadline`. From inside one of
+  // Blocks until another thread moves the clock to or past `deadline` (returns then even
+  // if the clock is set back before this thread wakes). From inside one of
   // its observers (a timer callback) with `deadline` still ahead it fails a KWQ_CHECK: no
   // other thread can move the clock before that observer returns.
   void SleepUntil(absl::Time deadline) override;
@@ -197,9 +198,19 @@ class FakeClock final : public Clock {
   // there only if it wrote it itself, so relaxed order is enough.
   std::atomic<std::thread::id> mover_{};
 
+  // A thread in SleepUntil, listed on its own stack. `due`: a move reached `deadline`
+  // (set by the mover under mu_, so a later move back does not undo it).
+  struct Sleeper {
+    absl::Time deadline;
+    bool due = false;
+    Sleeper* prev = nullptr;
+    Sleeper* next = nullptr;
+  };
+
   mutable internal::Mutex mu_;
   internal::CondVar moved_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
+  Sleeper* sleepers_head_ ABSL_GUARDED_BY(mu_) = nullptr;
   size_t sleepers_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
