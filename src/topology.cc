@@ -18,7 +18,10 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace kwq {
 namespace {
@@ -132,19 +135,37 @@ int LogicalIndexOfAncestor(hwloc_topology_t topology, hwloc_obj_type_t type, hwl
   return static_cast<int>(ancestor->logical_index);
 }
 
+// The id of each of `nodes`: its OS index, or -1 where that does not tell it apart from
+// the others (unknown, past INT_MAX, or another node's too). A CPU of such a node could
+// not be given its own node's id (it once fell to node 0, merging two nodes).
+std::vector<int> NodeIds(const std::vector<hwloc_obj_t>& nodes) {
+  std::map<unsigned, int> uses;
+  for (const hwloc_obj_t node : nodes) ++uses[node->os_index];
+  std::vector<int> ids;
+  ids.reserve(nodes.size());
+  for (const hwloc_obj_t node : nodes) {
+    const unsigned os = node->os_index;
+    const bool distinct =
+        os != HWLOC_UNKNOWN_INDEX && os <= static_cast<unsigned>(INT_MAX) && uses[os] == 1;
+    ids.push_back(distinct ? static_cast<int>(os) : -1);
+  }
+  return ids;
+}
+
 // The NUMA node local to `pu`: among the nodes whose cpuset holds it, the one with the
 // smallest cpuset (so a node of the PU's own package wins over a machine-wide memory
-// node), ties broken by the lower OS index. 0 when no node holds it.
-int NumaNodeOf(const std::vector<hwloc_obj_t>& nodes, unsigned pu_os_index) {
+// node), ties broken by the lower OS index. 0 when no node holds it; -1 when one that
+// holds it has no id of its own (NodeIds).
+int NumaNodeOf(const std::vector<hwloc_obj_t>& nodes, const std::vector<int>& ids,
+               unsigned pu_os_index) {
   std::pair<int, int> best{INT_MAX, INT_MAX};  // (cpuset weight, node id)
-  for (const hwloc_obj_t node : nodes) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const hwloc_obj_t node = nodes[i];
     if (node->cpuset == nullptr || !hwloc_bitmap_isset(node->cpuset, pu_os_index)) continue;
-    const unsigned raw =
-        node->os_index != HWLOC_UNKNOWN_INDEX ? node->os_index : node->logical_index;
-    if (raw > static_cast<unsigned>(INT_MAX)) continue;
+    if (ids[i] < 0) return -1;
     int weight = hwloc_bitmap_weight(node->cpuset);
     if (weight < 0) weight = INT_MAX;  // an infinite set
-    best = std::min(best, std::pair{weight, static_cast<int>(raw)});
+    best = std::min(best, std::pair{weight, ids[i]});
   }
   return best.second == INT_MAX ? 0 : best.second;
 }
@@ -152,6 +173,8 @@ int NumaNodeOf(const std::vector<hwloc_obj_t>& nodes, unsigned pu_os_index) {
 struct Extracted {
   int total_cpus = 0;
   std::vector<CpuInfo> cpus;
+  // Set when the topology cannot be used as it is (then `cpus` is incomplete).
+  std::string error;
 };
 
 // Copies the allowed PUs of a loaded topology (those `affinity` also holds, when given).
@@ -162,6 +185,7 @@ Extracted ExtractCpus(hwloc_topology_t topology, const DynamicCpuSet* affinity) 
        node != nullptr; node = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_NUMANODE, node)) {
     nodes.push_back(node);
   }
+  const std::vector<int> node_ids = NodeIds(nodes);
   const hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topology);
   std::set<int> seen;
   for (hwloc_obj_t pu = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_PU, nullptr); pu != nullptr;
@@ -172,11 +196,18 @@ Extracted ExtractCpus(hwloc_topology_t topology, const DynamicCpuSet* affinity) 
     if (allowed != nullptr && !hwloc_bitmap_isset(allowed, os_index)) continue;
     if (affinity != nullptr && !affinity->IsSet(os_index)) continue;
     if (!seen.insert(static_cast<int>(os_index)).second) continue;
+    const int numa_node = NumaNodeOf(nodes, node_ids, os_index);
+    if (numa_node < 0) {
+      out.error =
+          absl::StrCat("the NUMA node of CPU ", os_index,
+                       " has no OS index of its own (none, one past INT_MAX, or another node's)");
+      return out;
+    }
     out.cpus.push_back(CpuInfo{
         .cpu = static_cast<int>(os_index),
         .core = LogicalIndexOfAncestor(topology, HWLOC_OBJ_CORE, pu),
         .package = LogicalIndexOfAncestor(topology, HWLOC_OBJ_PACKAGE, pu),
-        .numa_node = NumaNodeOf(nodes, os_index),
+        .numa_node = numa_node,
         .l3 = LogicalIndexOfAncestor(topology, HWLOC_OBJ_L3CACHE, pu),
     });
   }
@@ -297,6 +328,7 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::DetectWithMaskOf(int t
     return absl::InternalError(absl::StrCat("hwloc_topology_load failed: ", std::strerror(errno)));
   }
   Extracted e = ExtractCpus(hwloc.get(), affinity->get());
+  if (!e.error.empty()) return absl::InternalError(absl::StrCat("this system: ", e.error));
   if (e.cpus.empty()) {
     return absl::FailedPreconditionError(
         "no CPU is both allowed by hwloc and in the thread's affinity mask");
@@ -304,6 +336,39 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::DetectWithMaskOf(int t
   return std::shared_ptr<const Topology>(
       new Topology("this system", e.total_cpus, std::move(e.cpus)));
 }
+
+namespace {
+
+// The OS index lists of a synthetic description ("pu:4(indexes=0,2,1,3)"), checked before
+// hwloc sees them: hwloc quietly drops objects whose indexes repeat (a description of 4
+// PUs loaded as 2), and an index in the billions had it build bitmaps of 512 MiB for over
+// a minute. Lists in hwloc's other forms (interleavings such as "indexes=core:pu") are
+// left to hwloc.
+absl::Status CheckSyntheticIndexes(absl::string_view text) {
+  constexpr uint32_t kMaxIndex = (uint32_t{1} << 24) - 1;  // bitmaps of 2 MiB at most
+  constexpr absl::string_view kKey = "indexes=";
+  for (size_t at = text.find(kKey); at != absl::string_view::npos; at = text.find(kKey, at + 1)) {
+    absl::string_view list = text.substr(at + kKey.size());
+    list = list.substr(0, list.find_first_of(") \t\n"));
+    if (list.empty() || list.find_first_not_of("0123456789,") != absl::string_view::npos) continue;
+    std::set<uint32_t> seen;
+    for (absl::string_view item : absl::StrSplit(list, ',')) {
+      uint32_t index = 0;
+      if (!absl::SimpleAtoi(item, &index) || index > kMaxIndex) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hwloc synthetic description: index \"", absl::CEscape(item),
+                         "\" in \"indexes=\" is not a number from 0 to ", kMaxIndex));
+      }
+      if (!seen.insert(index).second) {
+        return absl::InvalidArgumentError(absl::StrCat("hwloc synthetic description: index ", index,
+                                                       " repeats in \"indexes=", list, "\""));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const Topology>> Topology::FromSynthetic(
     std::string_view description) {
@@ -314,6 +379,7 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::FromSynthetic(
     return absl::InvalidArgumentError("hwloc synthetic description contains a NUL byte");
   }
   const std::string text(description);
+  if (absl::Status s = CheckSyntheticIndexes(text); !s.ok()) return s;
   HwlocHandle hwloc;
   if (absl::Status s = hwloc.Init(); !s.ok()) return s;
   if (hwloc_topology_set_synthetic(hwloc.get(), text.c_str()) != 0) {
@@ -326,6 +392,9 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::FromSynthetic(
                                                    "\": ", std::strerror(errno)));
   }
   Extracted e = ExtractCpus(hwloc.get(), nullptr);
+  if (!e.error.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("hwloc synthetic description: ", e.error));
+  }
   if (e.cpus.empty()) {
     return absl::InvalidArgumentError("hwloc synthetic description has no CPU");
   }
@@ -355,6 +424,9 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::FromXml(std::string_vi
         absl::StrCat("cannot load hwloc XML document: ", std::strerror(errno)));
   }
   Extracted e = ExtractCpus(hwloc.get(), nullptr);
+  if (!e.error.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("hwloc XML document: ", e.error));
+  }
   if (e.cpus.empty()) return absl::InvalidArgumentError("hwloc XML document has no allowed CPU");
   return std::shared_ptr<const Topology>(new Topology(
       absl::StrCat("XML document (", text.size(), " bytes)"), e.total_cpus, std::move(e.cpus)));
@@ -377,6 +449,9 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::FromXmlFile(std::strin
         absl::StrCat("cannot load hwloc XML file ", name, ": ", std::strerror(errno)));
   }
   Extracted e = ExtractCpus(hwloc.get(), nullptr);
+  if (!e.error.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("hwloc XML file ", name, ": ", e.error));
+  }
   if (e.cpus.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("hwloc XML file ", name, " has no allowed CPU"));
   }

@@ -196,20 +196,28 @@ TEST(TopologyTest, SmtPodsAreSingleCpusWithoutCores) {
 }
 
 TEST(TopologyTest, BadSyntheticDescriptionsAreErrors) {
-  const std::string_view kBad[] = {"",
-                                   "   ",
-                                   "nonsense",
-                                   "pack:0 pu:2",
-                                   "pack:2 core:x pu:2",
-                                   "pu:2 pack:2",
-                                   "pack:2 core:2 pu:2 extra:",
-                                   "pack:-1 pu:1",
-                                   std::string_view("pack:2\0pu:2", 11)};
+  const std::string_view kBad[] = {
+      "", "   ", "nonsense", "pack:0 pu:2", "pack:2 core:x pu:2", "pu:2 pack:2",
+      "pack:2 core:2 pu:2 extra:", "pack:-1 pu:1", std::string_view("pack:2\0pu:2", 11),
+      // Repeated OS indexes: hwloc dropped the repeats
+      // and loaded 1 PU of 2, and 2 of 4 in 1 package.
+      "pu:2(indexes=0,0)", "pack:2 pu:2(indexes=0,1,0,1)",
+      // An index in the billions kept hwloc building
+      // 512 MiB bitmaps for over a minute.
+      "pack:2 numa:1(indexes=2147483648,2147483649) pu:2", "pu:2(indexes=0,99999999999999999999)"};
   for (std::string_view bad : kBad) {
     absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromSynthetic(bad);
     EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument)
         << "'" << bad << "': " << topo.status();
   }
+}
+
+// Distinct indexes in a list are still accepted, in any order.
+TEST(TopologyTest, SyntheticIndexListsAreKept) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo =
+      Topology::FromSynthetic("pack:2 pu:2(indexes=3,1,2,0)");
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  EXPECT_EQ((*topo)->num_cpus(), 4);
 }
 
 TEST(TopologyTest, DescribeListsPods) {
@@ -281,6 +289,32 @@ TEST(TopologyTest, BadXmlIsAnError) {
     absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(bad);
     EXPECT_FALSE(topo.ok()) << "'" << bad << "'";
     EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument) << topo.status();
+  }
+}
+
+std::string ReplaceOnce(std::string s, std::string_view from, std::string_view to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+// A NUMA node whose OS index does not tell it apart from the others is refused: its CPUs
+// were filed under node 0, another, real node (an index past INT_MAX), or under its
+// logical index, which here is node 0's OS index (no index at all). Both documents were
+// accepted with one NUMA node instead of two.
+TEST(TopologyTest, XmlNumaNodesWithoutTheirOwnIndexAreRefused) {
+  const std::string huge =
+      ReplaceOnce(std::string(kTwoSocketXml), R"(type="NUMANode" os_index="1")",
+                  R"(type="NUMANode" os_index="4000000000")");
+  std::string missing = ReplaceOnce(std::string(kTwoSocketXml), R"(type="NUMANode" os_index="0")",
+                                    R"(type="NUMANode" os_index="1")");
+  missing = ReplaceOnce(missing, R"(type="NUMANode" os_index="1" cpuset="0xcc")",
+                        R"(type="NUMANode" cpuset="0xcc")");
+  for (const std::string& xml : {huge, missing}) {
+    absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(xml);
+    EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument)
+        << (topo.ok() ? (*topo)->Describe() : topo.status().ToString());
   }
 }
 

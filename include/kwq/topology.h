@@ -71,7 +71,7 @@ struct CpuInfo {
   int cpu = -1;       // OS index of the CPU
   int core = -1;      // hwloc logical index of its core; -1 if the topology has no cores
   int package = -1;   // hwloc logical index of its package (socket); -1 if none
-  int numa_node = 0;  // OS index of its NUMA node; 0 if the topology has no NUMA nodes
+  int numa_node = 0;  // OS index of its NUMA node; 0 if no NUMA node holds it
   int l3 = -1;        // hwloc logical index of its L3 cache (its cache domain); -1 if none
 
   friend bool operator==(const CpuInfo&, const CpuInfo&) = default;
@@ -101,17 +101,20 @@ class Topology {
   // A machine from an hwloc synthetic description, e.g. "pack:2 numa:2 l3:2 core:4 pu:2"
   // (64 CPUs numbered 0..63; see hwloc's "Synthetic topologies" documentation for the
   // syntax). Every CPU of the description is used: no affinity mask is applied.
-  // Errors: InvalidArgument for an empty or malformed description; Internal when hwloc
-  // fails otherwise. A description of an absurd size (millions of objects) is refused by
-  // hwloc or costs the memory it asks for.
+  // Errors: InvalidArgument for an empty or malformed description, including an
+  // "indexes=" list whose numbers repeat or exceed 2^24 - 1 (hwloc itself dropped repeated
+  // objects, and spent minutes on indexes in the billions); Internal when hwloc fails
+  // otherwise. A description of an absurd size (millions of objects) is refused by hwloc
+  // or costs the memory it asks for.
   static absl::StatusOr<std::shared_ptr<const Topology>> FromSynthetic(
       std::string_view description);
 
   // A machine from an hwloc XML document held in memory (as written by
   // `lstopo file.xml` or hwloc_topology_export_xmlbuffer; hwloc 1.x and 2.x formats).
   // The CPUs used are those the document marks allowed; no affinity mask is applied.
-  // Errors: InvalidArgument for an empty, malformed or unusable document, as far as
-  // hwloc reports it: its parser itself can crash on some malformed documents (hwloc 2.9:
+  // Errors: InvalidArgument for an empty, malformed or unusable document (one whose
+  // NUMA nodes are not told apart by their OS indexes among them), as far as hwloc
+  // reports it: its parser itself can crash on some malformed documents (hwloc 2.9:
   // a segfault inside hwloc_topology_load, found by an audit), so do not pass it
   // untrusted XML.
   static absl::StatusOr<std::shared_ptr<const Topology>> FromXml(std::string_view xml_buffer);
