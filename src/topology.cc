@@ -339,20 +339,54 @@ absl::StatusOr<std::shared_ptr<const Topology>> Topology::DetectWithMaskOf(int t
 
 namespace {
 
-// The OS index lists of a synthetic description ("pu:4(indexes=0,2,1,3)"), checked before
-// hwloc sees them: hwloc quietly drops objects whose indexes repeat (a description of 4
-// PUs loaded as 2), and an index in the billions had it build bitmaps of 512 MiB for over
-// a minute. Lists in hwloc's other forms (interleavings such as "indexes=core:pu") are
-// left to hwloc.
+// The OS index lists of a synthetic description ("pack:2 pu:2(indexes=0,2,1,3)"), checked
+// before hwloc sees them: hwloc quietly drops objects whose indexes repeat (a description
+// of 4 PUs loaded as 2), and an index in the billions had it build bitmaps of 512 MiB for
+// over a minute. Only the entries hwloc reads are checked: one per object of the level
+// (the product of the arities down to it); it ignores the rest of a longer list. Levels
+// or lists in hwloc's other forms (memory children in brackets, interleavings such as
+// "indexes=core:pu", anything not parsed here) are left to hwloc.
 absl::Status CheckSyntheticIndexes(absl::string_view text) {
   constexpr uint32_t kMaxIndex = (uint32_t{1} << 24) - 1;  // bitmaps of 2 MiB at most
+  constexpr uint64_t kManyObjects = uint64_t{1} << 32;     // past any list's length
   constexpr absl::string_view kKey = "indexes=";
-  for (size_t at = text.find(kKey); at != absl::string_view::npos; at = text.find(kKey, at + 1)) {
-    absl::string_view list = text.substr(at + kKey.size());
+  uint64_t objects = 1;  // of the level being read
+  size_t at = 0;
+  while (at < text.size()) {
+    // The next level: up to a blank outside parentheses.
+    at = text.find_first_not_of(" \t\n", at);
+    if (at == absl::string_view::npos) break;
+    size_t end = at;
+    for (int depth = 0; end < text.size(); ++end) {
+      const char c = text[end];
+      if (c == '(' || c == '[') ++depth;
+      if (c == ')' || c == ']') --depth;
+      if (depth <= 0 && (c == ' ' || c == '\t' || c == '\n')) break;
+    }
+    const absl::string_view level = text.substr(at, end - at);
+    at = end;
+    if (level[0] == '(' || level[0] == '[') continue;  // the root's attributes, memory
+    const size_t colon = level.find(':');
+    const size_t paren = level.find('(');
+    uint64_t arity = 0;
+    if (colon == absl::string_view::npos || paren < colon ||
+        !absl::SimpleAtoi(
+            level.substr(colon + 1, paren == absl::string_view::npos ? absl::string_view::npos
+                                                                     : paren - colon - 1),
+            &arity)) {
+      break;  // not a form read here: hwloc judges the rest
+    }
+    objects = std::min(objects * std::min(arity, kManyObjects), kManyObjects);
+    if (paren == absl::string_view::npos) continue;
+    const size_t key = level.find(kKey, paren);
+    if (key == absl::string_view::npos) continue;
+    absl::string_view list = level.substr(key + kKey.size());
     list = list.substr(0, list.find_first_of(") \t\n"));
     if (list.empty() || list.find_first_not_of("0123456789,") != absl::string_view::npos) continue;
     std::set<uint32_t> seen;
+    uint64_t read = 0;
     for (absl::string_view item : absl::StrSplit(list, ',')) {
+      if (read++ == objects) break;  // hwloc reads no further
       uint32_t index = 0;
       if (!absl::SimpleAtoi(item, &index) || index > kMaxIndex) {
         return absl::InvalidArgumentError(

@@ -15,11 +15,21 @@ TEST(PollUntilTest, ReturnsAtTheFirstPollThatFindsItReady) {
   EXPECT_EQ(calls, 3);
 }
 
+// With no time cap in reach (a busy CPU can make a yield outlast kGetPollLimit, which
+// would end the polls first).
 TEST(PollUntilTest, MakesAtMostTheGivenPolls) {
   int calls = 0;
-  PollUntil([&] { return ++calls < 0; }, kBriefPolls);
+  PollUntil([&] { return ++calls < 0; }, kBriefPolls, std::chrono::hours(1));
   // One look per poll.
   EXPECT_EQ(calls, kBriefPolls);
+}
+
+// The time cap ends the polls at the second yield once `limit` has passed since the
+// first, whatever the count left: exactly two yields' worth with no time at all.
+TEST(PollUntilTest, AZeroLimitEndsThePollsAtTheSecondYield) {
+  int calls = 0;
+  PollUntil([&] { return ++calls < 0; }, kGetPolls, std::chrono::nanoseconds(0));
+  EXPECT_EQ(calls, 2 * kGetYieldEvery);
 }
 
 // A busy machine makes each yield slow; here each look takes a millisecond. The polls'

@@ -212,12 +212,22 @@ TEST(TopologyTest, BadSyntheticDescriptionsAreErrors) {
   }
 }
 
-// Distinct indexes in a list are still accepted, in any order.
+// Distinct indexes in a list are still accepted, in any order, and so is what hwloc
+// ignores past the level's objects (a longer list, with repeats, a trailing comma or a
+// huge number there), and the list forms this check does not read.
 TEST(TopologyTest, SyntheticIndexListsAreKept) {
-  absl::StatusOr<std::shared_ptr<const Topology>> topo =
-      Topology::FromSynthetic("pack:2 pu:2(indexes=3,1,2,0)");
-  ASSERT_TRUE(topo.ok()) << topo.status();
-  EXPECT_EQ((*topo)->num_cpus(), 4);
+  const std::pair<std::string_view, int> kGood[] = {
+      {"pack:2 pu:2(indexes=3,1,2,0)", 4},
+      {"pack:2 pu:2(indexes=0,1,2,3,0,1,2,3)", 4},
+      {"pu:4(indexes=0,1,2,3,)", 4},
+      {"pu:2(indexes=0,1,5000000000)", 2},
+      {"pack:2 core:2 pu:2(indexes=pack:core:pu)", 8},
+  };
+  for (const auto& [description, cpus] : kGood) {
+    absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromSynthetic(description);
+    ASSERT_TRUE(topo.ok()) << description << ": " << topo.status();
+    EXPECT_EQ((*topo)->num_cpus(), cpus) << description;
+  }
 }
 
 TEST(TopologyTest, DescribeListsPods) {
@@ -300,18 +310,19 @@ std::string ReplaceOnce(std::string s, std::string_view from, std::string_view t
 }
 
 // A NUMA node whose OS index does not tell it apart from the others is refused: its CPUs
-// were filed under node 0, another, real node (an index past INT_MAX), or under its
-// logical index, which here is node 0's OS index (no index at all). Both documents were
-// accepted with one NUMA node instead of two.
+// were filed under its logical index, which here is node 0's OS index (no index at all),
+// or merged with the node sharing its index. Both documents were accepted with one NUMA
+// node instead of two. (An index past INT_MAX, refused by the same check, is not tested
+// here: hwloc spends seconds building its node set before kwq sees it.)
 TEST(TopologyTest, XmlNumaNodesWithoutTheirOwnIndexAreRefused) {
-  const std::string huge =
-      ReplaceOnce(std::string(kTwoSocketXml), R"(type="NUMANode" os_index="1")",
-                  R"(type="NUMANode" os_index="4000000000")");
   std::string missing = ReplaceOnce(std::string(kTwoSocketXml), R"(type="NUMANode" os_index="0")",
                                     R"(type="NUMANode" os_index="1")");
   missing = ReplaceOnce(missing, R"(type="NUMANode" os_index="1" cpuset="0xcc")",
                         R"(type="NUMANode" cpuset="0xcc")");
-  for (const std::string& xml : {huge, missing}) {
+  const std::string shared =
+      ReplaceOnce(std::string(kTwoSocketXml), R"(type="NUMANode" os_index="1" cpuset="0xcc")",
+                  R"(type="NUMANode" os_index="0" cpuset="0xcc")");
+  for (const std::string& xml : {missing, shared}) {
     absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(xml);
     EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument)
         << (topo.ok() ? (*topo)->Describe() : topo.status().ToString());

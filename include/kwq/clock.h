@@ -64,9 +64,10 @@ class Clock {
   // clocks stay exact. Never blocks.
   virtual absl::Time CoarseNow() const { return Now(); }
 
-  // Blocks the calling thread until Now() >= deadline. Returns at once for a deadline in
-  // the past; absl::InfiniteFuture() blocks forever on a real clock (a manual clock moved
-  // to absl::InfiniteFuture() wakes it).
+  // Blocks the calling thread until Now() >= deadline (a manual clock: until it is moved
+  // to or past deadline; FakeClock then returns even if it is set back before the thread
+  // wakes). Returns at once for a deadline in the past; absl::InfiniteFuture() blocks
+  // forever on a real clock (a manual clock moved to absl::InfiniteFuture() wakes it).
   virtual void SleepUntil(absl::Time deadline) = 0;
 
   // SleepUntil(Now() + d); saturates rather than overflowing for huge d.

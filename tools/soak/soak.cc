@@ -77,20 +77,20 @@ struct Ledger {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const absl::Duration run_for = absl::Seconds(absl::GetFlag(FLAGS_seconds));
   const int keys = absl::GetFlag(FLAGS_keys);
   const int producers = absl::GetFlag(FLAGS_producers);
   const int workers = absl::GetFlag(FLAGS_workers);
-  const int shards =
-      absl::GetFlag(FLAGS_shards) > 0 ? absl::GetFlag(FLAGS_shards) : 2 * workers + 1;
   // Checked before anything runs: no keys divided by zero, no workers never drained.
   if (!(absl::GetFlag(FLAGS_seconds) >= 0) || keys < 1 || producers < 1 || workers < 1 ||
-      workers > 1024 || absl::GetFlag(FLAGS_shards) < 0 || shards > 4096) {
+      workers > 1024 || absl::GetFlag(FLAGS_shards) < 0 || absl::GetFlag(FLAGS_shards) > 4096) {
     std::fprintf(stderr,
                  "kwq-soak: need --seconds >= 0, --keys >= 1, --producers >= 1, "
                  "1 <= --workers <= 1024, 0 <= --shards <= 4096 (0: 2 * workers + 1)\n");
     return 2;
   }
+  const absl::Duration run_for = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  const int shards =
+      absl::GetFlag(FLAGS_shards) > 0 ? absl::GetFlag(FLAGS_shards) : 2 * workers + 1;
   kwq::TimerService::Default();  // its thread is process-wide: started before counting
   const int threads_before = ThreadCount();
   uint64_t wq_runs = 0;

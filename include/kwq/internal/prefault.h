@@ -5,7 +5,8 @@
 // instead of one page fault per 4 KiB page as the writes reach them. Used for the blocks a
 // queue fills soon and whole: a key table's slab chunks after its first (a table past
 // 4,096 keys is growing in bulk; a small queue maps nothing it does not use) and a hash
-// index's next array (Abseil's rehash writes every page of it at once).
+// index's next array when the growth takes it (Abseil's rehash then writes every page of
+// it at once).
 //
 // Why: page faults were most of a bulk Add's time on the development VM, whose hypervisor
 // charges 11-12 us per first touch in its slow hours (docs/benchmarks.md, Floors).

@@ -50,16 +50,18 @@ inline bool EnterLongPoll(std::atomic<int>& pollers, int max) {
   return true;
 }
 
-// Polls until `ready()` returns true, `polls` polls have been made, or kGetPollLimit has
-// passed since the first yield (looked at when yielding, every kGetYieldEvery polls).
+// Polls until `ready()` returns true, `polls` polls have been made, or `limit` has
+// passed since the first yield (looked at when yielding, every kGetYieldEvery polls, so
+// a slow yield can take it past `limit`).
 template <typename Ready>
-void PollUntil(Ready ready, int polls = kGetPolls) {
+void PollUntil(Ready ready, int polls = kGetPolls,
+               std::chrono::steady_clock::duration limit = kGetPollLimit) {
   std::chrono::steady_clock::time_point give_up;
   for (int i = 1; i <= polls && !ready(); ++i) {
     if (i % kGetYieldEvery == 0) {
       const auto now = std::chrono::steady_clock::now();
       if (i == kGetYieldEvery) {
-        give_up = now + kGetPollLimit;
+        give_up = now + limit;
       } else if (now >= give_up) {
         return;
       }
