@@ -150,6 +150,27 @@ void AgreesWithTheModel(uint32_t seed, int slots, int priorities, int keys, int 
   }
 }
 
+// Upcoming(k) names the slot k places behind the front of the group served next: with
+// in-order links in one group per priority, the k-th hand-out from now, and kNoSlot past
+// the group's end or when nothing is ready.
+TEST(ReadyLevelsUpcomingTest, NamesTheSlotServedKHandOutsFromNow) {
+  ReadyLevels levels;
+  levels.ReserveSlots(16);
+  EXPECT_EQ(levels.Upcoming(0), ReadyLevels::kNoSlot);
+  for (uint32_t s = 0; s < 10; ++s) levels.Link(s, levels.Pin(/*priority=*/1, 0), s);
+  for (uint32_t s = 10; s < 13; ++s) levels.Link(s, levels.Pin(/*priority=*/5, 0), s);
+  EXPECT_EQ(levels.Upcoming(0), 10u);  // the higher priority's group is served first
+  EXPECT_EQ(levels.Upcoming(2), 12u);
+  EXPECT_EQ(levels.Upcoming(3), ReadyLevels::kNoSlot);  // past its group, not into the next
+  for (uint32_t s = 10; s < 13; ++s) EXPECT_EQ(levels.PopNext(), s);
+  for (uint32_t served = 0; served < 10; ++served) {
+    EXPECT_EQ(levels.Upcoming(0), served);
+    EXPECT_EQ(levels.Upcoming(4), served + 4 < 10 ? served + 4 : ReadyLevels::kNoSlot);
+    EXPECT_EQ(levels.PopNext(), served);
+  }
+  EXPECT_EQ(levels.Upcoming(0), ReadyLevels::kNoSlot);
+}
+
 class ReadyLevelsTest : public ::testing::TestWithParam<uint32_t> {
  protected:
   void SetUp() override { ticket_ring_first_ticket = GetParam(); }

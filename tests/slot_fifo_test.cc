@@ -1,5 +1,6 @@
 #include "kwq/internal/slot_fifo.h"
 
+#include <algorithm>
 #include <deque>
 #include <random>
 
@@ -74,6 +75,11 @@ TEST(SlotFifoTest, MatchesADequeUnderRandomOperations) {
       model.pop_front();
     }
     ASSERT_EQ(fifo.size(), model.size());
+    uint32_t front[20];
+    const size_t want = rng() % 20;
+    const size_t copied = fifo.CopyFront(front, want);
+    ASSERT_EQ(copied, std::min(want, model.size())) << "op " << op;
+    for (size_t i = 0; i < copied; ++i) ASSERT_EQ(front[i], model[i]) << "op " << op;
   }
   EXPECT_EQ(Drain(fifo), model);
 }

@@ -59,6 +59,8 @@ TEST(TicketRingTest, MatchesADeque) {
       ASSERT_EQ(ring.front(), model.front().first);
       ASSERT_EQ(ring.front_ticket(), model.front().second);
       ASSERT_EQ(ring.back(), model.back().first);
+      const size_t i = rng() % model.size();
+      ASSERT_EQ(ring.at(i), model[i].first) << "entry " << i;
     }
   }
 }

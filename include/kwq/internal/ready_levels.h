@@ -192,6 +192,19 @@ class ReadyLevels {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
+  // A slot served soon: `k` entries behind the front of the FIFO of the group served
+  // next, or kNoSlot when it holds fewer. Only a hint, for prefetching (it may be an
+  // entry left dead in place, whose slot is then no longer ready here).
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
+  uint32_t Upcoming(size_t k) const {
+    if (size_ == 0) return kNoSlot;
+    const Group& group = groups_[levels_[level_heap_.TopId()].head];
+    return k < group.fifo.size() ? group.fifo.at(k) : kNoSlot;
+  }
+  // Prefetches what serving `slot` reads here (its position). `slot` below ReserveSlots'
+  // bound.
+  void PrefetchPosition(uint32_t slot) const { __builtin_prefetch(&pos_[slot], 1); }
+
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
   // Position::local of a FIFO item: this bit and the low 31 bits of its entry's ticket

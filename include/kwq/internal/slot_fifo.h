@@ -116,6 +116,24 @@ class SlotFifo {
   // The slot at the front. The FIFO must not be empty.
   uint32_t front() const { return Word(0) & ~kRunBit; }
 
+  // Copies the first min(n, size()) slots, front first, to `out`; returns how many.
+  size_t CopyFront(uint32_t* out, size_t n) const {
+    size_t copied = 0;
+    for (size_t w = 0; w < count_ && copied < n;) {
+      const uint32_t word = Word(w);
+      if (!(word & kRunBit)) {
+        out[copied++] = word;
+        ++w;
+        continue;
+      }
+      const uint32_t first = word & ~kRunBit;
+      const uint32_t length = Word(w + 1);
+      for (uint32_t i = 0; i < length && copied < n; ++i) out[copied++] = first + i;
+      w += 2;
+    }
+    return copied;
+  }
+
   // Removes the front slot. The FIFO must not be empty.
   void pop_front() {
     --size_;

@@ -78,6 +78,8 @@ class TicketRing {
   uint32_t front() const { return At(0); }
   uint32_t front_ticket() const { return front_ticket_; }
   uint32_t back() const { return At(size_ - 1); }
+  // The entry `i` places behind the front; `i` < size().
+  uint32_t at(size_t i) const { return At(i); }
   void pop_front() {
     head_ = (head_ + 1) & (capacity_ - 1);
     --size_;
