@@ -9,6 +9,7 @@
 #include <functional>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <stop_token>
 #include <string>
@@ -826,6 +827,42 @@ TEST(DoneSignalTest, OnDoneRegistersACallback) {
   ctx.Done().OnDone([&] { ran = true; });
   cancel();
   EXPECT_TRUE(ran);
+}
+
+// A signal taken once the cancellation is over shares a fired node instead of holding the
+// context: it must still do everything a signal of that context does, after the context
+// and everything else of its tree are gone (ASan), and the same for a context whose
+// subtree was marked by a cancellation started above it (no shared node there).
+TEST(DoneSignalTest, ASignalTakenAfterTheCancelBehavesAsTheContextsOwn) {
+  for (bool marked_from_above : {false, true}) {
+    SCOPED_TRACE(marked_from_above);
+    std::optional<DoneSignal> done;
+    {
+      auto [root, cancel_root] = WithCancel(Background());
+      auto [ctx, cancel] = WithCancel(root);
+      auto [grandchild, cancel_grandchild] = WithCancel(ctx);  // ctx has a child to mark
+      if (marked_from_above) {
+        cancel_root();
+      } else {
+        cancel_grandchild();
+        auto [leaf, cancel_leaf] = WithCancel(grandchild);  // born cancelled
+        cancel_leaf();
+        ctx = leaf;
+      }
+      ASSERT_TRUE(ctx.IsCancelled());
+      done = ctx.Done();
+    }  // every context of the tree released: a counted signal keeps its own alive
+    EXPECT_TRUE(done->HasFired());
+    done->Wait();
+    EXPECT_TRUE(done->WaitFor(absl::ZeroDuration()));
+    bool ran = false;
+    AfterFuncHandle handle = done->OnDone([&] { ran = true; });
+    EXPECT_TRUE(ran) << "OnDone of a done context runs at once";
+    EXPECT_FALSE(handle.Stop());
+    DoneSignal copy = *done;
+    done.reset();
+    EXPECT_TRUE(copy.HasFired());
+  }
 }
 
 TEST(DoneSignalTest, RealDeadlineWakesWaiter) {

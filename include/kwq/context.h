@@ -199,14 +199,19 @@ class AfterFuncHandle {
   Context owner_;  // the node whose list holds the record (kept alive for Stop)
 };
 
-// The done signal of a context. Copyable; keeps its context alive.
+// The done signal of a context. Copyable; keeps its context alive (one taken once the
+// context's cancellation is over refers to a shared fired signal instead, which behaves
+// the same: see Context::Done).
 class DoneSignal {
  public:
   // True once the context is done. Lock-free.
   bool HasFired() const noexcept { return ctx_.IsCancelled(); }
   // Blocks until the context is done. Blocks forever on a context that cannot be
   // cancelled (Background, WithoutCancel), as receiving from Go's nil Done channel does.
-  void Wait() const;
+  // Returns at once, inline, on a context already done.
+  void Wait() const {
+    if (!HasFired()) WaitFor(absl::InfiniteDuration());
+  }
   // Blocks until the context is done or `timeout` passes, in real time on the monotonic
   // clock (a step of the wall clock neither stretches nor cuts it). Returns HasFired().
   bool WaitFor(absl::Duration timeout) const;
