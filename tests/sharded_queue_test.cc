@@ -697,6 +697,29 @@ TEST(ShardedQueueTest, AnItemItsShardsWorkersDoNotTakeWakesAWorkerOfAnother) {
 
 // A worker kicked for an item that leaves without it (here its context is cancelled while
 // the kick is on its way) passes the kick on: the other sleeping worker takes the item.
+// Adds `key` (to a shard other than 0) so that its kick takes worker 0, parked last with
+// context `ctx`, and cancels `ctx` too before worker 0 can look: shard 0's lock, held by
+// a helper thread, keeps it from looking until both the kick and the cancel have landed.
+void KickWorker0AndCancelIt(ShardedQueue<int>& q, int key, const Context& ctx,
+                            const CancelFunc& cancel) {
+  std::atomic<bool> held{false}, release{false};
+  std::thread holder([&] {
+    internal::MutexLock hold(&internal::QueuePeer::Mu(q.shard(0)));
+    held = true;
+    while (!release.load()) std::this_thread::yield();
+  });
+  EXPECT_TRUE(testing::Eventually([&] { return held.load(); }));
+  // The kick takes worker 0, then waits for its lock.
+  std::thread adder([&] { q.Add(key); });
+  EXPECT_TRUE(testing::Eventually([&] { return !StillParked(q, 0); }));
+  std::thread canceller([&] { cancel(); });  // its wake-up waits for the lock too
+  EXPECT_TRUE(testing::Eventually([&] { return ctx.IsCancelled(); }));
+  release = true;
+  holder.join();
+  adder.join();
+  canceller.join();
+}
+
 // Shard 0's lock, held by a helper thread, keeps worker 0 from looking until both the
 // kick and the cancel have landed. (The kick was lost, and worker 1 slept.)
 TEST(ShardedQueueTest, AKickedWorkerThatLeavesWithoutTheItemPassesTheKickOn) {
@@ -711,23 +734,8 @@ TEST(ShardedQueueTest, AKickedWorkerThatLeavesWithoutTheItemPassesTheKickOn) {
   ASSERT_TRUE(testing::Eventually([&] {
     return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(0)) == 1;
   }));
-  std::atomic<bool> held{false}, release{false};
-  std::thread holder([&] {
-    internal::MutexLock hold(&internal::QueuePeer::Mu(q->shard(0)));
-    held = true;
-    while (!release.load()) std::this_thread::yield();
-  });
-  ASSERT_TRUE(testing::Eventually([&] { return held.load(); }));
   const int key = KeyIn(*q, 2);
-  // The kick takes worker 0 (parked last, of another shard), then waits for its lock.
-  std::thread adder([&] { q->Add(key); });
-  EXPECT_TRUE(testing::Eventually([&] { return !StillParked(*q, 0); }));
-  std::thread canceller([&, c = cancel] { c(); });  // its wake-up waits for the lock too
-  EXPECT_TRUE(testing::Eventually([c = ctx] { return c.IsCancelled(); }));
-  release = true;
-  holder.join();
-  adder.join();
-  canceller.join();
+  KickWorker0AndCancelIt(*q, key, ctx, cancel);  // worker 0: parked last, of another shard
   EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
   EXPECT_EQ(get0.outcome(), "none");  // cancelled: it leaves without the item
   EXPECT_TRUE(get1.Await([&] { q->ShutDown(); })) << "the kick was lost with worker 0";
@@ -1238,21 +1246,7 @@ void PassedOnKickTrial(bool* lost_race) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     EXPECT_EQ(internal::QueuePeer::Parked(*q), 3) << "z kicked somebody";
     // x on shard 3: the kick takes worker 0 (parked last), whose own look waits for
     // shard 0's lock until its context is cancelled as well.
-    std::atomic<bool> held{false}, release{false};
-    std::thread holder([&] {
-      internal::MutexLock hold(&internal::QueuePeer::Mu(q->shard(0)));
-      held = true;
-      while (!release.load()) std::this_thread::yield();
-    });
-    EXPECT_TRUE(testing::Eventually([&] { return held.load(); }));
-    std::thread adder([&] { q->Add(x); });
-    EXPECT_TRUE(testing::Eventually([&] { return !StillParked(*q, 0); }));
-    std::thread canceller([&, c = cancel] { c(); });
-    EXPECT_TRUE(testing::Eventually([c = ctx] { return c.IsCancelled(); }));
-    release = true;
-    holder.join();
-    adder.join();
-    canceller.join();
+    KickWorker0AndCancelIt(*q, x, ctx, cancel);
     EXPECT_TRUE(get0.Await([&] { q->ShutDown(); }));
     EXPECT_EQ(get0.outcome(), "none");
     // Worker 1 was kicked on: let it take what it takes (its Get ends its lease), then let

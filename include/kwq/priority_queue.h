@@ -956,11 +956,13 @@ class PriorityQueue {
     return Lease(this, slot, &table_.item(slot), info_[slot].priority);
   }
 
-  // Prefetches the lines of the item kPrefetchAhead hand-outs from now (its position in
-  // ready_, its SlotInfo, its state byte and key), so that a drain's cache misses overlap:
-  // items of one priority lie scattered over the key table when priorities are mixed,
-  // and each hand-out's misses, one after another, made a drain several times slower
-  // than with one priority (docs/benchmark-history.md).
+  // Prefetches the lines (position in ready_, SlotInfo, state byte and key) of the entry
+  // kPrefetchAhead places behind the front of the FIFO of the group served next: with one
+  // group per priority the (kPrefetchAhead + 1)-th hand-out from now, later with fairness
+  // groups. So a drain's cache misses overlap: items of one priority lie scattered over
+  // the key table when priorities are mixed, and each hand-out's misses, one after
+  // another, made a drain several times slower than with one priority (docs/benchmarks.md,
+  // "Memory per key of the other queues").
   static constexpr size_t kPrefetchAhead = 8;
   void PrefetchUpcomingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint32_t ahead = ready_.Upcoming(kPrefetchAhead);
