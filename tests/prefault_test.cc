@@ -45,7 +45,7 @@ TEST(PrefaultTest, MapsEveryWholePageOfTheBlockAndNoneOutside) {
   for (bool resident : map.Resident()) ASSERT_FALSE(resident);
   // From the middle of page 1 to the middle of page 6: pages 2-5 are whole.
   Prefault(map.base + kPage + 100, 5 * kPage);
-  if (!prefault_supported.load()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
+  if (!PrefaultSupported()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
   const std::vector<bool> resident = map.Resident();
   const std::vector<bool> expected = {false, false, true, true, true, true, false, false};
   EXPECT_EQ(resident, expected);
@@ -92,7 +92,7 @@ TEST(PrefaultTest, AGrowthReserveMapsItsBlockWhenTakenNotWhenSetAside) {
   ASSERT_NE(block, nullptr);
   const size_t taken = ResidentBytes();
   ::operator delete(block);
-  if (!prefault_supported.load()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
+  if (!PrefaultSupported()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
   EXPECT_GE(taken - set_aside, kBytes * 3 / 4) << "the block was not mapped when taken";
 }
 

@@ -12,58 +12,28 @@
 // charges 11-12 us per first touch in its slow hours (docs/benchmarks.md, Floors).
 // Populating 64 MiB took 5.7 us per page there against 11.3 for touching it page by page
 // (bench/machine_bench.cc, BM_FloorFirstTouch/BM_FloorPopulate), and fifo_1t went from
-// 526.9 to 428.1 ns per item in 7 interleaved rounds (docs/benchmark-history.md). The pages are the
-// ones the writes would map anyway, except the unused tail of the last chunk: the mem scenario
-// moved from 47.7 to 47.8 bytes per key.
+// 526.9 to 428.1 ns per item in 7 interleaved rounds (docs/benchmark-history.md). The
+// pages are the ones the writes would map anyway, except the unused tail of the last
+// chunk: the mem scenario moved from 47.7 to 47.8 bytes per key.
 //
 // Best effort: a kernel without MADV_POPULATE_WRITE (or any refusal) leaves the pages to
 // be faulted in as before; after the first EINVAL no further call is made. Never throws,
-// never allocates. Internal.
+// never allocates. Out of line (src/internal/prefault.cc): it runs once per 4,096 new keys
+// or per index growth, and keeps <sys/mman.h> out of the queue headers. Internal.
 
 #ifndef KWQ_INTERNAL_PREFAULT_H_
 #define KWQ_INTERNAL_PREFAULT_H_
 
 #include <cstddef>
-#include <cstdint>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-
-#include <atomic>
-#include <cerrno>
-#endif
 
 namespace kwq::internal {
 
-#if defined(__linux__)
-#ifdef MADV_POPULATE_WRITE
-inline constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
-#else
-inline constexpr int kMadvPopulateWrite = 23;  // Linux 5.14's value; older headers lack it
-#endif
-// Cleared once the kernel says it does not know the advice.
-inline std::atomic<bool> prefault_supported{true};
-#endif
+// Maps the pages wholly inside [p, p + bytes) for writing, if the kernel can. Thread-safe;
+// keeps errno.
+void Prefault(void* p, size_t bytes) noexcept;
 
-// Maps the pages wholly inside [p, p + bytes) for writing, if the kernel can. Thread-safe.
-inline void Prefault(void* p, size_t bytes) noexcept {
-#if defined(__linux__)
-  if (!prefault_supported.load(std::memory_order_relaxed)) return;
-  constexpr uintptr_t kPage = 4096;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kPage - 1);
-  if (end <= begin) return;
-  const int saved_errno = errno;
-  if (madvise(reinterpret_cast<void*>(begin), end - begin, kMadvPopulateWrite) != 0 &&
-      errno == EINVAL) {
-    prefault_supported.store(false, std::memory_order_relaxed);
-  }
-  errno = saved_errno;
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
+// False once the kernel has refused the advice as unknown (then Prefault does nothing).
+bool PrefaultSupported() noexcept;
 
 }  // namespace kwq::internal
 
