@@ -9,8 +9,8 @@
 #include <functional>
 #include <latch>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
