@@ -376,7 +376,9 @@ absl::Status CheckSyntheticIndexes(absl::string_view text) {
             &arity)) {
       break;  // not a form read here: hwloc judges the rest
     }
-    objects = std::min(objects * std::min(arity, kManyObjects), kManyObjects);
+    // Saturating: 2^32 objects times an arity of 2^32 wrapped to 0, which skipped the
+    // check of every later list.
+    objects = arity != 0 && objects > kManyObjects / arity ? kManyObjects : objects * arity;
     if (paren == absl::string_view::npos) continue;
     const size_t key = level.find(kKey, paren);
     if (key == absl::string_view::npos) continue;

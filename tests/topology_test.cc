@@ -212,6 +212,17 @@ TEST(TopologyTest, BadSyntheticDescriptionsAreErrors) {
   }
 }
 
+// Arities whose product passes 2^64 still have their lists checked: the count of a
+// level's objects saturates (it wrapped to 0, which skipped every later list and left
+// the description to hwloc).
+TEST(TopologyTest, SyntheticIndexesAreCheckedPastHugeArities) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo =
+      Topology::FromSynthetic("pack:4294967296 core:4294967296 pu:2(indexes=7,7)");
+  EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(topo.status().message()), ::testing::HasSubstr("repeats"))
+      << topo.status();
+}
+
 // Distinct indexes in a list are still accepted, in any order, and so is what hwloc
 // ignores past the level's objects (a longer list, with repeats, a trailing comma or a
 // huge number there), and the list forms this check does not read.
