@@ -5,11 +5,11 @@
 
 #include <cerrno>
 #include <cstddef>
-#include <fstream>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kwq/internal/safe_growth.h"
+#include "testing/resident_bytes.h"
 
 namespace kwq::internal {
 namespace {
@@ -69,14 +69,6 @@ TEST(PrefaultTest, KeepsErrno) {
   EXPECT_EQ(errno, 1234);
 }
 
-// Resident memory of this process, in bytes (/proc/self/statm).
-size_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  size_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * kPage;
-}
-
 // An index's growth block is mapped when the growth takes it (and writes it all), not
 // when it is set aside: Abseil takes it only at 7/8 full, 25/32 is where it is set aside,
 // and a set that stayed between kept the whole block resident unwritten.
@@ -84,13 +76,13 @@ TEST(PrefaultTest, AGrowthReserveMapsItsBlockWhenTakenNotWhenSetAside) {
   constexpr size_t kBytes = size_t{64} << 20;
   static_assert(kBytes >= GrowthReserve::kPrefaultBytes);
   GrowthReserve reserve;
-  const size_t before = ResidentBytes();
+  const size_t before = static_cast<size_t>(testing::ResidentBytes());
   reserve.Ensure(kBytes);
-  const size_t set_aside = ResidentBytes();
+  const size_t set_aside = static_cast<size_t>(testing::ResidentBytes());
   EXPECT_LT(set_aside - before, kBytes / 2) << "the block was mapped when set aside";
   void* block = reserve.Take(kBytes);
   ASSERT_NE(block, nullptr);
-  const size_t taken = ResidentBytes();
+  const size_t taken = static_cast<size_t>(testing::ResidentBytes());
   ::operator delete(block);
   if (!PrefaultSupported()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
   EXPECT_GE(taken - set_aside, kBytes * 3 / 4) << "the block was not mapped when taken";

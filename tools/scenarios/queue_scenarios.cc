@@ -29,15 +29,6 @@ std::vector<std::string> MakeKeys(int64_t n) {
   return keys;
 }
 
-int64_t ResidentBytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
-}
-
 std::vector<int> CpuList() {
   std::vector<int> cpus;
   cpu_set_t set;

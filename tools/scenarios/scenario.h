@@ -12,6 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "testing/resident_bytes.h"
 
 namespace kwq::scenarios {
 
@@ -32,7 +33,7 @@ std::vector<Scenario> ScaleScenarios();
 
 // Helpers shared by the scenario files.
 std::vector<std::string> MakeKeys(int64_t n);  // "default/object-<i>", i < n
-int64_t ResidentBytes();                       // this process's RSS
+using kwq::testing::ResidentBytes;             // this process's RSS
 // CPUs this process may run on (its affinity mask, so `taskset -c 0-3` gives 4): the
 // thread count of the scenarios that use one thread per CPU.
 int AllowedCpus();
