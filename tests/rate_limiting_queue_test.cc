@@ -759,6 +759,81 @@ TEST(RateLimitingQueueClockTest, CountsWhoseClockThrowsLeaveTheQueueWhole) {
   EXPECT_TRUE(q->ShutDownWithDrain());
 }
 
+// A counting limiter whose WhenCounted throws when `throw_next` is set (once), else
+// returns `delay`.
+class ThrowingCountedLimiter final : public RateLimiter<std::string> {
+ public:
+  ThrowingCountedLimiter(Clock* clock, absl::Duration delay) : clock_(clock), delay_(delay) {}
+  absl::Duration When(const std::string&) override { return WhenCounted(0); }
+  void Forget(const std::string&) override {}
+  int NumRequeues(const std::string&) override { return 0; }
+  FailureCounting Counting() const override {
+    return {.by_count = true, .reports_count = true, .clock = clock_};
+  }
+  absl::Duration WhenCounted(int64_t) override {
+    if (std::exchange(throw_next, false)) throw std::runtime_error("limiter failed");
+    return delay_;
+  }
+  bool throw_next = false;
+
+ private:
+  Clock* const clock_;
+  const absl::Duration delay_;
+};
+
+// An AddRateLimited whose limiter throws adds nothing (PriorityQueue's
+// AnAddWhoseLimiterThrowsDoesNotHappen). Before, a key the queue did not hold was moved in
+// before the limiter was asked: the caller lost its item, and the key stayed stored, idle,
+// with a failure counted (kept from eviction until the idle horizon).
+TEST(RateLimitingQueueClockTest, AnAddRateLimitedWhoseLimiterThrowsDoesNotHappen) {
+  FakeClock clock;
+  auto timers = *TimerService::Create({.clock = &clock});
+  auto owned = std::make_unique<ThrowingCountedLimiter>(&clock, absl::Seconds(1));
+  ThrowingCountedLimiter* limiter = owned.get();
+  RateLimitingQueue<std::string> q(std::move(owned), {.clock = &clock, .timers = timers.get()});
+  const std::string key(40, 'n');  // past the small-string buffer: a move takes its bytes
+  std::string item = key;
+  limiter->throw_next = true;
+  EXPECT_THROW(q.AddRateLimited(std::move(item)), std::runtime_error);
+  EXPECT_EQ(item, key) << "the failed add took the caller's item";
+  EXPECT_EQ(q.NumRequeues(key), 0) << "the failed add counted a failure";
+  EXPECT_EQ(internal::QueuePeer::StoredKeys(q), 0) << "the failed add stored the key";
+  EXPECT_EQ(q.Waiting(), 0u);
+
+  q.AddRateLimited(key);  // the first failure: waits 1 s
+  EXPECT_EQ(q.NumRequeues(key), 1);
+  limiter->throw_next = true;
+  EXPECT_THROW(q.AddRateLimited(key), std::runtime_error);  // a known key: the failure stays
+  EXPECT_EQ(q.NumRequeues(key), 2);
+  EXPECT_EQ(q.Waiting(), 1u);  // still waiting for the first delay, not moved
+  EXPECT_FALSE(q.TryGet().has_value());
+  clock.Advance(absl::Seconds(1));
+  auto lease = q.TryGet();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(lease->item(), key);
+}
+
+// The same with the built-in limiters only: the default's shape (MaxOf of an exponential
+// and a bucket) whose bucket reads a clock that throws.
+TEST(RateLimitingQueueClockTest, ABucketWhoseClockThrowsKeepsTheCallersItem) {
+  FakeClock fake;
+  testing::CountingClock bucket_clock(&fake);
+  auto timers = *TimerService::Create({.clock = &fake});
+  std::vector<std::unique_ptr<RateLimiter<std::string>>> children;
+  children.push_back(*ExponentialFailureRateLimiter<std::string>::Create({.clock = &fake}));
+  children.push_back(*BucketRateLimiter<std::string>::Create({.clock = &bucket_clock}));
+  RateLimitingQueue<std::string> q(*MaxOfRateLimiter<std::string>::Create(std::move(children)),
+                                   {.clock = &fake, .timers = timers.get()});
+  const std::string key(40, 'y');
+  std::string item = key;
+  bucket_clock.ThrowNext(1);
+  EXPECT_THROW(q.AddRateLimited(std::move(item)), std::runtime_error);
+  EXPECT_EQ(item, key) << "the failed add took the caller's item";
+  EXPECT_EQ(internal::QueuePeer::StoredKeys(q), 0) << "the failed add stored the key";
+  q.AddRateLimited(std::move(item));
+  EXPECT_EQ(q.NumRequeues(key), 1);
+}
+
 // A custom limiter's Prefetch (a hint) that throws is dropped: it came after the hand-out,
 // and the lease just handed out ended unseen (RateLimitingQueue), or stayed counted in
 // flight with no lease, so a drain waited for ever (PriorityQueue).

@@ -245,7 +245,9 @@ class DelayingQueue {
   // With failure counts: records one failure of `item` and makes it ready after
   // `delay_for(failures recorded before this one)`, under one hold of the lock (AddAfter's;
   // `delay_for` must not call back into this queue). After ShutDown the item is not
-  // queued, but the failure of a known item is still recorded.
+  // queued, but the failure of a known item is still recorded. If `delay_for` throws,
+  // nothing is queued or waiting: a new key is not stored (the caller keeps its item, no
+  // failure is recorded); a known key's failure stays recorded.
   template <typename K, typename DelayFor>
   void AddAfterFailure(K&& item, DelayFor delay_for) {
     const absl::Time now = clock_->Now();
@@ -265,12 +267,31 @@ class DelayingQueue {
       const bool made_timer = EnsureTimerLocked();  // may throw: before anything changes
       queue_.ReserveWaitingLocked();                // the same (it may wait)
       bool fresh = false;
-      if (slot == Table::kNone) {
-        slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
-        if (slot == Table::kNone) return;
+      absl::Duration delay;
+      try {
+        if (slot == Table::kNone) slot = queue_.FindLocked(item, hash);
+        if (slot == Table::kNone) {
+          // A key the queue does not hold has no failures: the limiter is asked before the
+          // item is moved in, so one that throws leaves the caller's item and records
+          // nothing (no key would hold the count), as PriorityQueue's add does.
+          delay = delay_for(0);
+          slot = queue_.FindOrInsertLocked(std::forward<K>(item), hash, &fresh);
+          if (slot == Table::kNone) return;
+          counts.Record(slot, counts.NowGiven(clock_, now), /*busy=*/false);  // 0 before it
+        } else {
+          // A known key's failure stays counted if the limiter throws; nothing is queued.
+          delay = delay_for(counts.Record(slot, counts.NowGiven(clock_, now), queue_.Busy(slot)));
+        }
+      } catch (...) {
+        // A timer it made is armed for the items that were left without one, all the same.
+        if (made_timer) {
+          try {
+            AfterWaitingLocked(true, now);
+          } catch (...) {  // the add's own exception goes on
+          }
+        }
+        throw;
       }
-      const absl::Duration delay =
-          delay_for(counts.Record(slot, counts.NowGiven(clock_, now), queue_.Busy(slot)));
       if (delay <= absl::ZeroDuration()) {
         // Arms a timer it made for the items left without one first: AddSlotLocked counts
         // the signal it asks for, and nothing that may throw (a clock) may come between

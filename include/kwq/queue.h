@@ -674,6 +674,11 @@ class Queue {
   uint32_t FindLocked(const T& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return table_.Find(item);
   }
+  // The same for a key of any type the table looks up, whose table hash is `hash`.
+  template <typename K>
+  uint32_t FindLocked(const K& item, uint32_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return table_.Find(item, hash);
+  }
 
   // Whether `slot` (one handed out, see LeasedSlotOf) still holds a key. False only when
   // a caller used an item after its lease ended and the key was evicted meanwhile (a

@@ -93,7 +93,9 @@ class RateLimitingQueue : public DelayingQueue<T, Hash, Eq> {
   // block or call this queue); any other limiter's When runs first, on the calling
   // thread, without the queue's lock. After ShutDown the item is not queued, but the
   // failure is still recorded (with a counting limiter, only for a key the queue still
-  // stores).
+  // stores). A limiter that throws adds nothing: the caller keeps an item the queue does
+  // not hold (no failure is recorded for it); a counting limiter's known key keeps the
+  // failure, as PriorityQueue's does.
   template <typename K>
   void AddRateLimited(K&& item) {
     // The retry is counted by AddAfter / AddAfterFailure (not after ShutDown: client-go's).
