@@ -4,12 +4,16 @@
 #include "kwq/rate_limiter.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace kwq::internal {
 
@@ -65,8 +69,16 @@ absl::Duration DefaultIdleHorizon(absl::Duration max_delay) {
 
 uint64_t JitterSeed(uint64_t seed) {
   if (seed != 0) return seed;
-  std::random_device device;
-  return (uint64_t{device()} << 32) ^ uint64_t { device() };
+  try {
+    std::random_device device;
+    return (uint64_t{device()} << 32) ^ uint64_t { device() };
+  } catch (const std::exception&) {
+    // No entropy source to open (std::random_device throws then): the limiter is made all
+    // the same, seeded from the time and a count of such seeds, which differ per limiter.
+    static std::atomic<uint64_t> drawn{0};
+    return absl::Hash<std::pair<int64_t, uint64_t>>()(
+        {absl::GetCurrentTimeNanos(), drawn.fetch_add(1, std::memory_order_relaxed)});
+  }
 }
 
 absl::Status ValidateExponentialFailure(absl::Duration base, absl::Duration max, double jitter,

@@ -1250,6 +1250,30 @@ TEST(ExponentialFailureTest, JitterCoversTheWholeRange) {
   EXPECT_GT(highest, absl::Milliseconds(149));  // near 100 ms * (1 + 0.5)
 }
 
+// The factor stays below 1 + j also for an engine's largest value, which
+// std::uniform_real_distribution rounds up to its upper end for some j (0.1, 0.5).
+// A uniform random bit generator that always returns `value`.
+template <uint64_t value>
+struct ConstantBits {
+  using result_type = uint64_t;
+  static constexpr uint64_t min() { return 0; }
+  static constexpr uint64_t max() { return ~uint64_t{0}; }
+  uint64_t operator()() { return value; }
+};
+using Largest = ConstantBits<~uint64_t{0}>;
+using Smallest = ConstantBits<0>;
+
+TEST(ExponentialFailureTest, JitterFactorNeverReachesItsUpperEnd) {
+  Largest largest;
+  EXPECT_EQ(internal::DrawJitterFactor(largest, 0.0), 1.0);  // no jitter
+  for (const double j : {0.1, 0.25, 0.3, 0.5, 0.7, 0.9, 1.0}) {
+    EXPECT_LT(internal::DrawJitterFactor(largest, j), 1 + j) << "jitter " << j;
+    EXPECT_GE(internal::DrawJitterFactor(largest, j), 1 - j) << "jitter " << j;
+    Smallest smallest;
+    EXPECT_EQ(internal::DrawJitterFactor(smallest, j), 1 - j) << "jitter " << j;
+  }
+}
+
 // An entry idle past the horizon that eviction has not reached yet (after a clock jump
 // back it sits behind a newer cold end) starts again from zero at its next failure, as
 // an evicted one would.

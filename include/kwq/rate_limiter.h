@@ -214,8 +214,9 @@ struct ExponentialFailureRateLimiterOptions {
 // last Forget (n = 0, 1, 2, ...) waits min(base * 2^n, max), computed exactly and without
 // overflow for any n; with jitter j, that delay d then becomes min(d * U[1 - j, 1 + j), max).
 // With max = absl::InfiniteDuration() the delay is absl::InfiniteDuration() once base * 2^n
-// is beyond absl::Duration's range (about failure 71 for a 5 ms base): a RateLimitingQueue
-// then parks the item until a plain Add.
+// is beyond absl::Duration's range (about failure 71 for a 5 ms base; with jitter, once
+// the jittered delay is, which can be a failure earlier): a RateLimitingQueue then parks
+// the item until a plain Add.
 template <typename T, typename Hash = absl::Hash<T>, typename Eq = std::equal_to<T>>
 class ExponentialFailureRateLimiter final : public internal::PerItemRateLimiter<T, Hash, Eq> {
  public:
@@ -238,7 +239,7 @@ class ExponentialFailureRateLimiter final : public internal::PerItemRateLimiter<
     double factor = 1;
     if (jitter_ > 0) {
       internal::MutexLock lock(&rng_mu_);
-      factor = std::uniform_real_distribution<double>(1 - jitter_, 1 + jitter_)(rng_);
+      factor = internal::DrawJitterFactor(rng_, jitter_);
     }
     return internal::ApplyJitter(backoff_.At(failures), max_, factor);
   }

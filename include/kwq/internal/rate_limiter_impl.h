@@ -8,11 +8,13 @@
 #ifndef KWQ_INTERNAL_RATE_LIMITER_IMPL_H_
 #define KWQ_INTERNAL_RATE_LIMITER_IMPL_H_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -51,13 +53,25 @@ class BackoffSchedule {
 // factor of exactly 1, returns `delay` unchanged.
 absl::Duration ApplyJitter(absl::Duration delay, absl::Duration max, double factor);
 
+// A jitter factor drawn uniformly from [1 - jitter, 1 + jitter) with `rng` (a uniform
+// random bit generator), jitter in [0, 1]. std::uniform_real_distribution can round up to
+// its upper end (an engine's largest values, with jitter 0.1 or 0.5): that end is left
+// out here, as ExponentialFailureRateLimiterOptions::jitter promises. 1 for jitter 0.
+template <typename Rng>
+double DrawJitterFactor(Rng& rng, double jitter) {
+  if (!(jitter > 0)) return 1;
+  const double upper = 1 + jitter;
+  const double factor = std::uniform_real_distribution<double>(1 - jitter, upper)(rng);
+  return factor < upper ? factor : std::nextafter(upper, 0.0);
+}
+
 // The idle horizon used when a per-item limiter's options leave it unset:
 // max(2 * max_delay, 1 minute); absl::InfiniteDuration() (never evict) when max_delay is
 // infinite.
 absl::Duration DefaultIdleHorizon(absl::Duration max_delay);
 
 // A seed for a jitter generator: `seed` itself when non-zero, else one drawn from
-// std::random_device.
+// std::random_device (from the time, where that throws). Never throws.
 uint64_t JitterSeed(uint64_t seed);
 
 // Parameter checks of the factories. Each returns OK or an InvalidArgument error naming
