@@ -189,15 +189,19 @@ void QueueMetricsRecorder::OnDone(uint32_t slot) noexcept {
 }
 
 void QueueMetricsRecorder::OnReprioritize(int from, int to) noexcept {
+  if (!depth_by_priority_ || from == to) return;
+  SpinLockHolder lock(&mu_);
+  if (!LeavePriorityLocked(from)) return;  // never counted: stays so
+  Report([&] { depth_by_priority_->Dec(from); });
   try {
-    if (!depth_by_priority_ || from == to) return;
-    SpinLockHolder lock(&mu_);
+    // Counted at `to` as OnAdd counts: a growth or an Inc that throws leaves the item
+    // uncounted in both, and its Get takes nothing off. (The growth failed before the
+    // move, which left the item counted at `from` for good, since its Get leaves `to`;
+    // an Inc that threw after the count left the gauge at -1 after the Get.)
     ReserveGrowth(depth_by_priority_count_, depth_growth_);
-    if (!LeavePriorityLocked(from)) return;  // never counted: stays so
-    ++depth_by_priority_count_[to];
-    Report([&] { depth_by_priority_->Dec(from); });
-    Report([&] { depth_by_priority_->Inc(to); });
-  } catch (...) {  // an allocation of the bookkeeping
+    depth_by_priority_->Inc(to);
+    ++depth_by_priority_count_[to];  // cannot fail: room reserved
+  } catch (...) {
     MetricThrew();
   }
 }

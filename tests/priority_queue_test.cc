@@ -2125,5 +2125,24 @@ TEST_F(PriorityQueueTest, APriorityDepthIncThatThrowsIsNotTakenOffLater) {
   EXPECT_EQ(rec.Get("depth/3"), 1);
 }
 
+// The same for a raise of a waiting item's priority: its Inc at the new priority throws,
+// and the Get takes nothing off there (the count was raised before the Inc, so the Get
+// left the gauge at -1 for good).
+TEST_F(PriorityQueueTest, ARaisesPriorityDepthIncThatThrowsIsNotTakenOffLater) {
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false, /*by_priority=*/true);
+  auto q = MakeMetered(&provider);
+  q->Add("a", {.priority = 1});
+  rec.ThrowNext("depth/5", 1);
+  q->Add("a", {.priority = 5});  // the raise: Dec at 1, then the Inc at 5 throws
+  EXPECT_EQ(rec.Get("depth/1"), 0);
+  EXPECT_EQ(rec.Get("depth/5"), 0);
+  q->TryGet()->Done();
+  EXPECT_EQ(rec.Get("depth/1"), 0);
+  EXPECT_EQ(rec.Get("depth/5"), 0) << "the raise's lost Inc was taken off at the Get";
+  q->Add("b", {.priority = 5});  // counted again
+  EXPECT_EQ(rec.Get("depth/5"), 1);
+}
+
 }  // namespace
 }  // namespace kwq

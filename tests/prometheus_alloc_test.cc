@@ -123,6 +123,38 @@ TEST(PrometheusAllocTest, AFlushWithoutMemoryLosesNothing) {
   EXPECT_EQ(DepthAt(*f.registry, "pq", "2"), 2);
 }
 
+// Each allocation of a raise of a waiting item's priority fails in turn; once the queue
+// is empty both priorities' depths read 0 (or were never made). Before, a raise whose
+// bookkeeping could not grow left the item counted at its old priority, which its Get
+// (at the new one) never took off: depth{priority="1"} read 1 on an empty queue.
+TEST(PrometheusAllocTest, ARaiseWithoutMemoryLeavesNoPriorityCounted) {
+  int failures = 0;
+  for (int k = 1; k < 1000; ++k) {
+    Fixture f;
+    auto q = *PriorityQueue<std::string>::Create({.name = "raise",
+                                                  .metrics = f.provider.get(),
+                                                  .clock = &f.clock,
+                                                  .timers = f.timers.get()});
+    q->Add("a", {.priority = 1});
+    FailAllocation(k);
+    try {
+      q->Add("a", {.priority = 5});
+    } catch (const std::bad_alloc&) {  // the queue's own room: the raise did not happen
+    }
+    if (!FailureUsed()) break;
+    ++failures;
+    ASSERT_EQ(q->Depth(), 1u);
+    q->TryGet()->Done();
+    f.provider->Flush();
+    for (const char* priority : {"1", "5"}) {
+      const double depth = DepthAt(*f.registry, "raise", priority);
+      EXPECT_TRUE(std::isnan(depth) || depth == 0)
+          << "allocation " << k << ": depth{priority=" << priority << "} = " << depth;
+    }
+  }
+  EXPECT_GT(failures, 0);
+}
+
 // Each allocation of adds at new priorities fails in turn. The metric's map of
 // priorities never grows (room for every series is made with the metric), the
 // recorder's count by priority stays whole, and once the queue is empty every
