@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -661,6 +662,21 @@ TEST_F(DelayingQueueTest, ClockAtInfiniteFutureFiresEverythingDue) {
   EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b"}));
   q_.AddAfter("c", absl::Seconds(1));
   EXPECT_EQ(Ready(), (std::vector<std::string>{}));
+}
+
+// After a firing at the end of the key range (its coalescing window saturated there), a
+// clock set back just before the end and an item due within the window: the timer is
+// armed for the item, not parked at InfiniteFuture (it never fired; only a Get moved it).
+TEST_F(DelayingQueueTest, AnItemDueNearTheKeyRangesEndFiresAfterAFiringThere) {
+  q_.AddAfter("a", absl::Seconds(1));
+  clock_.SetTime(absl::InfiniteFuture());  // fires "a"
+  ASSERT_EQ(q_.Waiting(), 0u);
+  constexpr int64_t kLast = std::numeric_limits<int64_t>::max();
+  clock_.SetTime(absl::FromUnixNanos(kLast - 1000));
+  q_.AddAfter("b", absl::Nanoseconds(900));  // due 100 ns before the range's end
+  clock_.Advance(absl::Nanoseconds(999));    // the last finite key: the window ends there
+  EXPECT_EQ(q_.Waiting(), 0u) << "the timer for b never fired";
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a", "b"}));
 }
 
 TEST_F(DelayingQueueTest, TryGetPromotesDueItemsItself) {

@@ -419,8 +419,13 @@ class DelayingQueue {
     const int64_t top = heap().TopKey();
     // Coalesced, the wait is capped relative to the item too (kCoalesce past its ready
     // time), so a quiet window left from before a clock jumped back holds nothing longer.
+    // Both stay below kNever (the timer parked for good) for a finite `top`: near the end
+    // of the key range the window's end saturated there (a firing at the range's end, a
+    // FakeClock set back, and an item due within 50 us of the end never fired).
     const int64_t next = NotWhileStarvedLocked(
-        get_asleep ? top : std::max(top, std::min(quiet_until_, SaturatingAdd(top, kCoalesceNs))));
+        get_asleep
+            ? top
+            : std::max(top, std::min({quiet_until_, SaturatingAdd(top, kCoalesceNs), kNever - 1})));
     if (timer_ != 0) {
       if (next >= armed_for_) return;
       // If Reschedule fails the timer is firing right now; that Fire re-arms under the lock.
@@ -461,7 +466,8 @@ class DelayingQueue {
   // other timers.
   int64_t NotWhileStarvedLocked(int64_t next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
     if (!queue_.promote_starved_) return next;
-    return std::max(next, SaturatingAdd(ToKey(clock_->Now()), kStarvedRetryNs));
+    return std::max(next,
+                    std::min(SaturatingAdd(ToKey(clock_->Now()), kStarvedRetryNs), kNever - 1));
   }
 
   // Timer callback: queues every due item, kMoveBatch per hold of the lock, then re-arms
