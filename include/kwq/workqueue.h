@@ -253,7 +253,9 @@ class Workqueue {
   // it was pending before the call. Throws std::bad_alloc when its timer cannot be made,
   // with the work left as it was (its timer is made before the work is taken from where
   // it was pending, so nothing fails after that). Returns false, changing nothing, when
-  // a Drain refuses it (see Drain) or the work is disabled.
+  // a Drain refuses it (see Drain), the work is disabled, or a CancelSync of it is in
+  // progress (queueing is refused while it cancels; the kernel's mod_delayed_work queues
+  // nothing there either, but returns true).
   bool ModDelayed(DelayedWork* dwork, absl::Duration delay, int cpu = -1);
 
   // cancel_work: removes a pending instance. True when one was pending. Does not wait for
