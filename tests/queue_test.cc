@@ -1151,5 +1151,122 @@ TEST(QueueMetricsClockTest, ARefreshWhoseClockThrowsKeepsTheLastValues) {
   EXPECT_NEAR(rec.Get("unfinished"), 2.0, 0.01);
 }
 
+// ---- found by a mutation audit of queue.h, key_table.h and lease.h ----
+
+// Idle-key eviction skips a key in flight. The eviction hand starts at slot 0, the key
+// held here; once enough idle keys pile up a worker's hand-out evicts. Erasing the
+// in-flight key made the re-add below insert it afresh and hand it to a second worker.
+TEST(QueueTest, EvictionKeepsAKeyThatIsInFlight) {
+  Queue<int> q;
+  q.Add(-1);
+  auto held = q.TryGet();  // slot 0, in flight throughout
+  ASSERT_TRUE(held.has_value());
+  for (int i = 0; i < 5000; ++i) q.Add(i);  // > 4096 + 64 keys go idle below
+  while (auto lease = q.TryGet()) {
+  }
+  EXPECT_TRUE(q.Add(-1));  // owed a run after `held`, not ready now
+  EXPECT_FALSE(q.TryGet().has_value()) << "a key in flight was handed to a second worker";
+  EXPECT_EQ(q.Depth(), 1u);
+}
+
+// A Done that queues its item again (it was added while in flight) wakes a sleeping Get.
+TEST(QueueTest, ADoneThatQueuesItsItemAgainWakesASleepingGet) {
+  StringQueue q;
+  q.Add("x");
+  auto in_flight = q.TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  EXPECT_TRUE(q.Add("x"));  // owed a run after this lease
+  testing::AsyncGet getter([&] { return q.Get() ? "x" : "none"; });
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
+  in_flight->Done();
+  EXPECT_TRUE(getter.Await([&] { q.ShutDown(); })) << "the Done queued x and woke no one";
+  EXPECT_EQ(getter.outcome(), "x");
+}
+
+// A drain ended by its context no longer counts as in progress: a Get after it ends as
+// after a plain ShutDown, without waiting for a run owed by a lease in flight.
+TEST(QueueTest, AfterADrainEndedByItsContextGetDoesNotWaitForARunOwed) {
+  StringQueue q;
+  q.Add("x");
+  auto in_flight = q.TryGet();
+  ASSERT_TRUE(in_flight.has_value());
+  EXPECT_TRUE(q.Add("x"));  // owed a run after this lease
+  auto [ctx, cancel] = WithCancel(Background());
+  cancel();
+  EXPECT_FALSE(q.ShutDownWithDrain(ctx));
+  testing::AsyncGet getter([&] { return q.Get() ? "x" : "none"; });
+  EXPECT_TRUE(getter.Await([&] { in_flight->Done(); }))
+      << "a Get waited for a run owed although no drain is in progress";
+  EXPECT_EQ(getter.outcome(), "none");
+}
+
+// An AddAll that queues a single item wakes a sleeping Get.
+TEST(QueueTest, AnAddAllOfOneItemWakesASleepingGet) {
+  StringQueue q;
+  testing::AsyncGet getter([&] { return q.Get() ? "item" : "none"; });
+  ASSERT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q) > 0; }));
+  EXPECT_EQ(q.AddAll(std::vector<std::string>{"a"}), 1u);
+  EXPECT_TRUE(getter.Await([&] { q.ShutDown(); })) << "the sleeping Get was not woken";
+  EXPECT_EQ(getter.outcome(), "item");
+}
+
+// Move-assigning a lease ends the lease it replaces (as Done): its item is no longer in
+// flight, and a run owed by it is queued.
+TEST(QueueTest, MoveAssigningALeaseEndsTheLeaseItReplaces) {
+  StringQueue q;
+  q.Add("a");
+  q.Add("b");
+  auto a = q.TryGet();
+  auto b = q.TryGet();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_TRUE(q.Add("a"));  // owed a run after a's lease
+  *a = std::move(*b);
+  EXPECT_EQ(**a, "b");
+  EXPECT_EQ(q.InFlight(), 1u);
+  auto again = q.TryGet();
+  ASSERT_TRUE(again.has_value()) << "the replaced lease did not end";
+  EXPECT_EQ(**again, "a");
+}
+
+// Idle keys that no hand-out will evict (their leases ended after the last hand-out) are
+// erased by the producer's later inserts, so the table stays bounded without workers.
+TEST(QueueTest, InsertsEvictIdleKeysThatNoHandOutWillEvict) {
+  Queue<int> q;
+  constexpr int kKeys = 10000;
+  std::vector<Queue<int>::Lease> leases;
+  for (int i = 0; i < kKeys; ++i) q.Add(i);
+  while (auto lease = q.TryGet()) leases.push_back(std::move(*lease));
+  leases.clear();  // kKeys idle keys; no hand-out follows
+  for (int i = kKeys; i < 2 * kKeys; ++i) q.Add(i);
+  EXPECT_LT(internal::QueuePeer::SlotLimit(q), static_cast<uint32_t>(2 * kKeys - 1000));
+}
+
+// A run's writes are visible to the next run of its item on another worker: runs of an
+// item are serialised (Done's release read-modify-write on the key's state, then the
+// re-add's and the hand-out's). The Done is seen through a relaxed flag, which
+// synchronises nothing by itself. Meaningful under TSan.
+TEST(QueueTest, ARunsWritesAreVisibleToTheItemsNextRun) {
+  StringQueue q;
+  q.Add("k");
+  int key_state = 0;              // the item's own data, written by each run
+  std::atomic<bool> done{false};  // relaxed: no synchronisation of its own
+  std::thread first([&] {
+    auto lease = q.Get();
+    ASSERT_TRUE(lease.has_value());
+    key_state = 1;
+    lease->Done();
+    done.store(true, std::memory_order_relaxed);
+  });
+  while (!done.load(std::memory_order_relaxed)) std::this_thread::yield();
+  EXPECT_TRUE(q.Add("k"));
+  std::thread second([&] {
+    auto lease = q.Get();
+    ASSERT_TRUE(lease.has_value());
+    EXPECT_EQ(key_state, 1);
+  });
+  second.join();
+  first.join();
+}
+
 }  // namespace
 }  // namespace kwq
