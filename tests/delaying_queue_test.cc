@@ -1109,5 +1109,40 @@ TEST_F(DelayingQueueMetricsTest, ADestroyedQueueLeavesTheSharedDelayedGaugeRight
   EXPECT_EQ(rec.Get("delayed"), 1);  // "c"
 }
 
+// Found by a mutation audit. Coalescing: after a firing the timer fires no sooner than 50 us
+// later while no Get sleeps, so delays that end inside that window share one firing
+// ("a stream of short delays costs one timer firing per window"). Pins Fire's quiet window.
+TEST_F(DelayingQueueTest, DelaysEndingInsideTheCoalescingWindowShareOneFiring) {
+  q_.AddAfter("a", absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));  // fires: the next firing no sooner than 50 us on
+  ASSERT_EQ(q_.Len(), 1u);
+  q_.AddAfter("b", absl::Microseconds(10));
+  q_.AddAfter("c", absl::Microseconds(30));
+  clock_.Advance(absl::Microseconds(30));
+  EXPECT_EQ(q_.Waiting(), 2u) << "a firing for b alone, inside the coalescing window";
+  clock_.Advance(absl::Microseconds(20));  // the window's end: one firing moves both
+  EXPECT_EQ(q_.Waiting(), 0u);
+  EXPECT_EQ(q_.Len(), 3u);
+}
+
+// Added by mutation audit. A rate-limited add with no delay (the limiter says 0) that has
+// to make the timer (a firing's clock threw, and none is left) arms it for the items
+// already waiting, as AddAfter does: they would wait on a timer parked at the end of time.
+TEST_F(DelayingQueueClockTest, AZeroDelayRateLimitedAddThatMakesTheTimerArmsItForTheItemsWaiting) {
+  RateLimitingQueue<std::string> q(
+      *ExponentialFailureRateLimiter<std::string>::Create(
+          {.base = absl::ZeroDuration(), .max = absl::ZeroDuration(), .clock = &clock_}),
+      {.clock = &clock_, .timers = timers_.get()});
+  q.AddAfter("a", absl::Milliseconds(1));
+  q.AddAfter("b", absl::Milliseconds(5));
+  clock_.ThrowNext(1);  // the firing's first reading: it ends with no timer
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
+  q.AddRateLimited("c");   // delay 0: queued now, and makes the timer
+  EXPECT_EQ(q.Len(), 2u);  // "c", and "a" moved along the way
+  fake_.Advance(absl::Milliseconds(4));
+  EXPECT_EQ(q.Waiting(), 0u) << "no timer moved b";
+  EXPECT_EQ(q.Len(), 3u);
+}
+
 }  // namespace
 }  // namespace kwq

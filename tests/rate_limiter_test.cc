@@ -1305,3 +1305,26 @@ TEST(BucketTest, SlowBucketStillWaitsAWholeIntervalPastTheBurst) {
 
 }  // namespace
 }  // namespace kwq
+
+// ---- found by a mutation audit of the rate limiters ----
+
+namespace kwq {
+namespace {
+
+// Without jitter a delay is exact at every count, also past double precision: scaling it
+// by a factor of 1.0 in floating point (ApplyJitter without its factor == 1 shortcut)
+// rounded delays beyond 2^53 s, from failure 83 of a 1 ns base (61 of a 5 ms one).
+TEST(ExponentialFailureTest, DelaysWithoutJitterStayExactPastDoublePrecision) {
+  FakeClock clock;
+  for (absl::Duration base : {absl::Nanoseconds(1), absl::Milliseconds(5)}) {
+    auto limiter = Exponential({.base = base, .max = absl::InfiniteDuration(), .clock = &clock});
+    absl::Duration expected = base;  // base * 2^n by exact integer doubling
+    for (int n = 0; n < 100; ++n) {
+      ASSERT_EQ(limiter->When("x"), expected) << "base " << base << " failure " << n;
+      expected *= 2;  // saturates to absl::InfiniteDuration()
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kwq
