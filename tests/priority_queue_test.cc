@@ -28,6 +28,7 @@
 #include "kwq/rate_limiter.h"
 #include "testing/async_get.h"
 #include "testing/cancel_check.h"
+#include "testing/counted_limiter.h"
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
@@ -233,24 +234,9 @@ TEST_F(PriorityQueueTest, OwedPlacesSurviveGroupsComingAndGoing) {
 // erased), and the group pinned for it was never given back; later it was stored and
 // erased, which took the caller's item.
 TEST_F(PriorityQueueTest, AnAddWhoseLimiterThrowsDoesNotHappen) {
-  struct Throwing : RateLimiter<std::string> {
-    explicit Throwing(Clock* c) : clock(c) {}
-    Clock* clock;
-    bool throw_next = false;
-    absl::Duration When(const std::string&) override { return absl::ZeroDuration(); }
-    void Forget(const std::string&) override {}
-    int NumRequeues(const std::string&) override { return 0; }
-    FailureCounting Counting() const override {
-      return {.by_count = true, .reports_count = true, .clock = clock};
-    }
-    absl::Duration WhenCounted(int64_t) override {
-      if (std::exchange(throw_next, false)) throw std::runtime_error("limiter failed");
-      return absl::ZeroDuration();
-    }
-  };
   PQ::Options options = Opts();
-  auto limiter = std::make_unique<Throwing>(&clock_);
-  Throwing* throwing = limiter.get();
+  auto limiter = std::make_unique<testing::CountedLimiter>(&clock_, absl::ZeroDuration());
+  testing::CountedLimiter* throwing = limiter.get();
   options.rate_limiter = std::move(limiter);
   auto q = Make(std::move(options));
   throwing->throw_next = true;

@@ -19,6 +19,7 @@
 #include "kwq/internal/failure_counts.h"
 #include "kwq/priority_queue.h"
 #include "testing/async_get.h"
+#include "testing/counted_limiter.h"
 #include "testing/counting_clock.h"
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
@@ -695,23 +696,6 @@ TEST_F(RateLimitingQueueTest, HintsFollowTheHandOutOrderThroughRingAndOutbox) {
 // workers at once.
 // ---- user code that throws ----
 
-// A limiter that lets the queue keep the failure counts, on `clock`, with delay `delay`.
-class QueueCountedLimiter : public RateLimiter<std::string> {
- public:
-  QueueCountedLimiter(Clock* clock, absl::Duration delay) : clock_(clock), delay_(delay) {}
-  absl::Duration When(const std::string&) override { return delay_; }
-  void Forget(const std::string&) override {}
-  int NumRequeues(const std::string&) override { return 0; }
-  FailureCounting Counting() const override {
-    return {.by_count = true, .reports_count = true, .clock = clock_};
-  }
-  absl::Duration WhenCounted(int64_t) override { return delay_; }
-
- private:
-  Clock* const clock_;
-  const absl::Duration delay_;
-};
-
 // The queue-kept failure counts read the clock in the middle of state changes (an add of
 // an idle key, a Done, a CancelAfter, a shutdown's drop of waiting items). A clock that
 // throws there no longer cuts them short: the counts keep the last time read. Before, the
@@ -723,7 +707,7 @@ TEST(RateLimitingQueueClockTest, CountsWhoseClockThrowsLeaveTheQueueWhole) {
   testing::CountingClock clock(&fake);
   auto timers = *TimerService::Create({.clock = &clock});
   auto q = std::make_unique<RateLimitingQueue<std::string>>(
-      std::make_unique<QueueCountedLimiter>(&clock, absl::ZeroDuration()),
+      std::make_unique<testing::CountedLimiter>(&clock, absl::ZeroDuration()),
       RateLimitingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
   q->Add("a");
   {
@@ -741,7 +725,7 @@ TEST(RateLimitingQueueClockTest, CountsWhoseClockThrowsLeaveTheQueueWhole) {
   EXPECT_EQ(q->NumRequeues("a"), 1);
 
   auto waiting = std::make_unique<RateLimitingQueue<std::string>>(
-      std::make_unique<QueueCountedLimiter>(&clock, absl::Hours(1)),
+      std::make_unique<testing::CountedLimiter>(&clock, absl::Hours(1)),
       RateLimitingQueue<std::string>::Options{.clock = &clock, .timers = timers.get()});
   waiting->AddRateLimited("w");  // waits an hour, with a count
   clock.ThrowNext(1);
@@ -759,28 +743,6 @@ TEST(RateLimitingQueueClockTest, CountsWhoseClockThrowsLeaveTheQueueWhole) {
   EXPECT_TRUE(q->ShutDownWithDrain());
 }
 
-// A counting limiter whose WhenCounted throws when `throw_next` is set (once), else
-// returns `delay`.
-class ThrowingCountedLimiter final : public RateLimiter<std::string> {
- public:
-  ThrowingCountedLimiter(Clock* clock, absl::Duration delay) : clock_(clock), delay_(delay) {}
-  absl::Duration When(const std::string&) override { return WhenCounted(0); }
-  void Forget(const std::string&) override {}
-  int NumRequeues(const std::string&) override { return 0; }
-  FailureCounting Counting() const override {
-    return {.by_count = true, .reports_count = true, .clock = clock_};
-  }
-  absl::Duration WhenCounted(int64_t) override {
-    if (std::exchange(throw_next, false)) throw std::runtime_error("limiter failed");
-    return delay_;
-  }
-  bool throw_next = false;
-
- private:
-  Clock* const clock_;
-  const absl::Duration delay_;
-};
-
 // An AddRateLimited whose limiter throws adds nothing (PriorityQueue's
 // AnAddWhoseLimiterThrowsDoesNotHappen). Before, a key the queue did not hold was moved in
 // before the limiter was asked: the caller lost its item, and the key stayed stored, idle,
@@ -788,8 +750,8 @@ class ThrowingCountedLimiter final : public RateLimiter<std::string> {
 TEST(RateLimitingQueueClockTest, AnAddRateLimitedWhoseLimiterThrowsDoesNotHappen) {
   FakeClock clock;
   auto timers = *TimerService::Create({.clock = &clock});
-  auto owned = std::make_unique<ThrowingCountedLimiter>(&clock, absl::Seconds(1));
-  ThrowingCountedLimiter* limiter = owned.get();
+  auto owned = std::make_unique<testing::CountedLimiter>(&clock, absl::Seconds(1));
+  testing::CountedLimiter* limiter = owned.get();
   RateLimitingQueue<std::string> q(std::move(owned), {.clock = &clock, .timers = timers.get()});
   const std::string key(40, 'n');  // past the small-string buffer: a move takes its bytes
   std::string item = key;
