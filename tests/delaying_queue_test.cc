@@ -16,6 +16,7 @@
 #include "kwq/rate_limiting_queue.h"
 #include "testing/async_get.h"
 #include "testing/cancel_check.h"
+#include "testing/counted_limiter.h"
 #include "testing/counting_clock.h"
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
@@ -1125,7 +1126,7 @@ TEST_F(DelayingQueueTest, DelaysEndingInsideTheCoalescingWindowShareOneFiring) {
   EXPECT_EQ(q_.Len(), 3u);
 }
 
-// Added by mutation audit. A rate-limited add with no delay (the limiter says 0) that has
+// Found by a mutation audit. A rate-limited add with no delay (the limiter says 0) that has
 // to make the timer (a firing's clock threw, and none is left) arms it for the items
 // already waiting, as AddAfter does: they would wait on a timer parked at the end of time.
 TEST_F(DelayingQueueClockTest, AZeroDelayRateLimitedAddThatMakesTheTimerArmsItForTheItemsWaiting) {
@@ -1142,6 +1143,24 @@ TEST_F(DelayingQueueClockTest, AZeroDelayRateLimitedAddThatMakesTheTimerArmsItFo
   fake_.Advance(absl::Milliseconds(4));
   EXPECT_EQ(q.Waiting(), 0u) << "no timer moved b";
   EXPECT_EQ(q.Len(), 3u);
+}
+
+// The same when the add's limiter throws: nothing is added, but the timer the add made
+// is still armed for the items already waiting (AddAfterFailure's catch).
+TEST_F(DelayingQueueClockTest, ARateLimitedAddWhoseLimiterThrowsStillArmsTheTimerItMade) {
+  auto owned = std::make_unique<testing::CountedLimiter>(&clock_, absl::ZeroDuration());
+  testing::CountedLimiter* limiter = owned.get();
+  RateLimitingQueue<std::string> q(std::move(owned), {.clock = &clock_, .timers = timers_.get()});
+  q.AddAfter("a", absl::Milliseconds(1));
+  q.AddAfter("b", absl::Milliseconds(5));
+  clock_.ThrowNext(1);  // the firing's first reading: it ends with no timer
+  EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
+  limiter->throw_next = true;
+  EXPECT_THROW(q.AddRateLimited("c"), std::runtime_error);  // makes the timer, adds nothing
+  EXPECT_EQ(q.Waiting(), 1u);  // "b" ("a", due, moved along the way)
+  fake_.Advance(absl::Milliseconds(4));
+  EXPECT_EQ(q.Waiting(), 0u) << "the timer the throwing add made was left parked";
+  EXPECT_EQ(q.Len(), 2u);
 }
 
 }  // namespace
