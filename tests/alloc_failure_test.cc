@@ -43,6 +43,7 @@
 #include "testing/eventually.h"
 #include "testing/failing_new.h"
 #include "testing/pool_workers.h"
+#include "testing/queue_peer.h"
 #include "testing/recording_metrics.h"
 #include "testing/two_socket_xml.h"
 #include "workqueue/internal.h"
@@ -92,38 +93,6 @@ bool WorkqueueFailures(std::size_t n) {
 }  // namespace
 
 namespace kwq {
-
-// Access to a Queue's waiting items (DelayingQueue's), to make them due without a timer.
-struct internal::QueuePeer {
-  template <typename Q>
-  static void AddWaiting(Q& q, int item, int64_t ready) {
-    internal::MutexLock lock(&q.mu_);
-    q.AddWaitingLocked(item, Q::Table::HashOf(item), ready);
-  }
-  template <typename Q>
-  static size_t PromoteDue(Q& q, int64_t now) {
-    internal::MutexLock lock(&q.mu_);
-    bool more;
-    return q.PromoteDueLocked(now, 1 << 30, &more);
-  }
-  // Gets asleep on a PriorityQueue's condition variable.
-  template <typename Q>
-  static int Waiters(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.waiters_;
-  }
-  // Gets asleep on a DelayingQueue's condition variable.
-  template <typename Q>
-  static int Sleepers(Q& q) {
-    return q.queue_.sleepers_hint_.load();
-  }
-  // Drains a Queue counts as under way.
-  template <typename Q>
-  static int Draining(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.draining_;
-  }
-};
 
 namespace {
 

@@ -22,40 +22,10 @@
 #include "testing/eventually.h"
 #include "testing/fragile_key.h"
 #include "testing/late_timer.h"
+#include "testing/queue_peer.h"
 #include "testing/recording_metrics.h"
 
 namespace kwq {
-
-struct internal::QueuePeer {
-  template <typename Q>
-  static size_t StoredKeys(Q& q) {
-    internal::MutexLock lock(&q.queue_.mu_);
-    return q.queue_.table_.size();
-  }
-  // Gets asleep on the queue's condition variable (polling ones are not counted).
-  template <typename Q>
-  static int Sleepers(Q& q) {
-    return q.queue_.sleepers_hint_.load();
-  }
-  // Gets polling at length.
-  template <typename Q>
-  static int Polling(Q& q) {
-    return q.queue_.spinners_.load();
-  }
-  // Whether sleeping Gets wake in steps to look for due items themselves.
-  template <typename Q>
-  static bool SleepsInSteps(Q& q) {
-    internal::MutexLock lock(&q.queue_.mu_);
-    return q.queue_.sleep_in_steps_;
-  }
-  // ShutDownWithDrain calls waiting (counted in the hold of the lock in which a drainer
-  // first checks whether to wait).
-  template <typename Q>
-  static int Draining(Q& q) {
-    internal::MutexLock lock(&q.queue_.mu_);
-    return q.queue_.draining_;
-  }
-};
 
 namespace {
 
@@ -1157,7 +1127,7 @@ TEST_F(DelayingQueueClockTest, ARateLimitedAddWhoseLimiterThrowsStillArmsTheTime
   EXPECT_THROW(fake_.Advance(absl::Milliseconds(2)), std::runtime_error);
   limiter->throw_next = true;
   EXPECT_THROW(q.AddRateLimited("c"), std::runtime_error);  // makes the timer, adds nothing
-  EXPECT_EQ(q.Waiting(), 1u);  // "b" ("a", due, moved along the way)
+  EXPECT_EQ(q.Waiting(), 1u);                               // "b" ("a", due, moved along the way)
   fake_.Advance(absl::Milliseconds(4));
   EXPECT_EQ(q.Waiting(), 0u) << "the timer the throwing add made was left parked";
   EXPECT_EQ(q.Len(), 2u);

@@ -38,42 +38,12 @@
 #include "testing/late_timer.h"
 #include "testing/not_counting.h"
 #include "testing/null_metrics.h"
+#include "testing/queue_peer.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 
 namespace kwq {
-
-// Tests' access to the number of keys a PriorityQueue stores.
-struct internal::QueuePeer {
-  template <typename Q>
-  static size_t StoredKeys(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.table_.size();
-  }
-  // ShutDownWithDrain calls under way: one counts itself in the hold of the lock in which
-  // it shuts the queue down, so a non-zero count seen here means a drain is under way
-  // (and a ShutDown from then on ends it).
-  template <typename Q>
-  static int Draining(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.draining_;
-  }
-  // Gets blocked on the queue's condition variable.
-  template <typename Q>
-  static int Waiters(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.waiters_;
-  }
-  template <typename Q>
-  static void SetPolling(Q& q, int polling) {
-    q.spinners_.store(polling);
-  }
-  template <typename Q>
-  static int Polling(Q& q) {
-    return q.spinners_.load();
-  }
-};
 
 namespace {
 

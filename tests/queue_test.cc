@@ -28,37 +28,13 @@
 #include "testing/drain_check.h"
 #include "testing/eventually.h"
 #include "testing/fragile_key.h"
+#include "testing/queue_peer.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 #include "testing/uniform_metrics.h"
 
 namespace kwq {
-
-// Test access to the Queue's wake-up and drain state (friend of Queue).
-struct internal::QueuePeer {
-  template <typename Q>
-  static int Sleepers(const Q& q) {
-    return q.sleepers_hint_.load();
-  }
-  template <typename Q>
-  static void SetPolling(Q& q, int polling) {
-    q.spinners_.store(polling);
-  }
-  // ShutDownWithDrain calls waiting: one counts itself in the hold of the lock in which it
-  // checks and goes to wait, so a non-zero count seen here means a drainer waits.
-  template <typename Q>
-  static int Draining(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.draining_;
-  }
-  // Slots the key table has ever handed out (its high-water mark).
-  template <typename Q>
-  static uint32_t SlotLimit(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.table_.slot_limit();
-  }
-};
 
 namespace {
 

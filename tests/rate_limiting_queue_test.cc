@@ -24,37 +24,11 @@
 #include "testing/eventually.h"
 #include "testing/hint_recorder.h"
 #include "testing/not_counting.h"
+#include "testing/queue_peer.h"
 #include "testing/recording_metrics.h"
 #include "testing/serial_check_metrics.h"
 
 namespace kwq {
-
-// Tests' access to the number of keys a delaying queue stores (its Queue's table).
-struct internal::FailureCountsPeer {
-  static void Set(FailureCounts& counts, uint32_t slot, int64_t failures) {
-    counts.At(slot).failures.store(failures);
-  }
-};
-struct internal::QueuePeer {
-  template <typename T, typename H, typename E>
-  static int64_t StoredKeys(DelayingQueue<T, H, E>& q) {
-    return q.queue_.stored_.load();
-  }
-  // Sets the failure count the queue keeps for `item` (which it stores).
-  template <typename T, typename H, typename E>
-  static void SetFailures(DelayingQueue<T, H, E>& q, const T& item, int64_t failures) {
-    internal::MutexLock lock(&q.queue_.mu_);
-    const uint32_t slot = q.queue_.FindLocked(item);
-    ASSERT_NE(slot, UINT32_MAX);
-    FailureCountsPeer::Set(*q.queue_.counts_, slot, failures);
-  }
-  // Gets asleep on a PriorityQueue's condition variable.
-  template <typename Q>
-  static int Waiters(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.waiters_;
-  }
-};
 
 namespace {
 

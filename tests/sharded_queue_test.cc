@@ -24,74 +24,12 @@
 #include "testing/async_get.h"
 #include "testing/eventually.h"
 #include "testing/null_metrics.h"
+#include "testing/queue_peer.h"
 #include "testing/ranges.h"
 #include "testing/recording_metrics.h"
 #include "testing/stress_check.h"
 
 namespace kwq {
-
-// Test access to a shard's wake-up and drain state (friend of Queue).
-struct internal::QueuePeer {
-  // Gets asleep on the queue (not polling).
-  template <typename Q>
-  static int Sleepers(const Q& q) {
-    return q.sleepers_hint_.load();
-  }
-  // Gets inside the condition-variable wait of a shard (caller holds Mu(q)).
-  template <typename Q>
-  static int WaitersLocked(Q& q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return q.waiters_;
-  }
-  // ShutDownWithDrain calls waiting: a drainer counts itself in the hold of the lock in
-  // which it checks and goes to wait, so a count seen here means that many wait.
-  template <typename Q>
-  static int Draining(Q& q) {
-    internal::MutexLock lock(&q.mu_);
-    return q.draining_;
-  }
-  // The lock a shard's hand-outs take.
-  template <typename Q>
-  static internal::Mutex& OutMu(Q& q) {
-    return q.out_mu_;
-  }
-  // Workers parked on q (asleep on their home shard, or waiting for a run owed elsewhere),
-  // listed for a kick.
-  template <typename T>
-  static int Parked(const ShardedQueue<T>& q) {
-    return q.parked_.count();
-  }
-  // The home shards of the workers parked on q, the one parked last first.
-  template <typename T>
-  static std::vector<size_t> ParkedHomes(ShardedQueue<T>& q) {
-    return q.parked_.Homes();
-  }
-  // Sets how many Gets a shard counts as polling at length (a test stands in for one).
-  template <typename Q>
-  static void SetPolling(Q& q, int polling) {
-    q.spinners_.store(polling);
-  }
-  // A shard's table lock.
-  template <typename Q>
-  static internal::Mutex& Mu(Q& q) {
-    return q.mu_;
-  }
-  // Calls `fn(shard)` in q's ShutDown after each shard's ShutDown (set it before).
-  template <typename T>
-  static void AfterShardShutDown(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
-    q.after_shard_shutdown_ = std::move(fn);
-  }
-  // Calls `fn(home)` in each Get of q just before the worker parks (set it before any Get).
-  template <typename T>
-  static void BeforePark(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
-    q.before_park_ = std::move(fn);
-  }
-  // Calls `fn(shard)` before each shard's wait in q's ShutDownWithDrain (set it before the
-  // drain starts).
-  template <typename T>
-  static void BeforeShardWait(ShardedQueue<T>& q, std::function<void(size_t)> fn) {
-    q.before_shard_wait_ = std::move(fn);
-  }
-};
 
 namespace {
 

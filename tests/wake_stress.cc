@@ -21,22 +21,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "kwq/queue.h"
+#include "testing/queue_peer.h"
 
 ABSL_FLAG(int, rounds, 100000, "rounds to run");
 ABSL_FLAG(int, polling_workers, 0, "QueueOptions::polling_workers (0: default)");
 ABSL_FLAG(int, max_pause, 4000, "upper bound of the pause (in pause instructions) between A and B");
-
-// Read access to the wake-up state (a friend of Queue, as in queue_test.cc).
-struct kwq::internal::QueuePeer {
-  template <typename Q>
-  static int Sleepers(const Q& q) {
-    return q.sleepers_hint_.load();
-  }
-  template <typename Q>
-  static int Polling(const Q& q) {
-    return q.spinners_.load();
-  }
-};
 
 namespace {
 
