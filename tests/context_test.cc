@@ -624,6 +624,22 @@ TEST_F(FakeTimeTest, ChildOfACancelledParentTakesItsErrAndCause) {
   EXPECT_EQ(timers_->Pending(), 0u);
 }
 
+// A child made under a parent whose deadline has fired takes the parent's Err
+// (DeadlineExceeded, not Cancelled) and Cause, whether or not the deadline had a cause.
+TEST_F(FakeTimeTest, ChildOfAnExpiredParentTakesDeadlineExceeded) {
+  auto [p, cancel_p] = WithTimeout(root_, absl::Seconds(1));
+  auto [q, cancel_q] = WithTimeout(root_, absl::Seconds(1), absl::ResourceExhaustedError("slow"));
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_EQ(p.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  auto [c, cancel_c] = WithCancel(p);
+  EXPECT_TRUE(c.IsCancelled());
+  EXPECT_EQ(c.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(c.Cause().code(), absl::StatusCode::kDeadlineExceeded);
+  auto [d, cancel_d] = WithCancel(q);
+  EXPECT_EQ(d.Err().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(d.Cause(), absl::ResourceExhaustedError("slow"));
+}
+
 // WithValue keeps the deadline; WithoutCancel keeps the timer service and drops the
 // deadline (a child's own deadline then runs on that service); Background uses the
 // default service.
@@ -661,6 +677,42 @@ TEST(AfterFuncTest, StopBeforeCancelPreventsRun) {
   EXPECT_FALSE(handle.Stop());
   cancel();
   EXPECT_EQ(runs, 0);
+}
+
+// Two AfterFuncs of one cancellation, each stopping the other: whichever runs first stops
+// the other, whose Stop() returns true, and that one must then not run (whatever the
+// order the cancellation runs them in).
+TEST(AfterFuncTest, AStopFromAnEarlierAfterFuncOfTheSameCancelPreventsTheRun) {
+  auto [ctx, cancel] = WithCancel(Background());
+  AfterFuncHandle a, b;
+  int runs_a = 0, runs_b = 0;
+  bool a_stopped_b = false, b_stopped_a = false;
+  a = AfterFunc(ctx, [&] {
+    ++runs_a;
+    a_stopped_b = b.Stop();
+  });
+  b = AfterFunc(ctx, [&] {
+    ++runs_b;
+    b_stopped_a = a.Stop();
+  });
+  cancel();
+  EXPECT_EQ(runs_a + runs_b, 1);
+  EXPECT_NE(a_stopped_b, b_stopped_a);  // exactly one Stop won
+  EXPECT_EQ(a_stopped_b, runs_b == 0);
+  EXPECT_EQ(b_stopped_a, runs_a == 0);
+  EXPECT_FALSE(a.Stop());
+  EXPECT_FALSE(b.Stop());
+}
+
+// Stop frees the function at once also on a context that can never be cancelled (whose
+// registration lives on no node), while the handle lives.
+TEST(AfterFuncTest, StopOnANeverCancelledContextFreesTheFunctionAtOnce) {
+  auto alive = std::make_shared<int>(0);
+  AfterFuncHandle handle = AfterFunc(WithoutCancel(Background()), [alive] {});
+  EXPECT_EQ(alive.use_count(), 2);
+  EXPECT_TRUE(handle.Stop());
+  EXPECT_EQ(alive.use_count(), 1);  // freed by Stop, not by the handle's end
+  EXPECT_FALSE(handle.Stop());
 }
 
 TEST(AfterFuncTest, AlreadyCancelledRunsAtOnce) {
