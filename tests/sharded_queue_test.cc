@@ -633,6 +633,51 @@ TEST(ShardedQueueTest, AnItemItsShardsWorkersDoNotTakeWakesAWorkerOfAnother) {
   EXPECT_EQ(got, want);
 }
 
+// An AddAll that makes several items ready on a shard none of whose Gets takes them (here
+// shard 2, which has no worker) wakes one parked worker per item, not one in all: both
+// workers asleep on other shards are kicked before AddAll returns, and each steals one.
+TEST(ShardedQueueTest, AnAddAllOfSeveralUnclaimedItemsWakesAWorkerForEach) {
+  auto q = *ShardedQueue<int>::Create(3);
+  testing::AsyncGet get0(GetOn(q, 0));
+  ASSERT_TRUE(testing::Eventually([&] { return AsleepAndParked(*q, 0); }));
+  testing::AsyncGet get1(GetOn(q, 1));
+  ASSERT_TRUE(testing::Eventually([&] {
+    return internal::QueuePeer::Parked(*q) == 2 && internal::QueuePeer::Sleepers(q->shard(1)) == 1;
+  }));
+  const std::vector<int> keys = KeysIn(*q, 2, 2);
+  EXPECT_EQ(q->AddAll(keys), 2u);
+  EXPECT_FALSE(StillParked(*q, 0)) << "worker 0 slept with an item unclaimed";
+  EXPECT_FALSE(StillParked(*q, 1)) << "worker 1 slept with an item unclaimed";
+  EXPECT_TRUE(get0.Await([&] { q->ShutDown(); })) << "worker 0 slept with an item unclaimed";
+  EXPECT_TRUE(get1.Await([&] { q->ShutDown(); })) << "worker 1 slept with an item unclaimed";
+  std::vector<std::string> got = {get0.outcome(), get1.outcome()};
+  std::ranges::sort(got);
+  std::vector<std::string> want = {absl::StrCat(keys[0]), absl::StrCat(keys[1])};
+  std::ranges::sort(want);
+  EXPECT_EQ(got, want);
+}
+
+// After a plain ShutDown (no drain) a Get returns nullopt once no shard has an item
+// ready, also while a lease in flight on another shard owes a run: only a drain waits
+// for such runs (as Queue's GetAfterAPlainShutDownDoesNotWaitForARunOwed).
+TEST(ShardedQueueTest, GetAfterAPlainShutDownDoesNotWaitForARunOwedOnAnotherShard) {
+  auto q = *ShardedQueue<int>::Create(2);
+  const int key = KeyIn(*q, 1);
+  q->Add(key);
+  auto in_flight = q->TryGet(1);
+  ASSERT_TRUE(in_flight.has_value());
+  EXPECT_TRUE(q->Add(key));  // owed a run after this lease
+  q->ShutDown();
+  testing::AsyncGet get(GetOn(q, 0));
+  EXPECT_TRUE(get.Await([&] { in_flight->Done(); }))
+      << "after a plain ShutDown a Get waited for a run owed on another shard";
+  EXPECT_EQ(get.outcome(), "none");
+  in_flight->Done();
+  auto owed = q->TryGet(0);  // the owed run is still handed out (stolen from shard 1)
+  ASSERT_TRUE(owed.has_value());
+  EXPECT_EQ(**owed, key);
+}
+
 // A worker kicked for an item that leaves without it (here its context is cancelled while
 // the kick is on its way) passes the kick on: the other sleeping worker takes the item.
 // Adds `key` (to a shard other than 0) so that its kick takes worker 0, parked last with
