@@ -484,5 +484,82 @@ TEST_F(WorkqueueEdgeTest, FlushAllAndFreezeAreSignalledByTheInstancesTheyWaitFor
   wq->Flush();
 }
 
+// Create refuses kOrdered with any max_active above 1 (the header's promise), not only
+// far above it; 0 (the default) and 1 are accepted and run with max_active 1.
+TEST_F(WorkqueueEdgeTest, OrderedRefusesMaxActiveTwo) {
+  EXPECT_EQ(Workqueue::Create(
+                {.name = "x", .flags = kOrdered, .max_active = 2, .runtime = runtime_.get()})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Make({.flags = kOrdered, .max_active = 1})->max_active(), 1);
+  EXPECT_EQ(Make({.flags = kOrdered})->max_active(), 1);
+}
+
+// Non-reentrancy when a completion hands its max_active slot to a parked instance of a
+// work that another worker of the same pool is still running: that instance goes to the
+// running worker (it runs after), never on the completing worker beside it.
+TEST_F(WorkqueueEdgeTest, AnActivatedInstanceOfARunningWorkWaitsForItsRunner) {
+  if (runtime_->topology().cpus().size() < 2) GTEST_SKIP() << "needs two CPUs";
+  // One unbound pool over every CPU: room for two workers to run at once.
+  auto wq = Make({.flags = kUnbound, .max_active = 2, .affinity_scope = AffinityScope::kSystem});
+  Gate gate_a, gate_x;
+  std::atomic<bool> a_started{false}, x_started{false};
+  std::atomic<int> inside{0}, max_inside{0}, x_runs{0};
+  Work a([&] {
+    a_started = true;
+    gate_a.Wait();
+  });
+  Work x([&] {
+    const int n = ++inside;
+    int m = max_inside.load();
+    while (n > m && !max_inside.compare_exchange_weak(m, n)) {
+    }
+    if (++x_runs == 1) {
+      x_started = true;
+      gate_x.Wait();
+    }
+    --inside;
+  });
+  ASSERT_TRUE(wq->Queue(&a));
+  ASSERT_TRUE(Eventually([&] { return a_started.load(); }));
+  ASSERT_TRUE(wq->Queue(&x));
+  ASSERT_TRUE(Eventually([&] { return x_started.load(); }));
+  ASSERT_TRUE(wq->Queue(&x));  // both slots taken: parked
+  ASSERT_TRUE(Parked(&x));
+  gate_a.Open();  // a's completion activates x's second instance
+  auto where = [&] { return static_cast<internal::WorkWhere>(WorkAccess::where(&x).load()); };
+  // Either handed to the worker running x (right), or run at once beside it (wrong).
+  ASSERT_TRUE(
+      Eventually([&] { return x_runs.load() == 2 || where() == internal::WorkWhere::kScheduled; }));
+  EXPECT_EQ(x_runs.load(), 1);
+  gate_x.Open();
+  wq->Flush();
+  EXPECT_EQ(x_runs.load(), 2);
+  EXPECT_EQ(max_inside.load(), 1);
+}
+
+// cancel_work_sync is true only when an instance was pending: false for a work never
+// queued, for one that already ran, and for one only running (it still waits for it).
+TEST_F(WorkqueueEdgeTest, CancelSyncOfAWorkNotPendingIsFalse) {
+  auto wq = Make({});
+  Gate gate;
+  std::atomic<bool> started{false};
+  std::atomic<int> runs{0};
+  Work w([&] {
+    started = true;
+    gate.Wait();
+    ++runs;
+  });
+  EXPECT_FALSE(wq->CancelSync(&w));  // never queued
+  ASSERT_TRUE(wq->Queue(&w));
+  ASSERT_TRUE(Eventually([&] { return started.load(); }));
+  std::thread opener([&] { gate.Open(); });
+  EXPECT_FALSE(wq->CancelSync(&w));  // running, not pending
+  opener.join();
+  EXPECT_EQ(runs.load(), 1);         // it waited for the run
+  EXPECT_FALSE(wq->CancelSync(&w));  // finished
+}
+
 }  // namespace
 }  // namespace kwq

@@ -297,6 +297,30 @@ TEST_F(WorkqueueTest, QueueUsesTheCallersCpu) {
   EXPECT_EQ(ran_on, cpu);
 }
 
+// queue_work_node: the caller's CPU when it is on that node, not the node's first CPU.
+TEST_F(WorkqueueTest, QueueOnNodeUsesTheCallersCpuWhenItIsOnThatNode) {
+  const auto& cpus = runtime_->topology().cpus();
+  const CpuInfo last = cpus.back();
+  int first_of_node = -1;
+  for (const CpuInfo& c : cpus) {
+    if (c.numa_node == last.numa_node) {
+      first_of_node = c.cpu;
+      break;
+    }
+  }
+  if (first_of_node == last.cpu) GTEST_SKIP() << "needs two CPUs on one node";
+  auto wq = Make({});
+  std::atomic<int> ran_on{-2};
+  Work work([&] { ran_on = CurrentCpu(); });
+  std::thread caller([&] {
+    ASSERT_TRUE(BindCurrentThread({last.cpu}).ok());
+    ASSERT_TRUE(wq->QueueOnNode(last.numa_node, &work));
+  });
+  caller.join();
+  wq->Flush(&work);
+  EXPECT_EQ(ran_on.load(), last.cpu);
+}
+
 TEST_F(WorkqueueTest, StrictUnboundWorkRunsInsideItsPod) {
   auto wq =
       Make({.flags = kUnbound, .affinity_scope = AffinityScope::kCpu, .affinity_strict = true});
@@ -1348,6 +1372,32 @@ TEST_F(FakeTimeWorkqueueTest, DelayedWorkRunsOnTheCpuItWasQueuedFor) {
   mover.join();
   wq->Flush(&delayed);
   EXPECT_EQ(ran_on.load(), cpu);
+}
+
+// mod_delayed_work_on: ModDelayed of a delayed work still on this workqueue's timer moves
+// that timer (the shortcut) and also the CPU it was queued for: it runs on the CPU the
+// ModDelayed named, not on the one the first QueueDelayed did.
+TEST_F(FakeTimeWorkqueueTest, ModDelayedOfAWorkOnItsTimerRunsItOnTheNewCpu) {
+  const auto& cpus = runtime_->topology().cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  auto wq = *Workqueue::Create({.name = "mod-cpu", .runtime = runtime_.get()});
+  const int first = cpus.front().cpu;
+  const int last = cpus.back().cpu;
+  std::atomic<int> ran_on{-2};
+  DelayedWork delayed([&] { ran_on = CurrentCpu(); });
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Seconds(10), first));
+  const size_t timers = timers_->Pending();
+  EXPECT_TRUE(wq->ModDelayed(&delayed, absl::Seconds(1), last));
+  EXPECT_EQ(timers_->Pending(), timers);  // its own timer moved, no new one
+  // The timer fires inside Advance, on a thread pinned to `first`: a work queued for the
+  // caller's CPU, or for `first`, would be seen.
+  std::thread mover([&] {
+    ASSERT_TRUE(BindCurrentThread({first}).ok());
+    clock_.Advance(absl::Seconds(1));
+  });
+  mover.join();
+  wq->Flush(&delayed);
+  EXPECT_EQ(ran_on.load(), last);
 }
 
 // flush_work of a work that waits on its delay timer (not yet queued, not running) has
