@@ -2100,5 +2100,21 @@ TEST_F(PriorityQueueTest, ARaisesPriorityDepthIncThatThrowsIsNotTakenOffLater) {
   EXPECT_EQ(rec.Get("depth/5"), 1);
 }
 
+// The same after an item of that priority came and went: the priority's count is back to
+// nothing (forgotten, not kept at 0), so the uncounted item's Get takes nothing off.
+TEST_F(PriorityQueueTest, AThrowingPriorityDepthIncAfterItsPriorityEmptiedIsNotTakenOff) {
+  testing::RecordedMetrics rec;
+  testing::RecordingProvider provider(&rec, /*refresh_gauges=*/false, /*by_priority=*/true);
+  auto q = MakeMetered(&provider);
+  q->Add("a", {.priority = 3});  // counted
+  q->TryGet()->Done();
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+  rec.ThrowNext("depth/3", 1);
+  q->Add("b", {.priority = 3});  // its Inc throws: not counted
+  EXPECT_EQ(rec.Get("depth/3"), 0);
+  q->TryGet()->Done();
+  EXPECT_EQ(rec.Get("depth/3"), 0) << "an uncounted item was taken off the gauge";
+}
+
 }  // namespace
 }  // namespace kwq

@@ -270,6 +270,53 @@ TEST_F(PrometheusTest, ASeriesKeptByOneProviderStaysWhateverGoesLast) {
   EXPECT_EQ(SeriesOf(*registry, "one-after-another"), 8);
 }
 
+// A series kept by a keep_series provider stays for its registry's life, also through
+// the sweeps of SeriesUsers' map (each time it doubles), which drop only the unused
+// entries of dead registries: a sweep that dropped the kept entry of a live registry let
+// the next queue of its name through a provider that does not keep series remove it.
+TEST_F(PrometheusTest, AKeptSeriesSurvivesTheSweepOfUnusedEntries) {
+  auto keeping = NewProvider({.keep_series = true});
+  auto plain = NewProvider();
+  { StringQueue kept(On(keeping.get(), "swept")); }  // its entries: kept, unused
+  // Enough series at once that the map doubles (and sweeps) at least once.
+  std::vector<std::unique_ptr<CounterMetric>> many;
+  for (int i = 0; i < 4096; ++i)
+    many.push_back(plain->NewAddsMetric("filler-" + std::to_string(i)));
+  many.clear();
+  { StringQueue not_kept(On(plain.get(), "swept")); }
+  EXPECT_EQ(SeriesOf(*registry, "swept"), 8);
+}
+
+// The in-flight gauges come back to 0 in the registry: when the lease ends (the next
+// refresh sets 0) and when the queue is destroyed (with keep_series the series stays,
+// and must not keep the last refresh's age for good). A push that skipped a Set(0)
+// left both stuck at the last nonzero age.
+TEST_F(PrometheusTest, InFlightGaugesComeBackToZero) {
+  auto provider = NewProvider({.keep_series = true});
+  auto q = std::make_unique<StringQueue>(On(provider.get(), "idle"));
+  q->Add("a");
+  {
+    auto lease = q->TryGet();
+    clock.Advance(absl::Seconds(2));  // the 500 ms refreshes see it 2 s in flight
+  }
+  EXPECT_NEAR(Find(*registry, "workqueue_unfinished_work_seconds", "idle")->gauge.value, 2.0, 0.01);
+  EXPECT_NEAR(Find(*registry, "workqueue_longest_running_processor_seconds", "idle")->gauge.value,
+              2.0, 0.01);
+  clock.Advance(absl::Seconds(1));  // refreshes with nothing in flight
+  EXPECT_EQ(Find(*registry, "workqueue_unfinished_work_seconds", "idle")->gauge.value, 0);
+  EXPECT_EQ(Find(*registry, "workqueue_longest_running_processor_seconds", "idle")->gauge.value, 0);
+
+  q->Add("b");
+  {
+    auto lease = q->TryGet();
+    clock.Advance(absl::Seconds(3));
+  }
+  EXPECT_NEAR(Find(*registry, "workqueue_unfinished_work_seconds", "idle")->gauge.value, 3.0, 0.01);
+  q.reset();  // before the next refresh: its destructor sets 0
+  EXPECT_EQ(Find(*registry, "workqueue_unfinished_work_seconds", "idle")->gauge.value, 0);
+  EXPECT_EQ(Find(*registry, "workqueue_longest_running_processor_seconds", "idle")->gauge.value, 0);
+}
+
 // A NaN observation counts in the +Inf bucket only, as prometheus-cpp's own Observe puts
 // it (it went to the first bucket, le=1e-8).
 TEST_F(PrometheusTest, ANanObservationCountsOnlyInTheInfBucket) {
@@ -617,6 +664,23 @@ TEST_F(PrometheusTest, AnObservationOnABucketBoundCountsInThatBucket) {
   ASSERT_EQ(m.histogram.bucket[8].upper_bound, 1.0);
   EXPECT_EQ(m.histogram.bucket[7].cumulative_count, 0u);  // le=0.1
   EXPECT_EQ(m.histogram.bucket[8].cumulative_count, 1u);  // le=1
+}
+
+// Any int is a priority (kwq/priority_queue.h): a negative one's depth series comes back
+// to 0 when its item is handed out, as a positive one's does.
+TEST_F(PrometheusTest, ANegativePrioritysDepthComesBackToZero) {
+  auto provider = NewProvider();
+  auto q = NewPriorityQueue<std::string>(provider.get(), "neg");
+  q->Add("a", {.priority = -3});
+  q->Add("b", {.priority = 2});
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "neg", "-3")->gauge.value, 1);
+  EXPECT_EQ(FindPriority(*registry, "neg", "2")->gauge.value, 1);
+  q->TryGet()->Done();  // b
+  q->TryGet()->Done();  // a
+  FlushAll();
+  EXPECT_EQ(FindPriority(*registry, "neg", "2")->gauge.value, 0);
+  EXPECT_EQ(FindPriority(*registry, "neg", "-3")->gauge.value, 0);
 }
 
 // The first priority past max_priority_series goes to the placeholder, also alone.
