@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -238,6 +239,113 @@ TEST(ParallelizeUntilTest, BadArgumentsAreRejected) {
   EXPECT_EQ(ParallelizeUntil(Background(), 1, 1, fn, {.chunk_size = 0}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ParallelizeUntil(Background(), 1, 0, fn).ok());
+}
+
+// An exception that reports its own destruction. ParallelizeUntil catches by reference,
+// so the thrown object dies at the end of its catch block, after the failure is recorded.
+class RecordedError : public std::runtime_error {
+ public:
+  RecordedError(const char* what, std::atomic<bool>* destroyed)
+      : std::runtime_error(what), destroyed_(destroyed) {}
+  // A copy takes the signal over, so only the last object alive reports.
+  RecordedError(const RecordedError& other)
+      : std::runtime_error(other), destroyed_(std::exchange(other.destroyed_, nullptr)) {}
+  ~RecordedError() override {
+    if (destroyed_ != nullptr) destroyed_->store(true);
+  }
+
+ private:
+  mutable std::atomic<bool>* destroyed_;
+};
+
+// Two runners, one chunk of kChunk pieces each. Piece 0 waits until piece kChunk has
+// started on the other runner, then throws "first"; piece kChunk waits until that
+// exception has been recorded, then calls `after_first` (which may throw). Returns the
+// status; *ran_after counts the pieces after kChunk that ran (that runner's later ones).
+constexpr int kChunk = 100;
+template <typename AfterFirst>
+absl::Status RunWithFirstExceptionOnOtherRunner(AfterFirst after_first,
+                                                std::atomic<int>* ran_after) {
+  auto wq = *Workqueue::Create({.name = "throwing", .flags = kUnbound});
+  std::atomic<bool> second_started{false}, first_recorded{false};
+  absl::Status s =
+      ParallelizeUntil(Background(), 2, 2 * kChunk,
+                       [&](int i) {
+                         if (i == 0) {
+                           EXPECT_TRUE(testing::Eventually([&] { return second_started.load(); }))
+                               << "the two chunks never ran side by side";
+                           throw RecordedError("first", &first_recorded);
+                         }
+                         if (i == kChunk) {
+                           second_started = true;
+                           EXPECT_TRUE(testing::Eventually([&] { return first_recorded.load(); }));
+                           after_first();
+                         } else if (i > kChunk) {
+                           ++*ran_after;
+                         }
+                       },
+                       {.chunk_size = kChunk, .workqueue = wq.get()});
+  return s;
+}
+
+// The first exception stops the hand-out for every runner, like a cancel: the other
+// runner, whose piece was running when it was thrown, starts no further piece.
+TEST(ParallelizeUntilTest, FirstExceptionStopsTheOtherRunners) {
+  std::atomic<int> ran_after{0};
+  absl::Status s = RunWithFirstExceptionOnOtherRunner([] {}, &ran_after);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("first"), std::string::npos) << s;
+  EXPECT_EQ(ran_after.load(), 0);
+}
+
+// A piece that was already running throws after the first exception was recorded: the
+// first one is reported, not the last.
+TEST(ParallelizeUntilTest, FirstExceptionMessageWins) {
+  std::atomic<int> ran_after{0};
+  absl::Status s =
+      RunWithFirstExceptionOnOtherRunner([] { throw std::runtime_error("second"); }, &ran_after);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("first"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("second"), std::string::npos) << s;
+  EXPECT_EQ(ran_after.load(), 0);
+}
+
+// Called from a work item of a bound workqueue, the helpers skip the caller's own CPU
+// pool (busy with the caller, which does not block, it would start a helper only after
+// the caller's pieces): the first helper goes to the CPU after the caller's.
+TEST(ParallelizeUntilTest, NestedCallOnABoundWorkqueueSkipsTheCallersCpu) {
+  auto rt = *WorkqueueRuntime::Create({.topology = *Topology::FromSynthetic("pack:1 core:2 pu:1"),
+                                       .cpu_intensive_threshold = absl::Hours(1),
+                                       .stall_threshold = absl::Hours(1)});
+  auto wq = *Workqueue::Create({.name = "bound-nested", .runtime = rt.get()});
+  int caller_cpu = -1;
+  int met_all = 0;
+  absl::Status s;
+  Work outer([&] {
+    caller_cpu = CurrentCpu();
+    if (caller_cpu != 0) return;  // CPU 0's worker is not on CPU 0 here: nothing to check
+    std::mutex mu;
+    std::condition_variable cv;
+    int arrived = 0;
+    // Each piece waits (no BlockingScope) until both runners hold a piece at once, or
+    // gives up at one shared deadline.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    s = ParallelizeUntil(Background(), 2, 2,
+                         [&](int) {
+                           std::unique_lock<std::mutex> lock(mu);
+                           ++arrived;
+                           cv.notify_all();
+                           if (cv.wait_until(lock, deadline, [&] { return arrived == 2; })) {
+                             ++met_all;
+                           }
+                         },
+                         {.workqueue = wq.get()});
+  });
+  ASSERT_TRUE(wq->QueueOn(0, &outer));
+  wq->Flush(&outer);
+  if (caller_cpu != 0) GTEST_SKIP() << "CPU 0's worker ran on CPU " << caller_cpu;
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(met_all, 2) << "the helper was queued behind the caller, on the caller's CPU";
 }
 
 }  // namespace

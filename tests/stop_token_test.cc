@@ -195,5 +195,36 @@ TEST(StopTokenTest, ValueContextCancelledThenDroppedRequestsStop) {
   wide_canceller.join();
   EXPECT_TRUE(token.stop_requested());
 }
+// The child of WithStopToken is a child of `parent`: it inherits its values and is
+// cancelled with it (with the parent's cause), and that requests no stop on the token.
+TEST(StopTokenTest, WithStopTokenChildFollowsItsParent) {
+  auto [parent, cancel_parent] = WithCancel(WithValue(Background(), kAttempt, 7));
+  std::stop_source source;
+  auto [ctx, cancel] = WithStopToken(parent, source.get_token());
+  ASSERT_NE(ctx.Value(kAttempt), nullptr);
+  EXPECT_EQ(*ctx.Value(kAttempt), 7);
+  EXPECT_FALSE(ctx.IsCancelled());
+  cancel_parent();
+  EXPECT_TRUE(ctx.IsCancelled());
+  EXPECT_EQ(ctx.Err().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(ctx.Cause(), parent.Cause());
+  EXPECT_FALSE(source.stop_requested());
+}
+inline constexpr ContextKey<std::shared_ptr<int>> kHeld{"held"};
+
+// A child cancelled by its token's stop is still freed when dropped, and with it its
+// reference to the parent: the stop does not keep the node (and what it holds) alive.
+TEST(StopTokenTest, ChildCancelledByStopIsFreed) {
+  auto held = std::make_shared<int>(0);
+  std::stop_source source;
+  {
+    Context parent = WithValue(Background(), kHeld, held);
+    auto [ctx, cancel] = WithStopToken(parent, source.get_token());
+    source.request_stop();
+    ASSERT_TRUE(ctx.IsCancelled());
+  }
+  EXPECT_EQ(held.use_count(), 1);  // the value context and the child are gone
+}
+
 }  // namespace
 }  // namespace kwq

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/two_socket_xml.h"
@@ -340,6 +342,96 @@ TEST(TopologyTest, XmlNumaNodesWithoutTheirOwnIndexAreRefused) {
   }
 }
 
+// A NUMA node holding every CPU (here a machine-wide memory node, as a CXL or HBM node
+// can be described) is not a CPU's own node: each CPU takes the smallest node that holds
+// it, so the CPUs stay on nodes 0 and 1 and node 2 is not one of numa_nodes().
+TEST(TopologyTest, XmlCpusTakeTheirLocalNodeNotAMachineWideOne) {
+  std::string xml =
+      ReplaceOnce(std::string(kTwoSocketXml),
+                  R"(nodeset="0x3" complete_nodeset="0x3" allowed_nodeset="0x3" gp_index="1">)",
+                  R"(nodeset="0x7" complete_nodeset="0x7" allowed_nodeset="0x7" gp_index="1">
+    <object type="NUMANode" os_index="2" cpuset="0xff" complete_cpuset="0xff" nodeset="0x4" complete_nodeset="0x4" gp_index="20" local_memory="1073741824"/>)");
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(xml);
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  EXPECT_THAT((*topo)->numa_nodes(), ElementsAre(0, 1)) << (*topo)->Describe();
+  EXPECT_THAT((*topo)->CpusOfNode(0), ElementsAre(0, 1, 4, 5));
+  EXPECT_THAT((*topo)->CpusOfNode(1), ElementsAre(2, 3, 6));
+  EXPECT_THAT((*topo)->CpusOfNode(2), IsEmpty());
+}
+
+// A machine where some CPUs have a core and others do not: a core-less CPU is a kSmt pod
+// of its own, never merged with the core whose logical index equals its CPU number
+// (CPU 1 here, with cores 0: {0, 4}, 1: {2, 6}, 2: {3}).
+TEST(TopologyTest, XmlCorelessCpuIsItsOwnSmtPodNextToCores) {
+  std::string xml = ReplaceOnce(
+      std::string(kTwoSocketXml),
+      R"(<object type="Core" os_index="1" cpuset="0x22" complete_cpuset="0x22" nodeset="0x1" complete_nodeset="0x1" gp_index="8">)",
+      "");
+  xml = ReplaceOnce(xml, "gp_index=\"10\"/>\n        </object>", "gp_index=\"10\"/>");
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(xml);
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  ASSERT_EQ((*topo)->cpus()[1].core, -1) << (*topo)->Describe();
+  EXPECT_THAT((*topo)->Pods(AffinityScope::kSmt),
+              ElementsAre(ElementsAre(0, 4), ElementsAre(1), ElementsAre(2, 6), ElementsAre(3),
+                          ElementsAre(5)))
+      << (*topo)->Describe();
+  ExpectWellFormedPods(**topo);
+}
+
+// A machine where package 0 has two L3 caches and package 1 none: package 1's CPUs form
+// a cache pod of their own (the package fallback), not merged with L3 cache 1.
+TEST(TopologyTest, XmlCachePodsMixL3AndPackageFallback) {
+  std::string xml = ReplaceOnce(
+      std::string(kTwoSocketXml),
+      R"(<object type="L3Cache" cpuset="0x33" complete_cpuset="0x33" nodeset="0x1" complete_nodeset="0x1" gp_index="4")",
+      R"(<object type="L3Cache" cpuset="0x11" complete_cpuset="0x11" nodeset="0x1" complete_nodeset="0x1" gp_index="4")");
+  xml = ReplaceOnce(
+      xml, "gp_index=\"7\"/>\n        </object>",
+      "gp_index=\"7\"/>\n        </object>\n      </object>\n      "
+      R"(<object type="L3Cache" cpuset="0x22" complete_cpuset="0x22" nodeset="0x1" complete_nodeset="0x1" gp_index="20" cache_size="16777216" depth="3" cache_linesize="64" cache_associativity="0" cache_type="0">)");
+  xml = ReplaceOnce(
+      xml,
+      R"(<object type="L3Cache" cpuset="0xcc" complete_cpuset="0xcc" nodeset="0x2" complete_nodeset="0x2" gp_index="13" cache_size="16777216" depth="3" cache_linesize="64" cache_associativity="0" cache_type="0">)",
+      "");
+  xml = ReplaceOnce(xml, "gp_index=\"19\"/>\n        </object>\n      </object>",
+                    "gp_index=\"19\"/>\n        </object>");
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(xml);
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  ASSERT_EQ((*topo)->cpus()[1].l3, 1) << (*topo)->Describe();
+  ASSERT_EQ((*topo)->cpus()[2].l3, -1) << (*topo)->Describe();
+  ASSERT_EQ((*topo)->cpus()[2].package, 1) << (*topo)->Describe();
+  EXPECT_THAT((*topo)->Pods(AffinityScope::kCache),
+              ElementsAre(ElementsAre(0, 4), ElementsAre(1, 5), ElementsAre(2, 3, 6)))
+      << (*topo)->Describe();
+  ExpectWellFormedPods(**topo);
+}
+
+// The largest OS index a synthetic "indexes=" list may hold is 2^24 - 1; one more is refused.
+TEST(TopologyTest, SyntheticIndexLimitIsInclusive) {
+  absl::StatusOr<std::shared_ptr<const Topology>> topo =
+      Topology::FromSynthetic("pu:2(indexes=0,16777215)");
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  EXPECT_THAT(CpuIds(**topo), ElementsAre(0, 16777215));
+  EXPECT_EQ(Topology::FromSynthetic("pu:2(indexes=0,16777216)").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// hwloc loads an XML document in which two PUs share an OS index (here CPU 5 renamed 4).
+// kwq refuses it or uses the index once: cpus() stays a list of distinct CPUs and the
+// pods a partition of it.
+TEST(TopologyTest, XmlRepeatedPuIndexIsUsedOnce) {
+  const std::string xml = ReplaceOnce(std::string(kTwoSocketXml), R"(os_index="5" cpuset="0x20")",
+                                      R"(os_index="4" cpuset="0x20")");
+  absl::StatusOr<std::shared_ptr<const Topology>> topo = Topology::FromXml(xml);
+  if (!topo.ok()) {
+    EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument) << topo.status();
+    return;
+  }
+  const std::vector<int> ids = CpuIds(**topo);
+  EXPECT_EQ(std::set<int>(ids.begin(), ids.end()).size(), ids.size()) << (*topo)->Describe();
+  ExpectWellFormedPods(**topo);
+}
+
 // ---- this machine ----
 
 std::set<int> ThreadAffinity() {
@@ -443,6 +535,32 @@ TEST(BindCurrentThreadTest, CurrentCpuIsAnAllowedCpu) {
   const int cpu = CurrentCpu();
   ASSERT_GE(cpu, 0);
   EXPECT_TRUE(ThreadAffinity().contains(cpu));
+}
+
+// One past the highest id in /sys/devices/system/cpu/possible ("0-3", "0-3,8-11"); -1
+// when it cannot be read.
+int PossibleCpuIdCount() {
+  std::ifstream in("/sys/devices/system/cpu/possible");
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  const size_t at = line.find_last_of(",-");
+  const std::string last = line.substr(at == std::string::npos ? 0 : at + 1);
+  int highest = -1;
+  if (!absl::SimpleAtoi(last, &highest)) return -1;
+  return highest + 1;
+}
+
+// The first id past the possible CPUs is refused, also next to an allowed CPU (which the
+// kernel alone would bind to, reporting success).
+TEST(BindCurrentThreadTest, FirstImpossibleCpuIsRefused) {
+  const int possible = PossibleCpuIdCount();
+  if (possible < 1) GTEST_SKIP() << "cannot read /sys/devices/system/cpu/possible";
+  const std::set<int> before = ThreadAffinity();
+  std::thread([&] {
+    EXPECT_EQ(BindCurrentThread({CurrentCpu(), possible}).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ThreadAffinity(), before);
+  }).join();
 }
 
 }  // namespace
