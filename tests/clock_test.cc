@@ -4,11 +4,14 @@
 #include <cpuid.h>
 #endif
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -378,6 +381,58 @@ TEST(FakeClockTest, BackwardJumpCallsNoObserver) {
   EXPECT_EQ(recorder.seen, (std::vector<absl::Time>{start - absl::Hours(1),
                                                     start - absl::Hours(1) + absl::Seconds(1)}));
   clock.RemoveObserver(&recorder);
+}
+
+// An observer's exception does not keep the move from the observers after it: the move
+// completes, every observer is told, and the first exception is rethrown once they were.
+// The clock is usable again afterwards (the mover is reset).
+TEST(FakeClockTest, AnObserversExceptionIsRethrownAfterEveryObserverWasTold) {
+  FakeClock clock;
+  CallbackObserver first, second, third;
+  first.on_move = [] { throw std::runtime_error("first"); };
+  second.on_move = [] { throw std::runtime_error("second"); };
+  for (CallbackObserver* o : {&first, &second, &third}) ASSERT_TRUE(clock.AddObserver(o));
+  const absl::Time start = clock.Now();
+  std::string what;
+  try {
+    clock.Advance(absl::Seconds(1));
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "first");
+  EXPECT_EQ(first.calls, 1);
+  EXPECT_EQ(second.calls, 1);
+  EXPECT_EQ(third.calls, 1);  // told despite the two before it throwing
+  EXPECT_EQ(clock.Now(), start + absl::Seconds(1));
+  first.on_move = nullptr;
+  second.on_move = nullptr;
+  clock.Advance(absl::Seconds(1));  // a later move from this thread is no "move from inside"
+  EXPECT_EQ(third.calls, 2);
+  for (CallbackObserver* o : {&first, &second, &third}) clock.RemoveObserver(o);
+}
+
+// From inside an observer, SleepUntil for a deadline the clock has reached returns at
+// once; for one still ahead it fails a check rather than block for ever.
+TEST(FakeClockDeathTest, SleepUntilFromAnObserverReturnsIfDueAndFailsLoudlyIfNot) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  {
+    FakeClock clock;
+    CallbackObserver observer;
+    observer.on_move = [&] { clock.SleepUntil(clock.Now()); };
+    ASSERT_TRUE(clock.AddObserver(&observer));
+    clock.Advance(absl::Seconds(1));
+    EXPECT_EQ(observer.calls, 1);
+    clock.RemoveObserver(&observer);
+  }
+  auto sleep_from_observer = [] {
+    alarm(10);  // a sleep that blocks instead of failing is killed, and fails the test
+    FakeClock clock;
+    CallbackObserver observer;
+    observer.on_move = [&] { clock.SleepUntil(clock.Now() + absl::Seconds(1)); };
+    clock.AddObserver(&observer);
+    clock.Advance(absl::Seconds(1));
+  };
+  EXPECT_DEATH(sleep_from_observer(), "FakeClock::SleepUntil called from inside one of its");
 }
 
 }  // namespace

@@ -381,6 +381,90 @@ TEST(TscTimelineTest, ACounterReadAheadOfTheParametersReadsTheBase) {
   EXPECT_EQ(timeline.Now(), base);
 }
 
+// The counter's rate changes by 0.5% (more than the 0.1% an invariant TSC and NTP allow):
+// not taken from one window, nor from two, but from three in a row that agree on it.
+TEST(TscTimelineTest, ANewRateIsTakenOnlyWhenThreeWindowsAgreeOnIt) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  Calibrate(time, timeline);
+  const double changed = kRate * 1.005;
+  for (int window = 1; window <= 3; ++window) {
+    time.Advance(kSec + 100 * kMs, changed);
+    timeline.Now();  // resyncs over a window at the changed rate
+    if (window < 3) {
+      EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9) << "taken after window " << window;
+    } else {
+      EXPECT_NEAR(timeline.NanosPerTick(), changed, 1e-6) << "not taken after three windows";
+    }
+  }
+}
+
+// A reader whose parameters are over two resync intervals old while another thread holds
+// the resync lock does not extrapolate them: it waits for the lock and resyncs.
+// Holds the resync lock as another thread's resync would, moves 3 s on and reads; the
+// lock is let go right after the reader's second counter read (once it retried), and
+// *released says whether the reader got that far. (The lock passes between the test and
+// the hook, which the thread-safety analysis cannot follow.)
+int64_t ReadWhileTheResyncLockIsHeld(FakeTime& time, FakeTimeline& timeline,
+                                     bool* released) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Mutex& mu = TscTimelinePeer::mu(timeline);
+  mu.Lock();
+  time.Advance(3 * kSec, kRate);
+  *released = false;
+  time.hook_after_reads = 1;  // after the reader's second counter read: it retried
+  time.after_next_read = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    *released = true;
+    mu.Unlock();  // the other thread's resync is over
+  };
+  const int64_t now = timeline.Now();
+  if (!*released) {
+    time.after_next_read = nullptr;
+    mu.Unlock();
+  }
+  return now;
+}
+
+TEST(TscTimelineTest, AReaderPastTwoIntervalsWaitsForTheResyncLock) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  Calibrate(time, timeline);
+  bool released = false;
+  const int64_t now = ReadWhileTheResyncLockIsHeld(time, timeline, &released);
+  EXPECT_TRUE(released) << "returned " << now << " without waiting for the resync";
+  EXPECT_NEAR(now, time.ns.load(), 2);  // resynced, back on the reference
+}
+
+// A counter that goes back while the timeline is ahead of the reference restarts the
+// timeline at the old base, not at the (earlier) reference: it does not step back past
+// the readings the old parameters gave at their base.
+TEST(TscTimelineTest, ACounterThatGoesBackWhileAheadRestartsAtTheOldBase) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  Calibrate(time, timeline);
+  time.ticks += 25'000'000;  // the counter jumps 10 ms ahead
+  time.Advance(kSec + kMs, kRate);
+  const int64_t ahead = timeline.Now();  // resyncs: 10 ms ahead, not stepped back
+  ASSERT_GE(ahead, time.ns.load() + 9 * kMs);
+  time.ticks -= 500'000'000;  // then 200 ms back
+  EXPECT_GE(timeline.Now(), ahead);
+}
+
+// The counter jumps ahead by less than step_ns: the resync slews the lead off, it does
+// not step the timeline back onto the reference (readings every 100 us, through a resync).
+TEST(TscTimelineTest, ASmallLeadIsSlewedOffNotSteppedBack) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time},
+                        {.calibrate_ns = 10 * kMs, .resync_ns = kSec, .step_ns = kMs});
+  int64_t last = Calibrate(time, timeline);
+  time.ticks += 1'250'000;            // 0.5 ms ahead
+  for (int i = 0; i < 15'000; ++i) {  // 1.5 s
+    time.Advance(100'000, kRate);
+    const int64_t now = timeline.Now();
+    ASSERT_GE(now, last) << "went back at step " << i;
+    last = now;
+  }
+}
+
 #if defined(__x86_64__)
 // The real counter, every read ordered after the loads before it (as the kernel reads it).
 struct OrderedSystemSource : SystemTimeSource {
