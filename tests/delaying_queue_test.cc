@@ -1133,5 +1133,53 @@ TEST_F(DelayingQueueClockTest, ARateLimitedAddWhoseLimiterThrowsStillArmsTheTime
   EXPECT_EQ(q.Len(), 2u);
 }
 
+// The heap keys of kwq/internal/time_key.h: a current time rounds down, a ready time up
+// (so an item is never ready before its time), both saturate, and the end of time is
+// never ready.
+TEST(TimeKeyTest, RoundsReadyTimesUpAndCurrentTimesDownAndSaturates) {
+  using internal::kNeverKey;
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  const absl::Time t = absl::FromUnixNanos(1'000);
+  const absl::Time fraction = t + absl::Nanoseconds(1) / 4;  // between two nanoseconds
+  EXPECT_EQ(internal::NowKey(t), 1'000);
+  EXPECT_EQ(internal::ReadyKey(t), 1'000);
+  EXPECT_EQ(internal::NowKey(fraction), 1'000);
+  EXPECT_EQ(internal::ReadyKey(fraction), 1'001);
+  EXPECT_EQ(internal::NowKey(absl::InfiniteFuture()), kNeverKey);
+  EXPECT_EQ(internal::ReadyKey(absl::InfiniteFuture()), kNeverKey);
+  EXPECT_EQ(internal::ReadyKey(absl::FromUnixSeconds(int64_t{1} << 40)), kNeverKey);  // > 2262
+  EXPECT_EQ(internal::NowKey(absl::InfinitePast()), kMin);
+  EXPECT_EQ(internal::ReadyKey(absl::InfinitePast()), kMin + 1);  // not due at INT64_MIN
+  EXPECT_EQ(internal::ReadyKey(absl::FromUnixSeconds(-(int64_t{1} << 40))), kMin + 1);
+  EXPECT_EQ(internal::TimeOfKey(kNeverKey), absl::InfiniteFuture());
+  EXPECT_EQ(internal::TimeOfKey(1'000), t);
+}
+
+TEST(TimeKeyTest, SpansRoundUpSaturateAndCompareAcrossTheWholeRange) {
+  using internal::AtLeastApart;
+  using internal::kNeverSpan;
+  using internal::SpanNanos;
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(SpanNanos(absl::ZeroDuration()), 0u);
+  EXPECT_EQ(SpanNanos(-absl::Seconds(1)), 0u);
+  EXPECT_EQ(SpanNanos(absl::Nanoseconds(1) / 4), 1u);  // rounds up
+  EXPECT_EQ(SpanNanos(absl::Seconds(3) + absl::Nanoseconds(7)), 3'000'000'007u);
+  EXPECT_EQ(SpanNanos(absl::Seconds(2) + absl::Nanoseconds(1) / 2), 2'000'000'001u);
+  EXPECT_EQ(SpanNanos(absl::InfiniteDuration()), kNeverSpan);
+  // 2^64 ns is 18,446,744,073.709551616 s: the last span below it, and just past it.
+  EXPECT_EQ(SpanNanos(absl::Seconds(18'446'744'073) + absl::Nanoseconds(709'551'614)),
+            kNeverSpan - 1);
+  EXPECT_EQ(SpanNanos(absl::Seconds(18'446'744'073) + absl::Nanoseconds(800'000'000)), kNeverSpan);
+  EXPECT_EQ(SpanNanos(absl::Seconds(18'446'744'074)), kNeverSpan);
+  EXPECT_EQ(SpanNanos(absl::Seconds(int64_t{1} << 40)), kNeverSpan);
+  EXPECT_TRUE(AtLeastApart(100, 150, 50));
+  EXPECT_FALSE(AtLeastApart(100, 149, 50));
+  EXPECT_FALSE(AtLeastApart(150, 100, 0));  // later before earlier
+  EXPECT_TRUE(AtLeastApart(100, 100, 0));
+  EXPECT_TRUE(AtLeastApart(kMin, kMax, kNeverSpan - 1));  // the whole range, no overflow
+  EXPECT_FALSE(AtLeastApart(kMin, kMax, kNeverSpan));     // never
+}
+
 }  // namespace
 }  // namespace kwq

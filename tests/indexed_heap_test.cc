@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <map>
+#include <new>
 #include <random>
 #include <set>
 #include <tuple>
@@ -145,6 +146,41 @@ TEST(IndexedHeapTest, ForEachWithTopKeyVisitsExactlyTheTopKeysEntries) {
   for (uint32_t id : top) EXPECT_EQ(heap.Before(id, first), false) << id;
   heap.Push(1000, -1);
   EXPECT_TRUE(heap.Before(1000, first));
+}
+
+// A realloc that always fails: a PodVector growth under it throws std::bad_alloc.
+void* FailingRealloc(void*, size_t) { return nullptr; }
+
+// Reserve(ids) makes room for every id below `ids`, ReserveOneMore(ids) for one more entry
+// of an id below `ids`: the pushes after them allocate nothing (so cannot fail).
+TEST(IndexedHeapTest, ReservedRoomTakesPushesWithoutAllocating) {
+  IndexedHeap heap;
+  heap.Reserve(40);
+  auto* const saved = pod_vector_realloc;
+  bool threw = false;
+  pod_vector_realloc = &FailingRealloc;
+  try {
+    for (uint32_t i = 0; i < 40; ++i) heap.Push(39 - i, i % 3);
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  pod_vector_realloc = saved;
+  ASSERT_FALSE(threw) << "a push after Reserve allocated";
+  ASSERT_EQ(heap.size(), 40u);
+  for (uint32_t extra = 0; extra < 3; ++extra) {  // each one more, past the reserved ids
+    heap.ReserveOneMore(45 + extra);
+    pod_vector_realloc = &FailingRealloc;
+    try {
+      heap.Push(44 + extra, -1);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    pod_vector_realloc = saved;
+    ASSERT_FALSE(threw) << "a push after ReserveOneMore allocated";
+  }
+  EXPECT_EQ(heap.size(), 43u);
+  EXPECT_EQ(heap.TopId(), 44u);
+  EXPECT_EQ(heap.TopKey(), -1);
 }
 
 }  // namespace

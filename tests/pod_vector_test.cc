@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -97,6 +98,76 @@ TEST(PodVectorTest, CopiesAndMoves) {
   uint64_t sum = 0;
   for (uint32_t x : a) sum += x;
   EXPECT_EQ(sum, 999u * 1000u / 2 + 42u);
+}
+
+// A realloc that fails: a growth throws std::bad_alloc and leaves the vector as it was.
+void* FailingRealloc(void*, size_t) { return nullptr; }
+// A realloc that records the largest size asked of it.
+size_t g_largest_realloc = 0;
+void* RecordingRealloc(void* old, size_t n) {
+  g_largest_realloc = std::max(g_largest_realloc, n);
+  return std::realloc(old, n);
+}
+
+TEST(PodVectorTest, AFailedGrowthThrowsAndKeepsTheElements) {
+  PodVector<uint32_t> v;
+  for (uint32_t i = 0; i < 16; ++i) v.push_back(i);  // full: 16 is the least capacity
+  auto* const saved = pod_vector_realloc;
+  pod_vector_realloc = &FailingRealloc;
+  bool push_threw = false, resize_threw = false;
+  try {
+    v.push_back(99);
+  } catch (const std::bad_alloc&) {
+    push_threw = true;
+  }
+  try {
+    v.resize(1000, 7);
+  } catch (const std::bad_alloc&) {
+    resize_threw = true;
+  }
+  pod_vector_realloc = saved;
+  EXPECT_TRUE(push_threw);
+  EXPECT_TRUE(resize_threw);
+  ASSERT_EQ(v.size(), 16u);
+  for (uint32_t i = 0; i < 16; ++i) EXPECT_EQ(v[i], i);
+  v.push_back(16);  // usable after the failures
+  EXPECT_EQ(v[16], 16u);
+}
+
+// resize to one past the capacity grows the block to hold it.
+TEST(PodVectorTest, ResizeOnePastTheCapacityGrows) {
+  PodVector<uint64_t> v;
+  v.Reserve(16);  // exactly 16: the least capacity
+  v.resize(16, 1);
+  auto* const saved = pod_vector_realloc;
+  g_largest_realloc = 0;
+  pod_vector_realloc = &RecordingRealloc;
+  v.resize(17, 2);
+  pod_vector_realloc = saved;
+  EXPECT_GE(g_largest_realloc, 17 * sizeof(uint64_t));
+  ASSERT_EQ(v.size(), 17u);
+  EXPECT_EQ(v[15], 1u);
+  EXPECT_EQ(v[16], 2u);
+}
+
+// A vector moved from, by construction or assignment, is empty (and usable).
+TEST(PodVectorTest, AMovedFromVectorIsEmpty) {
+  PodVector<uint32_t> a;
+  for (uint32_t i = 0; i < 100; ++i) a.push_back(i);
+  PodVector<uint32_t> b;
+  b.push_back(5);
+  b = std::move(a);
+  EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_EQ(a.begin(), a.end());
+  ASSERT_EQ(b.size(), 100u);
+  EXPECT_EQ(b[99], 99u);
+  PodVector<uint32_t> c(std::move(b));
+  EXPECT_TRUE(b.empty());  // NOLINT(bugprone-use-after-move)
+  ASSERT_EQ(c.size(), 100u);
+  a.push_back(3);
+  EXPECT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0], 3u);
 }
 
 }  // namespace

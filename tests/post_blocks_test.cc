@@ -120,6 +120,32 @@ TEST(PostBlocksTest, AllocationsAfterTheThreadsCacheIsGoneAreNotCached) {
   EXPECT_EQ(cached_after, 0);
 }
 
+// With the depot full, a thread that fills a batch keeps it as its spare and frees the
+// older one: its next allocations are the blocks it freed last.
+TEST(PostBlocksTest, WithTheDepotFullAThreadKeepsItsNewestBatch) {
+  OnNewThread([] {
+    constexpr int kBlocks = (PostBlocks::kMaxDepotBatches + 6) * kBatch;
+    std::vector<void*> blocks;
+    for (int i = 0; i < kBlocks; ++i) blocks.push_back(PostBlocks::Allocate());
+    for (void* b : blocks) PostBlocks::Free(b);  // fills the depot, frees the rest
+    EXPECT_EQ(PostBlocks::CachedOnThisThread(), kBatch);
+    absl::flat_hash_set<uintptr_t> newest;
+    for (int i = kBlocks - kBatch; i < kBlocks; ++i) {
+      newest.insert(reinterpret_cast<uintptr_t>(blocks[i]));
+    }
+    std::vector<void*> got;
+    for (int i = 0; i < kBatch; ++i) got.push_back(PostBlocks::Allocate());
+    int from_newest = 0;
+    for (void* b : got) from_newest += newest.erase(reinterpret_cast<uintptr_t>(b));
+    EXPECT_EQ(from_newest, kBatch);
+    // Leave the depot empty for the other tests: its blocks go to operator delete.
+    for (void* b : got) ::operator delete(b);
+    for (int i = 0; i < PostBlocks::kMaxDepotBatches * kBatch; ++i) {
+      ::operator delete(PostBlocks::Allocate());
+    }
+  });
+}
+
 #if defined(__SANITIZE_ADDRESS__)
 #define KWQ_TEST_ASAN 1
 #elif defined(__has_feature)

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -86,6 +87,34 @@ TEST(PrefaultTest, AGrowthReserveMapsItsBlockWhenTakenNotWhenSetAside) {
   ::operator delete(block);
   if (!PrefaultSupported()) GTEST_SKIP() << "the kernel has no MADV_POPULATE_WRITE";
   EXPECT_GE(taken - set_aside, kBytes * 3 / 4) << "the block was not mapped when taken";
+}
+
+// A GrowthReserve hands out only a block of the size set aside, once; Ensure with another
+// size replaces the block; a ReservingAllocator takes it only for that many bytes.
+TEST(PrefaultTest, AGrowthReserveHandsOutItsBlockOnlyForItsSize) {
+  GrowthReserve reserve;
+  EXPECT_EQ(reserve.Take(64), nullptr);
+  reserve.Ensure(64);
+  EXPECT_TRUE(reserve.holds_block());
+  EXPECT_EQ(reserve.Take(128), nullptr);  // another size: not this block
+  EXPECT_TRUE(reserve.holds_block());
+  reserve.Ensure(128);  // a block of the new size replaces it
+  EXPECT_EQ(reserve.Take(64), nullptr);
+  void* block = reserve.Take(128);
+  ASSERT_NE(block, nullptr);
+  EXPECT_FALSE(reserve.holds_block());
+  EXPECT_EQ(reserve.Take(128), nullptr);  // taken once
+  ::operator delete(block);
+
+  reserve.Ensure(10 * sizeof(uint64_t));
+  ReservingAllocator<uint64_t> alloc(&reserve);
+  uint64_t* other = alloc.allocate(3);  // another size: an ordinary allocation
+  EXPECT_TRUE(reserve.holds_block());
+  uint64_t* taken = alloc.allocate(10);  // 80 bytes: the reserve's block
+  EXPECT_FALSE(reserve.holds_block());
+  EXPECT_NE(taken, other);
+  alloc.deallocate(other, 3);
+  alloc.deallocate(taken, 10);
 }
 
 }  // namespace

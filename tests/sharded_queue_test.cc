@@ -1316,5 +1316,36 @@ TEST(ShardedQueueTest, MixedStressWithCancelsTheftsAndBatches) {
   EXPECT_EQ(q->Len(), 0u);
 }
 
+// ParkList::TakeOne takes the one parked last among those whose home is another shard,
+// else the one parked last (of the shard itself), and marks it taken and kicked for the
+// shard; nullopt when none is parked.
+TEST(ParkListTest, TakeOnePrefersAnotherShardsWorkerElseTheLastParked) {
+  internal::ParkList list;
+  internal::ParkList::Entry a(/*home_shard=*/1, /*on_list_cv=*/false);
+  internal::ParkList::Entry b(1, false);
+  internal::ParkList::Entry c(2, true);
+  list.Park(&a);
+  list.Park(&b);
+  auto taken = list.TakeOne(1);  // only shard 1's own: the one parked last
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->home, 1u);
+  EXPECT_TRUE(b.taken.load());
+  EXPECT_TRUE(b.kicked.load());
+  EXPECT_FALSE(a.taken.load());
+  EXPECT_EQ(list.count(), 1);
+  list.Park(&c);
+  taken = list.TakeOne(1);  // c's home is another shard: preferred though a is older
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->home, 2u);
+  EXPECT_TRUE(taken->on_cv);
+  EXPECT_TRUE(c.taken.load());
+  EXPECT_EQ(c.kicked_for.load(), 1u);
+  EXPECT_EQ(list.count(), 1);
+  list.Unpark(&a);
+  EXPECT_EQ(list.count(), 0);
+  EXPECT_FALSE(list.TakeOne(1).has_value());
+  EXPECT_FALSE(a.taken.load());
+}
+
 }  // namespace
 }  // namespace kwq

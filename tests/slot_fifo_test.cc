@@ -1,10 +1,24 @@
 #include "kwq/internal/slot_fifo.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <deque>
+#include <new>
 #include <random>
 
 #include "gtest/gtest.h"
+
+// Counts array allocations (SlotFifo's buffer is a new[]), to check that reserved room
+// is used without allocating. Replaces the global operator new[] for this binary only.
+static std::atomic<int> g_array_news{0};  // atomic: gtest may allocate on its threads
+void* operator new[](std::size_t n) {
+  ++g_array_news;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace kwq::internal {
 namespace {
@@ -82,6 +96,53 @@ TEST(SlotFifoTest, MatchesADequeUnderRandomOperations) {
     for (size_t i = 0; i < copied; ++i) ASSERT_EQ(front[i], model[i]) << "op " << op;
   }
   EXPECT_EQ(Drain(fifo), model);
+}
+
+// Reserve(n) makes room for n more push_backs, ReserveFor(n) for any n distinct slots in
+// all: after them, the pushes do not allocate. Singles (no two consecutive) use a word
+// each, the most a slot can take.
+TEST(SlotFifoTest, ReservedRoomTakesPushesWithoutAllocating) {
+  for (size_t n : {1u, 15u, 16u, 17u, 33u, 40u, 100u}) {
+    SlotFifo fifo;
+    fifo.Reserve(n);
+    int before = g_array_news.load();
+    for (uint32_t i = 0; i < n; ++i) fifo.push_back(2 * i);
+    EXPECT_EQ(g_array_news.load(), before) << "Reserve(" << n << ")";
+    // Full to the reserved size: ReserveFor(2n) in all from here.
+    fifo.ReserveFor(2 * n);
+    before = g_array_news.load();
+    for (uint32_t i = 0; i < n; ++i) fifo.push_back(1000 + 2 * i);
+    EXPECT_EQ(g_array_news.load(), before) << "ReserveFor(" << 2 * n << ")";
+    SlotFifo fresh;
+    fresh.ReserveFor(n);
+    before = g_array_news.load();
+    for (uint32_t i = 0; i < n; ++i) fresh.push_back(2 * i);
+    EXPECT_EQ(g_array_news.load(), before) << "fresh ReserveFor(" << n << ")";
+    EXPECT_EQ(fifo.size(), 2 * n);
+    EXPECT_EQ(fresh.size(), n);
+    EXPECT_EQ(Drain(fresh).back(), 2 * (n - 1));
+  }
+}
+
+// ReleaseIfEmpty frees a large buffer only once the FIFO is empty: a FIFO that still holds
+// slots keeps them.
+TEST(SlotFifoTest, ReleaseIfEmptyKeepsAHoldingFifo) {
+  SlotFifo fifo;
+  std::deque<uint32_t> model;
+  for (uint32_t i = 0; i < 3 * SlotFifo::kKeepWords; ++i) {
+    fifo.push_back(2 * i);  // singles: a word each
+    model.push_back(2 * i);
+  }
+  for (int i = 0; i < 5; ++i) {
+    fifo.pop_front();
+    model.pop_front();
+  }
+  fifo.ReleaseIfEmpty();  // not empty: nothing happens
+  EXPECT_EQ(Drain(fifo), model);
+  fifo.ReleaseIfEmpty();  // empty: freed, and usable again
+  fifo.push_back(4);
+  fifo.push_back(5);
+  EXPECT_EQ(Drain(fifo), (std::deque<uint32_t>{4, 5}));
 }
 
 }  // namespace
