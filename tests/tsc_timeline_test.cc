@@ -381,6 +381,22 @@ TEST(TscTimelineTest, ACounterReadAheadOfTheParametersReadsTheBase) {
   EXPECT_EQ(timeline.Now(), base);
 }
 
+// A resync takes the narrowest of its tries at a (counter, reference) pair: a try whose
+// reader was preempted between its reads (here for 300 us, counter and reference moving
+// on together) would put the pair 150 us off, and the timeline, steered onto it, 150 us
+// behind the reference by the next resync.
+TEST(TscTimelineTest, AResyncTakesItsNarrowestPair) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = kSec});
+  const int64_t last = Calibrate(time, timeline);
+  time.Advance(kSec, kRate);
+  time.hook_after_reads = 1;  // after the resync's first reference read (Now read the counter)
+  time.after_next_read = [&] { time.Advance(300'000, kRate); };
+  const Walk walk = WalkMs(time, timeline, last, 900, kRate, /*settled_from=*/800);
+  EXPECT_EQ(time.after_next_read, nullptr) << "the resync read no pair";
+  EXPECT_LT(walk.worst_settled, 10'000) << "steered onto a pair off by half a preemption";
+}
+
 // The counter's rate changes by 0.5% (more than the 0.1% an invariant TSC and NTP allow):
 // not taken from one window, nor from two, but from three in a row that agree on it.
 TEST(TscTimelineTest, ANewRateIsTakenOnlyWhenThreeWindowsAgreeOnIt) {
