@@ -484,6 +484,28 @@ TEST_F(WorkqueueEdgeTest, FlushAllAndFreezeAreSignalledByTheInstancesTheyWaitFor
   wq->Flush();
 }
 
+// A Flush() listed while the counter of the instance it waits for is between finding no
+// waiter and counting is woken by that count, not by its poll: finding no waiter and
+// counting are one compare-and-swap, which fails once a waiter has set the bucket's bit.
+// The counter used to read a waiter count and then count with a plain increment, so a
+// flush listed in between slept to its next poll (1 ms).
+TEST_F(WorkqueueEdgeTest, AFlushListedWhileItsInstanceIsBeingCountedIsSignalled) {
+  auto wq = Make({.flags = kUnbound});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  PausePoints hooks;
+  PausePoints::Pause& counting = hooks.Arm(HookPoint::kInstanceGoneWillCount, core);
+  Work work([] {});
+  ASSERT_TRUE(wq->Queue(&work));
+  ASSERT_TRUE(counting.WaitPaused());  // ran; found no waiter and is about to count
+  std::thread flusher([&] { wq->Flush(); });
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFlushAllWaits, core));
+  counting.Resume();
+  flusher.join();
+  EXPECT_GE(hooks.Seen(HookPoint::kWaitSignalled, core), 1)
+      << "the flush missed the count and slept to its poll";
+  EXPECT_GE(hooks.Seen(HookPoint::kInstanceGoneWillLock, core), 1);
+}
+
 // Create refuses kOrdered with any max_active above 1 (the header's promise), not only
 // far above it; 0 (the default) and 1 are accepted and run with max_active 1.
 TEST_F(WorkqueueEdgeTest, OrderedRefusesMaxActiveTwo) {

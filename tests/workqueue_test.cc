@@ -2295,42 +2295,52 @@ TEST_F(WorkqueueTest, OverlappingDrainsRefuseOutsidersUntilTheLastEnds) {
 }
 
 // ~Workqueue must not return while the worker that counted the last instance gone is
-// still signalling cv_ and unlocking mu_ under the workqueue's lock (the memory goes
-// next). Here that worker saw a waiter (the destructor's flush of an older color), was
-// overtaken by that flush ending and then counted its own instance, of a newer color,
-// which the destructor's drain saw without taking mu_.
+// still signalling and unlocking mu_ under the workqueue's lock (the memory goes next).
+// A counter takes mu_ when a waiter is listed for its instance's flush color: here a work
+// flushing another work (a waiter for every color) made the counter of a newer color's
+// instance take that path; the destructor's flush of the older color then ended, the
+// instance was counted under mu_, and the drain saw nothing queued without taking mu_.
 TEST(WorkqueueHooksTest, DestroyWaitsForTheWorkerSignallingTheLastInstance) {
-  // Two per-CPU pools, so the two workers below hold different pool locks (the counting
+  // Three per-CPU pools, so the workers below hold different pool locks (the counting
   // worker holds its own across the hooks).
   auto runtime = *WorkqueueRuntime::Create(
-      {.topology = *Topology::FromSynthetic("pack:1 core:2 pu:1"), .bind_workers = false});
+      {.topology = *Topology::FromSynthetic("pack:1 core:3 pu:1"), .bind_workers = false});
   const int cpu0 = runtime->topology().cpus()[0].cpu;
   const int cpu1 = runtime->topology().cpus()[1].cpu;
+  const int cpu2 = runtime->topology().cpus()[2].cpu;
   auto wq = *Workqueue::Create({.name = "destroy", .runtime = runtime.get()});
   Workqueue* q = wq.get();
   internal::WorkqueueCore* core = WorkAccess::core(q);
-  Gate chain, finish;
-  Work last([] {});
+  PausePoints hooks;
+  Gate chain, release_other;
+  Work other([&] { release_other.Wait(); });
+  Work last([&] {  // finishes once `first` waits in its Flush of `other` (bounded)
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (hooks.Seen(HookPoint::kFlushWorkWaits, &other) == 0 &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+  });
   Work first([&] {
     chain.Wait();
     EXPECT_TRUE(q->QueueOn(cpu1, &last));  // chained while draining: the newer color
-    finish.Wait();
+    EXPECT_TRUE(q->Flush(&other));         // a waiter for every color meanwhile
   });
-  PausePoints hooks;
   PausePoints::Pause& will_lock = hooks.Arm(HookPoint::kInstanceGoneWillLock, core);
   PausePoints::Pause& flushed = hooks.Arm(HookPoint::kDrainFlushed, core);
+  ASSERT_TRUE(q->QueueOn(cpu2, &other));
   ASSERT_TRUE(q->QueueOn(cpu0, &first));
   std::atomic<bool> destroyed{false};
   std::thread destroyer([&] {
     wq.reset();
     destroyed = true;
   });
-  // The drain's flush took the next color and waits for `first`'s.
+  // The drain's flush took the next color and waits for `first`'s and `other`'s.
   ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFlushAllWaits, core));
   chain.Open();
-  ASSERT_TRUE(will_lock.WaitPaused());  // `last` ran; its worker saw the flusher waiting
-  finish.Open();
-  ASSERT_TRUE(flushed.WaitPaused());  // `first` is gone: the flush ended, nobody waits
+  ASSERT_TRUE(will_lock.WaitPaused());  // `last` ran; its counter saw `first` waiting
+  release_other.Open();
+  ASSERT_TRUE(flushed.WaitPaused());  // `other` and `first` are gone: the flush ended
   PausePoints::Pause& counted = hooks.Arm(HookPoint::kInstanceGoneCounted, core);
   will_lock.Resume();
   ASSERT_TRUE(counted.WaitPaused());  // the last instance counted, mu_ held

@@ -424,7 +424,8 @@ class WorkqueueCore {
   // waiters an instance concerns. (With one condition variable for all, every completion
   // woke every waiter, and each took mu_ again to find it was not its own: 32 threads
   // flushing their own works on one workqueue made each work cost 250 us instead of 20.)
-  // The waits still poll every kPollPeriod (workqueue.cc), as they did.
+  // The waits still poll every kPollPeriod (workqueue.cc): a wait may depend on another
+  // workqueue's completions, which signal only their own waiters.
   // Listed on `core` from construction to destruction, both under core->mu_ (the
   // destructor also runs when a wait throws, so no freed waiter stays listed).
   class CompletionWaiter {
@@ -462,17 +463,29 @@ class WorkqueueCore {
   // by workers) are separate counters on separate cache lines; a bucket is empty when
   // they are equal. pending = sum(queued) - sum(gone): the works pending (not on a
   // timer) or running.
+  // A gone word counts in steps of kGoneStep; its low bit, kWaitedOn, says that a waiter
+  // listed under mu_ may wait for this bucket. InstanceGone counts with one
+  // compare-and-swap that fails when the bit is set (then it counts under mu_ and
+  // signals), so checking for waiters and counting are one atomic step: a waiter listed
+  // after the check would otherwise miss the count and sleep to its next poll. The same
+  // read-modify-write orders the worker's earlier stores (running_pool, done_seq, the
+  // active slot) before a waiter's setting of the bit, which a plain load could not do.
   static constexpr int kColorBuckets = 4;
+  static constexpr uint64_t kWaitedOn = 1;
+  static constexpr uint64_t kGoneStep = 2;
+  static uint64_t GoneCount(uint64_t word) { return word / kGoneStep; }
   std::atomic<uint64_t> color_{0};
   alignas(64) std::atomic<uint64_t> color_queued_[kColorBuckets] = {};
   alignas(64) std::atomic<uint64_t> color_gone_[kColorBuckets] = {};
   int64_t Queued() const;
-  std::atomic<int> waiters_{0};  // waiters listed (read without mu_ by InstanceGone)
 
   // Held by a flusher for its whole flush (FlushAll), across its waits.
   Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;  // guards the waits for completions (flushers, drainers, freezers, CancelSync)
   CompletionWaiter* completion_waiters_ ABSL_GUARDED_BY(mu_) = nullptr;  // a list
+  // Per bucket, the listed waiters it concerns; the bucket's kWaitedOn bit is set while
+  // this is above zero.
+  int waiters_on_[kColorBuckets] ABSL_GUARDED_BY(mu_) = {};
   // Drains in progress (a count: when one of two concurrent drains ends, the other still
   // refuses outside queueing, as the kernel's nr_drainers does).
   std::atomic<int> draining_{0};

@@ -65,8 +65,13 @@ enum class HookPoint : uint8_t {
   // Drain finished a flush and is about to check whether anything is still queued (and
   // leave, ending its count in draining_, when nothing is). Subject: the WorkqueueCore.
   kDrainFlushed,
-  // An instance left the workqueue while someone waited (waiters_ > 0): its counter is
-  // about to take the workqueue's mu_. Subject: the WorkqueueCore.
+  // An instance left the workqueue and its counter found no waiter listed for its flush
+  // color's bucket (kWaitedOn clear): it is about to count the instance gone with a
+  // compare-and-swap, which fails if a waiter was listed meanwhile (then it reads the
+  // word again). Subject: the WorkqueueCore. Per item.
+  kInstanceGoneWillCount,
+  // An instance left the workqueue while a waiter was listed for its bucket (kWaitedOn
+  // set): its counter is about to take the workqueue's mu_. Subject: the WorkqueueCore.
   kInstanceGoneWillLock,
   // The same counter counted the instance gone under the workqueue's mu_ and is about to
   // signal the waiters it concerns and unlock mu_. Holds mu_ (and, from a worker, its pool's lock).

@@ -347,21 +347,29 @@ void WorkqueueCore::ActivateWaiting(int node) {
 }
 
 void WorkqueueCore::InstanceGone(uint64_t color, const Work* w) {
-  // The color_gone_ increment is the last touch of this object: a drain waiting for
-  // nothing to be queued may destroy it right after. With a waiter, count and signal
-  // under mu_ (the waiter re-checks under mu_); without one, a later waiter polls.
+  // The count is the last touch of this object: a drain waiting for nothing to be queued
+  // may destroy it right after. Without a waiter, one compare-and-swap that fails if a
+  // waiter sets kWaitedOn meanwhile (see color_gone_); with one, count and signal under
+  // mu_ (the waiter re-checks under mu_, and ~Workqueue takes mu_ before the memory goes).
   const int bucket = static_cast<int>(color % kColorBuckets);
-  if (waiters_.load(std::memory_order_seq_cst) > 0) {
-    TestHook(HookPoint::kInstanceGoneWillLock, this);
-    MutexLock lock(&mu_);
-    color_gone_[bucket].fetch_add(1, std::memory_order_acq_rel);
-    TestHook(HookPoint::kInstanceGoneCounted, this);
-    for (CompletionWaiter* x = completion_waiters_; x != nullptr; x = x->next_) {
-      if (x->any_ || x->bucket_ == bucket || (w != nullptr && x->work_ == w)) x->cv_.Signal();
+  std::atomic<uint64_t>& gone = color_gone_[bucket];
+  uint64_t word = gone.load(std::memory_order_relaxed);
+  while ((word & kWaitedOn) == 0) {
+    TestHook(HookPoint::kInstanceGoneWillCount, this);
+    // Release: a waiter whose setting of kWaitedOn reads this count (or a later one) sees
+    // what the caller stored before (the work's running state, its active slot).
+    if (gone.compare_exchange_weak(word, word + kGoneStep, std::memory_order_acq_rel,
+                                   std::memory_order_relaxed)) {
+      return;
     }
-    return;
   }
-  color_gone_[bucket].fetch_add(1, std::memory_order_acq_rel);
+  TestHook(HookPoint::kInstanceGoneWillLock, this);
+  MutexLock lock(&mu_);
+  gone.fetch_add(kGoneStep, std::memory_order_acq_rel);
+  TestHook(HookPoint::kInstanceGoneCounted, this);
+  for (CompletionWaiter* x = completion_waiters_; x != nullptr; x = x->next_) {
+    if (x->any_ || x->bucket_ == bucket || (w != nullptr && x->work_ == w)) x->cv_.Signal();
+  }
 }
 
 WorkqueueCore::CompletionWaiter::CompletionWaiter(WorkqueueCore* core, const Work* work, int bucket,
@@ -370,12 +378,24 @@ WorkqueueCore::CompletionWaiter::CompletionWaiter(WorkqueueCore* core, const Wor
   next_ = core->completion_waiters_;
   if (next_ != nullptr) next_->prev_ = this;
   core->completion_waiters_ = this;
-  core->waiters_.fetch_add(1, std::memory_order_seq_cst);
+  // Every bucket but a flush's own: a work's instance may be of any color. Set before the
+  // caller checks its condition: a counter that finds the bit clear counted before it was
+  // set, and its release is then seen by this read-modify-write (see color_gone_).
+  for (int b = 0; b < kColorBuckets; ++b) {
+    if (bucket_ >= 0 && b != bucket_) continue;
+    ++core->waiters_on_[b];
+    core->color_gone_[b].fetch_or(kWaitedOn, std::memory_order_acq_rel);
+  }
 }
 
 WorkqueueCore::CompletionWaiter::~CompletionWaiter() {
   core_->mu_.AssertHeld();  // the waits hold it across their whole scope
-  core_->waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  for (int b = 0; b < kColorBuckets; ++b) {
+    if (bucket_ >= 0 && b != bucket_) continue;
+    if (--core_->waiters_on_[b] == 0) {
+      core_->color_gone_[b].fetch_and(~kWaitedOn, std::memory_order_relaxed);
+    }
+  }
   if (prev_ != nullptr) {
     prev_->next_ = next_;
   } else {
@@ -390,7 +410,7 @@ int64_t WorkqueueCore::Queued() const {
   int64_t n = 0;
   for (int b = 0; b < kColorBuckets; ++b) {
     // Gone first: an instance is counted queued before it can be counted gone.
-    const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
+    const uint64_t gone = GoneCount(color_gone_[b].load(std::memory_order_acquire));
     n += static_cast<int64_t>(color_queued_[b].load(std::memory_order_acquire) - gone);
   }
   return n;
@@ -562,7 +582,7 @@ void WorkqueueCore::FlushAll() {
   // read the old color before the bump may still add to it, and a snapshot of `queued`
   // could then be matched by that newer work finishing before an older one.
   for (;;) {
-    const uint64_t gone = color_gone_[b].load(std::memory_order_acquire);
+    const uint64_t gone = GoneCount(color_gone_[b].load(std::memory_order_acquire));
     if (gone >= color_queued_[b].load(std::memory_order_seq_cst)) break;
     TestHook(HookPoint::kFlushAllWaits, this);
     if (me.Wait(&mu_)) TestHook(HookPoint::kWaitSignalled, this);
