@@ -22,6 +22,7 @@
 #include "testing/eventually.h"
 #include "testing/fragile_key.h"
 #include "testing/late_timer.h"
+#include "testing/pause_points.h"
 #include "testing/queue_peer.h"
 #include "testing/recording_metrics.h"
 
@@ -606,6 +607,39 @@ TEST_F(DelayingQueueTest, FiringWithAGetAsleepArmsTheNextReadyTimeExactly) {
   EXPECT_GT(won, 0) << "this thread never took the item the firing made ready";
   q_.ShutDown();
   worker.join();
+}
+
+// A Get going to sleep on the timer (its promote step found it armed by the next ready
+// time) whose timer fires before the Get is counted asleep: the firing sees no Get asleep
+// and re-arms the timer coalesced, 50 us past "b"'s ready time. The Get, counted asleep,
+// re-arms it exactly (in the same hold of the lock); it used to sleep on, and on this
+// FakeClock, stopped at "b"'s ready time, it never woke.
+TEST_F(DelayingQueueTest, AGetCountedAsleepAfterAFiringRearmsTheExactReadyTime) {
+  q_.AddAfter("a", absl::Seconds(1));  // the timer: at 1 s
+  q_.AddAfter("b", absl::Seconds(1) + absl::Microseconds(10));
+  q_.Add("a");  // ready now: its waiting entry goes, and the timer stays at 1 s
+  EXPECT_EQ(Ready(), (std::vector<std::string>{"a"}));
+  testing::PausePoints hooks;
+  testing::PausePoints::Pause& will_wait =
+      hooks.Arm(internal::HookPoint::kGetWillWait, &internal::QueuePeer::Core(q_));
+  std::promise<std::string> got;
+  std::thread worker([&] {
+    auto lease = q_.Get();
+    got.set_value(lease ? lease->item() : "");
+  });
+  ASSERT_TRUE(will_wait.WaitPaused());  // nothing due: it relies on the timer at 1 s
+  clock_.Advance(absl::Seconds(1));     // fires with no Get asleep: re-armed coalesced
+  will_wait.Resume();
+  EXPECT_TRUE(testing::Eventually([&] { return internal::QueuePeer::Sleepers(q_) > 0; }));
+  clock_.Advance(absl::Microseconds(10));  // "b"'s ready time, not 50 us past it
+  std::future<std::string> result = got.get_future();
+  const bool woken = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!woken) q_.ShutDown();
+  worker.join();
+  EXPECT_TRUE(woken) << "the Get slept past b's ready time";
+  if (woken) {
+    EXPECT_EQ(result.get(), "b");
+  }
 }
 
 // A quiet window left from before the clock moved back does not hold the timer: items

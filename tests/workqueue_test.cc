@@ -1937,7 +1937,7 @@ TEST_F(FakeTimeWorkqueueTest, RescuerRunsMemReclaimWorkWhenThreadsCannotBeCreate
   fail_spawn_ = false;
 }
 
-// ---- races pinned with the implementation's test hooks (src/workqueue/test_hooks.h) ----
+// ---- races pinned with the implementation's test hooks (include/kwq/internal/test_hooks.h) ----
 // Each window below is a few instructions wide: the test stops one thread inside it at a
 // named hook point and runs the other side through it.
 

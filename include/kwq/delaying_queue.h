@@ -353,7 +353,27 @@ class DelayingQueue {
                  ToKey(clock_->Now()) >= next_hint_.load(std::memory_order_acquire) &&
                  PromoteBatch(/*about_to_wait=*/false, /*try_lock=*/true);
         },
-        [this](bool about_to_wait) { return PromoteDue(about_to_wait, !about_to_wait); });
+        [this](bool about_to_wait) { return PromoteDue(about_to_wait, !about_to_wait); },
+        /*stop=*/nullptr,
+        [this] {
+          queue_.mu_.AssertHeld();  // WaitForReady holds it
+          return TimerWakesSleeperLocked();
+        });
+  }
+
+  // For a Get about to sleep, in the hold of the lock in which it is counted asleep:
+  // whether the timer fires by the next ready time. Its promote step armed it so (or saw
+  // it so), but a firing that took the lock in between, with the Get not yet counted in
+  // waiters_, re-armed it coalesced, up to kCoalesce later (on a FakeClock that stops at
+  // the ready time: never). False sends the Get back to its promote step, which moves
+  // what is due and arms the timer exactly. True also while promotions starve for memory
+  // (the timer is then meant to be later: NotWhileStarvedLocked). Reads no clock and
+  // allocates nothing.
+  bool TimerWakesSleeperLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_.mu_) {
+    if (stopping_ || heap().empty() || heap().TopKey() == kNever || queue_.promote_starved_) {
+      return true;
+    }
+    return timer_ != 0 && armed_for_ <= heap().TopKey();
   }
 
   // Ready times as ns since the Unix epoch (kwq/internal/time_key.h: ready times round

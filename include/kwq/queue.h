@@ -84,6 +84,7 @@
 #include "kwq/internal/slot_fifo.h"
 #include "kwq/internal/slot_ring.h"
 #include "kwq/internal/spin.h"
+#include "kwq/internal/test_hooks.h"
 #include "kwq/metrics.h"
 #include "kwq/timer.h"
 
@@ -472,9 +473,15 @@ class Queue {
   // With `stop` (may be null; ShardedQueue's kick) it also returns nullopt, instead of
   // sleeping, once *stop is true and nothing is ready; whoever sets it then calls
   // WakeAllSleepers.
-  template <typename Due, typename Promote>
-  std::optional<Lease> GetPromoting(const Context* ctx, Due due, Promote promote,
-                                    const std::atomic<bool>* stop = nullptr) {
+  // `before_sleep` runs under mu_ in the hold in which this Get is counted asleep, just
+  // before it sleeps (not for a step of sleep_in_steps_ or of a shutdown), and returns
+  // whether it may: false sends the Get back to take and promote again. For
+  // DelayingQueue's timer, which a firing between promote(true) and that hold may have
+  // re-armed as if no Get slept. It must not throw.
+  template <typename Due, typename Promote, typename BeforeSleep = bool (*)()>
+  std::optional<Lease> GetPromoting(
+      const Context* ctx, Due due, Promote promote, const std::atomic<bool>* stop = nullptr,
+      BeforeSleep before_sleep = [] { return true; }) {
     // Set up before the first sleep on `ctx`, and gone on every way out, a throw from
     // `promote` or `due` (a user's clock) included: it touches this queue and lives in
     // this frame (a throw once left it on `ctx`, and cancelling ran it on a dead frame).
@@ -491,7 +498,8 @@ class Queue {
       if (ctx != nullptr && !wake && !unwatched && !ctx->IsCancelled()) {
         unwatched = !internal::ContextWake::TryEmplace(&wake, *ctx, &mu_, &ready_cv_);
       }
-      if (!WaitForReady(ctx, stop, unwatched)) break;
+      internal::TestHook(internal::HookPoint::kGetWillWait, this);
+      if (!WaitForReady(ctx, stop, unwatched, before_sleep)) break;
     }
     return lease;
   }
@@ -812,9 +820,13 @@ class Queue {
   // `ctx` is done, or `*stop` is true) and nothing is ready; true also after one step of
   // kSleepStep while sleep_in_steps_ is set. `ctx` and `stop` may be null. With
   // `ctx_unwatched` (no wake-up on ctx could be made) it sleeps in steps of kSleepStep
-  // and looks at ctx after each.
-  bool WaitForReady(const Context* ctx, const std::atomic<bool>* stop = nullptr,
-                    bool ctx_unwatched = false) {
+  // and looks at ctx after each. `before_sleep` runs under mu_ before each sleep that is
+  // not a step of a shutdown or of sleep_in_steps_; when it returns false this returns
+  // true at once instead of sleeping (GetPromoting).
+  template <typename BeforeSleep = bool (*)()>
+  bool WaitForReady(
+      const Context* ctx, const std::atomic<bool>* stop = nullptr, bool ctx_unwatched = false,
+      BeforeSleep before_sleep = [] { return true; }) {
     internal::MutexLock lock(&mu_);
     while (NothingReadyLocked()) {
       if (ctx != nullptr && ctx->IsCancelled()) return false;
@@ -839,6 +851,9 @@ class Queue {
         WaitLocked(kSleepStep);
         return true;
       }
+      // The caller's timer is not armed to wake this Get (a firing re-armed it since the
+      // caller's promote step): back to the caller, whose next promote step arms it.
+      if (!before_sleep()) return true;
       if (ctx_unwatched) {  // no wake-up on ctx (no memory for it): look at it every step
         WaitLocked(kSleepStep);
         continue;

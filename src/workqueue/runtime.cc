@@ -18,7 +18,7 @@
 #include "internal/cycle_clock.h"
 #include "workqueue/internal.h"
 #include "workqueue/post_blocks.h"
-#include "workqueue/test_hooks.h"
+#include "kwq/internal/test_hooks.h"
 
 namespace kwq {
 namespace internal {

@@ -12,7 +12,7 @@
 #include "kwq/internal/check.h"
 #include "workqueue/internal.h"
 #include "workqueue/post_blocks.h"
-#include "workqueue/test_hooks.h"
+#include "kwq/internal/test_hooks.h"
 
 namespace kwq {
 namespace internal {

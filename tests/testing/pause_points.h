@@ -1,4 +1,4 @@
-// PausePoints: the workqueue test hooks (src/workqueue/test_hooks.h) as a test uses them.
+// PausePoints: the workqueue test hooks (include/kwq/internal/test_hooks.h) as a test uses them.
 //
 // Arm(point, subject) stops the first thread that reaches `point` with `subject` after
 // the call; the test waits for it with WaitPaused and lets it go with Resume. Every other
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "workqueue/test_hooks.h"
+#include "kwq/internal/test_hooks.h"
 
 namespace kwq::testing {
 

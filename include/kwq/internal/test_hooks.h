@@ -1,20 +1,20 @@
-// File: src/workqueue/test_hooks.h
+// File: include/kwq/internal/test_hooks.h
 //
-// Named points inside the workqueue implementation where a test can stop a thread, so
-// that races whose windows are a few instructions wide can be tested deterministically
-// (the test pauses one side inside the window and runs the other side through it).
-// Internal: only kwq's own tests use it.
+// Named points inside kwq's implementation (the kernel-style workqueue, and the queues'
+// sleep paths) where a test can stop a thread, so that races whose windows are a few
+// instructions wide can be tested deterministically (the test pauses one side inside the
+// window and runs the other side through it). Internal: only kwq's own tests use it.
 //
 // The implementation calls TestHook(point, subject) at each point. With no hooks
 // installed (always, outside tests) that is one relaxed load of a global that is never
-// written and a branch predicted not taken; the call itself is out of line. A test
-// installs a TestHooks object with ScopedTestHooks; its At() runs on the thread that
-// reached the point, may block it (while it holds whatever locks the point's comment
-// names), and must filter on `subject`: the hooks are process-wide and other workqueues'
-// threads reach the same points.
+// written and a branch predicted not taken; the call itself is out of line
+// (src/test_hooks.cc). A test installs a TestHooks object with ScopedTestHooks; its At()
+// runs on the thread that reached the point, may block it (while it holds whatever locks
+// the point's comment names), and must filter on `subject`: the hooks are process-wide
+// and other objects' threads reach the same points.
 
-#ifndef KWQ_SRC_WORKQUEUE_TEST_HOOKS_H_
-#define KWQ_SRC_WORKQUEUE_TEST_HOOKS_H_
+#ifndef KWQ_INTERNAL_TEST_HOOKS_H_
+#define KWQ_INTERNAL_TEST_HOOKS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -93,6 +93,12 @@ enum class HookPoint : uint8_t {
   // Enqueue read the flush color for a new instance and is about to count it in that
   // color's bucket (then it re-reads the color). Subject: the WorkqueueCore. Per item.
   kEnqueueReadColor,
+  // Queue (GetPromoting: a DelayingQueue's or a ShardedQueue's Get) found nothing ready,
+  // ran its promote step for a Get about to sleep (which moves due items and makes sure
+  // a timer wakes it by the next ready time), and is about to take the queue's lock to
+  // sleep. It holds no lock and is not yet counted among the Gets asleep. Subject: the
+  // Queue (a DelayingQueue's own). Per Get that sleeps.
+  kGetWillWait,
 };
 
 // What a test installs. At() is called at every point reached while installed.
@@ -128,4 +134,4 @@ class ScopedTestHooks {
 
 }  // namespace kwq::internal
 
-#endif  // KWQ_SRC_WORKQUEUE_TEST_HOOKS_H_
+#endif  // KWQ_INTERNAL_TEST_HOOKS_H_

@@ -1,6 +1,6 @@
-// Test hooks of the workqueue implementation (see test_hooks.h).
+// Test hooks of kwq's implementation (see kwq/internal/test_hooks.h).
 
-#include "workqueue/test_hooks.h"
+#include "kwq/internal/test_hooks.h"
 
 #include <thread>
 
