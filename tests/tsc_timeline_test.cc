@@ -350,6 +350,22 @@ TEST(TscTimelineTest, AWidePairExtendsTheCalibration) {
   EXPECT_NEAR(timeline.NanosPerTick(), kRate, kRate * 100e-6);
 }
 
+// Windows measured with wide pairs never set the rate, even when they agree with each
+// other: here each pair's reference reads took 2 ms (the fake's reference moves 200 us a
+// read), so every 11 ms window read 13 ms, and two such windows agreed on a rate 18% off.
+// Found by a mutation audit (without the spread check the calibration took that rate).
+TEST(TscTimelineTest, WidePairsNeverSetTheRateEvenWhenTheirWindowsAgree) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs});
+  time.kernel_per_read = 200'000;  // every pair 200 us wide
+  timeline.Now();
+  for (int window = 0; window < 3; ++window) {
+    time.Advance(11 * kMs, kRate);
+    timeline.Now();
+  }
+  EXPECT_EQ(timeline.NanosPerTick(), 0) << "took a rate measured with wide pairs";
+}
+
 // What RealClock's pthread_atfork handlers do: the resync lock is held across fork(), and
 // the child releases its copy, so it can resync (without that, its parameters would go
 // stale for good and, past two intervals, every Now() would spin).
@@ -479,6 +495,49 @@ TEST(TscTimelineTest, ASmallLeadIsSlewedOffNotSteppedBack) {
     ASSERT_GE(now, last) << "went back at step " << i;
     last = now;
   }
+}
+
+// A lead under step_ns is slewed off at no more than max_slew_ppm (the 5% of
+// kFarAheadSlewPpm is for leads over step_ns, after a suspend). A 0.5 ms jump of the
+// counter in a 100 ms window is a rate 0.5% off, which the resync does not take (more
+// than 0.1%), so the lead stays a lead. Found by a mutation audit (with the far-ahead
+// threshold at 0 the lead was gone within one interval).
+TEST(TscTimelineTest, ALeadUnderTheStepIsSlewedOffAtMostMaxSlewPpm) {
+  FakeTime time;
+  FakeTimeline timeline(
+      FakeSource{&time},
+      {.calibrate_ns = 10 * kMs, .resync_ns = 100 * kMs, .max_slew_ppm = 500, .step_ns = kMs});
+  const int64_t last = Calibrate(time, timeline);
+  time.ticks += 1'250'000;  // 0.5 ms ahead
+  // Through the resync (at most 100 ms on) and 60 ms past it: at 500 ppm that takes 30 us
+  // off the lead (at 5%, all of it).
+  const Walk walk = WalkMs(time, timeline, last, 160, kRate);
+  EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9) << "the jump was taken as a rate";
+  EXPECT_GE(walk.last - time.ns.load(), 500'000 - 100 * kMs * 500 / 1'000'000)
+      << "the lead was slewed off faster than max_slew_ppm";
+}
+
+// A window over which the counter went back neither sets the rate nor counts among the
+// windows that confirm a new one: two windows at a new rate, one in which the counter
+// went back (behind the pair before), and a third at the new rate take the new rate.
+// Windows are 5.5 s long, so that a went-back window read as a rate is not 0 (it was
+// taken as an odd window and restarted the confirmation). Found by a mutation audit.
+TEST(TscTimelineTest, AWindowInWhichTheCounterWentBackDoesNotUpsetAConfirmation) {
+  FakeTime time;
+  FakeTimeline timeline(FakeSource{&time}, {.calibrate_ns = 10 * kMs, .resync_ns = 5 * kSec});
+  Calibrate(time, timeline);
+  const double changed = kRate * 1.005;
+  for (int window = 1; window <= 2; ++window) {
+    time.Advance(5 * kSec + 500 * kMs, changed);
+    timeline.Now();
+  }
+  time.Advance(5 * kSec + 500 * kMs, changed);
+  time.ticks -= 15'000'000'000;  // 6 s back: behind the last pair's counter
+  timeline.Now();
+  EXPECT_NEAR(timeline.NanosPerTick(), kRate, 1e-9) << "taken before the third window";
+  time.Advance(5 * kSec + 500 * kMs, changed);
+  timeline.Now();
+  EXPECT_NEAR(timeline.NanosPerTick(), changed, 1e-6) << "not taken after three windows";
 }
 
 #if defined(__x86_64__)
