@@ -506,6 +506,35 @@ TEST_F(WorkqueueEdgeTest, AFlushListedWhileItsInstanceIsBeingCountedIsSignalled)
   EXPECT_GE(hooks.Seen(HookPoint::kInstanceGoneWillLock, core), 1);
 }
 
+// Two Flush(work) waiters list themselves for every color; when one leaves, the other
+// still gets its work's completion signalled (the colors' waited-on bits stay set while
+// any waiter is listed for them). Found by mutating the clearing to ignore the count.
+TEST_F(WorkqueueEdgeTest, AWaiterStillListedIsSignalledAfterAnotherLeaves) {
+  auto wq = Make({.flags = kUnbound});
+  PausePoints hooks;
+  Gate gate_a, gate_b;
+  Work a([&] {
+    BlockingScope blocking;
+    gate_a.Wait();
+  });
+  Work b([&] {
+    BlockingScope blocking;
+    gate_b.Wait();
+  });
+  ASSERT_TRUE(wq->Queue(&a));
+  ASSERT_TRUE(wq->Queue(&b));
+  std::thread flush_a([&] { wq->Flush(&a); });
+  std::thread flush_b([&] { wq->Flush(&b); });
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFlushWorkWaits, &a));
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFlushWorkWaits, &b));
+  gate_b.Open();
+  flush_b.join();  // its waiter left; a's is still listed
+  gate_a.Open();
+  flush_a.join();
+  EXPECT_GE(hooks.Seen(HookPoint::kWaitSignalled, &a), 1)
+      << "a's completion slipped past its listed waiter into the poll";
+}
+
 // Create refuses kOrdered with any max_active above 1 (the header's promise), not only
 // far above it; 0 (the default) and 1 are accepted and run with max_active 1.
 TEST_F(WorkqueueEdgeTest, OrderedRefusesMaxActiveTwo) {
