@@ -29,8 +29,10 @@
 //     has to block first re-arms the timer for the exact next ready time, and while a Get
 //     sleeps an AddAfter arms it for the exact time too: coalescing is only for when no
 //     Get sleeps, so an idle worker gets an item at its ready time plus the timer
-//     service's resolution. (One race is left: an AddAfter in the instant between a
-//     Get's last look and its going to sleep can still be coalesced, up to 50 us late.)
+//     service's resolution. (A firing or an AddAfter in the instant between a Get's last
+//     look and its going to sleep re-arms the timer coalesced; the Get, in the hold of
+//     the lock in which it is counted asleep, sees that and looks again, arming it
+//     exactly.)
 //     Every AddAfter (and AddRateLimited) that makes an item wait also moves up to two due
 //     items along the way, so a reconcile loop's retries move its own due retries.
 //   - Ready times are kept in int64 nanoseconds since the Unix epoch: one past about the

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "internal/cycle_clock.h"
 #include "kwq/internal/check.h"
+#include "kwq/internal/test_hooks.h"
 #include "workqueue/internal.h"
 #include "workqueue/post_blocks.h"
-#include "kwq/internal/test_hooks.h"
 
 namespace kwq {
 namespace internal {
@@ -378,9 +378,10 @@ WorkqueueCore::CompletionWaiter::CompletionWaiter(WorkqueueCore* core, const Wor
   next_ = core->completion_waiters_;
   if (next_ != nullptr) next_->prev_ = this;
   core->completion_waiters_ = this;
-  // Every bucket but a flush's own: a work's instance may be of any color. Set before the
-  // caller checks its condition: a counter that finds the bit clear counted before it was
-  // set, and its release is then seen by this read-modify-write (see color_gone_).
+  // A flush's own bucket; every bucket for the others (a work's instance may be of any
+  // color, and Freeze waits for any). Set before the caller checks its condition: a
+  // counter that finds the bit clear counted before it was set, and its release is then
+  // seen by this read-modify-write (see color_gone_).
   for (int b = 0; b < kColorBuckets; ++b) {
     if (bucket_ >= 0 && b != bucket_) continue;
     ++core->waiters_on_[b];
