@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "internal/cycle_clock.h"
+#include "kwq/internal/test_hooks.h"
 #include "workqueue/internal.h"
 #include "workqueue/post_blocks.h"
-#include "kwq/internal/test_hooks.h"
 
 namespace kwq {
 namespace internal {
