@@ -347,6 +347,22 @@ TEST(ExponentialFailureTest, JitterStaysWithinBoundsAndVaries) {
   EXPECT_TRUE(below_max);
 }
 
+// A jitter below 2^-53 leaves no double but 1 in [1 - jitter, 1 + jitter): delays stay
+// exact. The draw's upper end, left out, was swapped for the double below 1, so every
+// delay came out short (here 10^7 s by a nanosecond), below 1 - jitter. Found by review.
+TEST(ExponentialFailureTest, AJitterTooSmallForADoubleLeavesDelaysExact) {
+  FakeClock clock;
+  const absl::Duration base = absl::Seconds(10'000'000);
+  auto limiter = Exponential({.base = base,
+                              .max = absl::InfiniteDuration(),
+                              .jitter = 1e-17,
+                              .jitter_seed = 3,
+                              .clock = &clock});
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(limiter->When(absl::StrCat("item-", i)), base) << "item " << i;
+  }
+}
+
 // Jitter at huge failure counts: delays beyond any finite range, multiplied by a factor in
 // [0, 2), still come out in [0, max] (never negative, never NaN-like garbage).
 TEST(ExponentialFailureTest, JitterAtHugeCountsStaysInRange) {

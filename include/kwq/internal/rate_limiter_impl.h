@@ -56,11 +56,13 @@ absl::Duration ApplyJitter(absl::Duration delay, absl::Duration max, double fact
 // A jitter factor drawn uniformly from [1 - jitter, 1 + jitter) with `rng` (a uniform
 // random bit generator), jitter in [0, 1]. std::uniform_real_distribution can round up to
 // its upper end (an engine's largest values, with jitter 0.1 or 0.5): that end is left
-// out here, as ExponentialFailureRateLimiterOptions::jitter promises. 1 for jitter 0.
+// out here, as ExponentialFailureRateLimiterOptions::jitter promises. 1 for jitter 0, and
+// for a jitter so small that 1 + jitter rounds to 1 (below 2^-53): 1 is then the only
+// double in the range (leaving the upper end out gave 1 - 2^-53, below 1 - jitter).
 template <typename Rng>
 double DrawJitterFactor(Rng& rng, double jitter) {
-  if (!(jitter > 0)) return 1;
   const double upper = 1 + jitter;
+  if (!(jitter > 0) || upper == 1) return 1;
   const double factor = std::uniform_real_distribution<double>(1 - jitter, upper)(rng);
   return factor < upper ? factor : std::nextafter(upper, 0.0);
 }
