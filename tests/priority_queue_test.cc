@@ -991,6 +991,22 @@ TEST_F(PriorityQueueTest, AnAgedItemTakenOutOfTurnMovesNoGroup) {
   EXPECT_EQ(Drain(*q), (Strings{"a/1", "b/3"}));
 }
 
+// An aged item that is the one its group's turn serves anyway takes that turn: its group
+// moves to the back of the ring. Taken as out of turn, group a was served twice in a row
+// (a/1, a/2) while b/1, ready before a/2, waited. Found by review.
+TEST_F(PriorityQueueTest, AnAgedItemTakenInTurnMovesItsGroupOn) {
+  PQ::Options options = Opts();
+  options.aging = absl::Seconds(10);
+  auto q = MakeGrouped(std::move(options));
+  q->Add("a/1");  // ready at 0 s; ring: a
+  clock_.Advance(absl::Seconds(1));
+  q->Add("b/1");  // ring: a b
+  q->Add("a/2");
+  clock_.Advance(absl::Seconds(9));  // 10 s: a/1 is aged, and it is a's turn
+  EXPECT_EQ(**q->TryGet(), "a/1");   // ring: b a
+  EXPECT_EQ(Drain(*q), (Strings{"b/1", "a/2"}));
+}
+
 TEST_F(PriorityQueueTest, RaisedItemKeepsItsPlaceInItsGroup) {
   auto q = MakeGrouped(Opts());
   q->Add("a/1", {.priority = 0});
@@ -1781,30 +1797,31 @@ class Model {
 
   // The item TryGet must return and its priority, or {-1, 0}.
   std::pair<int, int> Get() {
-    int best = -1;
+    int aged = -1;
     for (auto& [k, it] : items_) {  // aged: oldest first
       if (it.st != kReady || !aging_ || now_ - it.ready_at < kAging) continue;
-      if (best < 0 ||
-          std::pair(it.ready_at, it.seq) < std::pair(items_[best].ready_at, items_[best].seq)) {
-        best = k;
+      if (aged < 0 ||
+          std::pair(it.ready_at, it.seq) < std::pair(items_[aged].ready_at, items_[aged].seq)) {
+        aged = k;
       }
     }
-    bool in_turn = false;
+    // The item in turn: the earliest of the front group of the highest level.
+    int best = -1;
     int level = 0;
     uint64_t group = 0;
-    if (best < 0) {
-      bool any = false;
-      for (auto& [k, it] : items_) {
-        if (it.st == kReady && (!any || it.prio > level)) level = it.prio, any = true;
-      }
-      if (!any) return {-1, 0};
-      group = fair_ ? ring_[level].front() : 0;
-      for (auto& [k, it] : items_) {
-        if (it.st != kReady || it.prio != level || Group(k) != group) continue;
-        if (best < 0 || it.seq < items_[best].seq) best = k;
-      }
-      in_turn = true;
+    bool any = false;
+    for (auto& [k, it] : items_) {
+      if (it.st == kReady && (!any || it.prio > level)) level = it.prio, any = true;
     }
+    if (!any) return {-1, 0};
+    group = fair_ ? ring_[level].front() : 0;
+    for (auto& [k, it] : items_) {
+      if (it.st != kReady || it.prio != level || Group(k) != group) continue;
+      if (best < 0 || it.seq < items_[best].seq) best = k;
+    }
+    // An aged item goes first; it takes its group's turn only when it is the one in turn.
+    const bool in_turn = aged < 0 || aged == best;
+    if (aged >= 0) best = aged;
     Item& it = items_[best];
     Unready(best);
     if (in_turn && fair_ && Count(level, group) > 0) {

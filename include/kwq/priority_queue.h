@@ -55,7 +55,8 @@
 //      turns, in a ring. Get serves the group at the front of the ring (its earliest-ready
 //      item) and moves it to the back, or out of the ring when it has no ready item left
 //      at this level; a group that gets a ready item at a level where it had none joins
-//      at the back. An aged item taken out of turn does not move its group. Without
+//      at the back. An aged item taken out of turn does not move its group; one that is
+//      the item these rules serve next takes its group's turn like any other. Without
 //      groups, a level is one group.
 //   4. Within a group of a level: FIFO by ready time (ties in the order the items became
 //      ready). An item whose priority an add raises keeps its ready time, so it goes
@@ -935,10 +936,10 @@ class PriorityQueue {
   // ready (PromoteIfNoneReadyLocked wakes others only for the rest).
   Lease PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint32_t slot;
-    if (aging_ && Aged(AgingNowLocked(), aged_.TopKey())) {
+    if (aging_ && Aged(AgingNowLocked(), aged_.TopKey()) && aged_.TopId() != ready_.Next()) {
       slot = aged_.TopId();  // out of turn: no group's turn moves on
       ready_.Unlink(slot);
-    } else {
+    } else {  // in turn (also an aged item that is the one served next: its group moves on)
       slot = ready_.PopNext();
       PrefetchUpcomingLocked();
     }
