@@ -1007,6 +1007,22 @@ TEST_F(PriorityQueueTest, AnAgedItemTakenInTurnMovesItsGroupOn) {
   EXPECT_EQ(Drain(*q), (Strings{"b/1", "a/2"}));
 }
 
+// A group function that throws ends the add before anything is added: in AddAll, before
+// any item of the batch (it is asked for every item first). The queue stays usable.
+TEST_F(PriorityQueueTest, AGroupFunctionThatThrowsAddsNothing) {
+  PQ::Options options = Opts();
+  options.group = [](const std::string& item) -> uint64_t {
+    if (item == "bad") throw std::runtime_error("no group");
+    return item[0];
+  };
+  auto q = Make(std::move(options));
+  EXPECT_THROW(q->AddAll(std::vector<std::string>{"a/1", "bad", "c/1"}), std::runtime_error);
+  EXPECT_THROW(q->Add("bad"), std::runtime_error);
+  EXPECT_EQ(q->Len(), 0u);
+  EXPECT_EQ(q->Add("a/1"), true);
+  EXPECT_EQ(Drain(*q), (Strings{"a/1"}));
+}
+
 TEST_F(PriorityQueueTest, RaisedItemKeepsItsPlaceInItsGroup) {
   auto q = MakeGrouped(Opts());
   q->Add("a/1", {.priority = 0});

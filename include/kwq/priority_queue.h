@@ -194,7 +194,11 @@ class PriorityQueue {
     // Fairness: when set, the ready items of one priority are handed out round-robin
     // across group(item) values (say, a hash of the namespace), FIFO within a group.
     // Called on every add, without the queue's lock (the value of the add that stored the
-    // key is kept); must be a pure function of the item and must not call this queue.
+    // key is kept); must be a pure function of the item and must not call this queue. One
+    // that throws ends the add before anything is added; in AddAll that is every item (it
+    // is called for all of them first), and with rate_limited a limiter that keeps its own
+    // counts was already asked When for the items before the one that threw, so they have
+    // a failure counted without being added (as for a failed AddRateLimited).
     std::function<uint64_t(const T&)> group = nullptr;
   };
 
