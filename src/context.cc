@@ -645,6 +645,11 @@ bool DoneSignal::WaitFor(absl::Duration timeout) const {
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : MonotonicNow() + timeout;
   uint32_t s = c->state.load(std::memory_order_acquire);
   while ((s & internal::kCancelledBit) == 0) {
+    // The time left first: a wait with none left (a poll, WaitFor(0)) sets no waiters
+    // bit, which would cost the cancel a wake-up call for nobody.
+    const absl::Duration left =
+        end == absl::InfiniteFuture() ? absl::InfiniteDuration() : end - MonotonicNow();
+    if (left <= absl::ZeroDuration()) return false;
     if ((s & internal::kWaitersBit) == 0) {
       if (!c->state.compare_exchange_weak(s, s | internal::kWaitersBit,
                                           std::memory_order_acquire)) {
@@ -652,9 +657,6 @@ bool DoneSignal::WaitFor(absl::Duration timeout) const {
       }
       s |= internal::kWaitersBit;
     }
-    const absl::Duration left =
-        end == absl::InfiniteFuture() ? absl::InfiniteDuration() : end - MonotonicNow();
-    if (left <= absl::ZeroDuration()) return false;
     internal::FutexWait(&c->state, s, left);
     s = c->state.load(std::memory_order_acquire);
   }

@@ -873,6 +873,20 @@ TEST(DoneSignalTest, WaitForTimesOutOnLiveContext) {
   EXPECT_TRUE(ctx.Done().WaitFor(absl::ZeroDuration()));
 }
 
+// A poll (WaitFor with no time left) on a live context leaves no waiters bit behind: the
+// bit makes the cancel wake a sleeper with a system call, and nobody sleeps. Found by
+// review (a WaitFor(0) loop cost every cancel a FUTEX_WAKE).
+TEST(DoneSignalTest, APollLeavesNoWaiterToWake) {
+  auto [ctx, cancel] = WithCancel(Background());
+  EXPECT_FALSE(ctx.Done().WaitFor(absl::ZeroDuration()));
+  EXPECT_FALSE(ctx.Done().WaitFor(-absl::Seconds(1)));
+  const uint32_t state = internal::NodeOf(ctx)->canceller->state.load();
+  EXPECT_EQ(state & internal::kWaitersBit, 0u);
+  EXPECT_FALSE(ctx.Done().WaitFor(absl::Milliseconds(20)));  // a real wait sets it
+  EXPECT_NE(internal::NodeOf(ctx)->canceller->state.load() & internal::kWaitersBit, 0u);
+  cancel();
+}
+
 TEST(DoneSignalTest, OnDoneRegistersACallback) {
   auto [ctx, cancel] = WithCancel(Background());
   bool ran = false;
