@@ -2294,6 +2294,28 @@ TEST_F(WorkqueueTest, OverlappingDrainsRefuseOutsidersUntilTheLastEnds) {
   wq->Flush();
 }
 
+// Flush(delayed work) from outside during a drain takes the work off its timer and queues
+// it (the drain waits for it too), while a Queue from outside is refused: the kernel's
+// flush_delayed_work there WARNs and leaves the work pending on no list, never to run.
+TEST_F(WorkqueueTest, FlushOfADelayedWorkDuringADrainStillRunsIt) {
+  auto wq = Make({});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  std::atomic<int> ran{0};
+  DelayedWork delayed([&] { ran.fetch_add(1); });
+  Work outsider([] {});
+  ASSERT_TRUE(wq->QueueDelayed(&delayed, absl::Hours(1)));
+  PausePoints hooks;
+  PausePoints::Pause& flushed = hooks.Arm(HookPoint::kDrainFlushed, core);
+  std::thread drain([&] { wq->Drain(); });
+  ASSERT_TRUE(flushed.WaitPaused());  // draining
+  EXPECT_FALSE(wq->Queue(&outsider));
+  EXPECT_TRUE(wq->Flush(&delayed));
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_FALSE(delayed.pending());
+  flushed.Resume();
+  drain.join();
+}
+
 // ~Workqueue must not return while the worker that counted the last instance gone is
 // still signalling and unlocking mu_ under the workqueue's lock (the memory goes next).
 // A counter takes mu_ when a waiter is listed for its instance's flush color: here a work
