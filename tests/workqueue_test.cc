@@ -2207,6 +2207,47 @@ TEST_F(WorkqueueTest, QueueRacingFreezeParksItsWork) {
   EXPECT_EQ(runs.load(), 1);
 }
 
+// A Queue that took a slot and then saw a Freeze come in between gives the slot back; a
+// Freeze waiting for that slot (the last one taken) is signalled then, not left to its
+// 1 ms poll: no instance leaves to signal it. Here the Freeze waits for a running work
+// and for the transient slot, and the work's completion signals it while the slot is
+// still taken.
+TEST_F(WorkqueueTest, AFreezeWaitingForASlotGivenBackIsSignalled) {
+  auto wq = Make({.flags = kFreezable | kUnbound});
+  internal::WorkqueueCore* core = WorkAccess::core(wq.get());
+  Gate gate;
+  std::atomic<bool> holding{false};
+  Work holder([&] {
+    BlockingScope blocking;
+    holding = true;
+    gate.Wait();
+  });
+  std::atomic<int> runs{0};
+  Work work([&] { ++runs; });
+  ASSERT_TRUE(wq->Queue(&holder));
+  ASSERT_TRUE(Eventually([&] { return holding.load(); }));
+  PausePoints hooks;
+  PausePoints::Pause& reserving = hooks.Arm(HookPoint::kEnqueueWillReserve, core);
+  std::thread queuer([&] { EXPECT_TRUE(wq->Queue(&work)); });
+  ASSERT_TRUE(reserving.WaitPaused());  // saw the workqueue not frozen
+  std::thread freezer([&] { wq->Freeze(); });
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kFreezeWaits, core));  // for the holder's slot
+  PausePoints::Pause& giving_back = hooks.Arm(HookPoint::kReleaseRacingFreeze, core);
+  reserving.Resume();
+  ASSERT_TRUE(giving_back.WaitPaused());  // took a slot, saw the freeze: about to give it
+  gate.Open();
+  ASSERT_TRUE(hooks.WaitSeen(HookPoint::kInstanceGoneCounted, core));  // the holder is gone
+  giving_back.Resume();
+  queuer.join();
+  freezer.join();
+  EXPECT_GE(hooks.Seen(HookPoint::kReleaseRacingFreezeWillSignal, core), 1)
+      << "the slot given back did not signal the Freeze waiting for it";
+  EXPECT_TRUE(Parked(&work));
+  wq->Thaw();
+  wq->Flush();
+  EXPECT_EQ(runs.load(), 1);
+}
+
 // The same for a waiting work activated by the producer that parked it: the activation
 // reserves its slot after Freeze counted none, and must leave the work parked.
 TEST_F(WorkqueueTest, ActivationRacingFreezeLeavesTheWorkParked) {

@@ -411,6 +411,10 @@ class WorkqueueCore {
   };
   bool TryReserve(Node& n, int limit);
   void Release(Node& n);
+  // Release for a slot taken and given back because a Freeze came in between: a Freeze
+  // waiting may have counted that slot, and no instance leaves to signal it (InstanceGone),
+  // so this signals the waiters for any instance when one is listed.
+  void ReleaseRacingFreeze(Node& n);
   Work* PopWaiting(Node& n);
   // Activates waiting works of `n` while its limit allows.
   void ActivateWaiting(int node);

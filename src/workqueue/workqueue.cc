@@ -280,7 +280,7 @@ void WorkqueueCore::Enqueue(int cpu, int node, Work* w) {
         pwq->pool->Insert(w);
         return;
       }
-      Release(n);
+      ReleaseRacingFreeze(n);
     }
   }
   {
@@ -303,6 +303,20 @@ bool WorkqueueCore::TryReserve(Node& n, int limit) {
 }
 
 void WorkqueueCore::Release(Node& n) { n.active.fetch_sub(1, std::memory_order_seq_cst); }
+
+void WorkqueueCore::ReleaseRacingFreeze(Node& n) {
+  TestHook(HookPoint::kReleaseRacingFreeze, this);
+  Release(n);
+  // Dekker with Freeze's listing (its seq_cst fetch_or of kWaitedOn, which every bucket
+  // gets for a waiter of any instance, then its seq_cst reads of the slot counts): either
+  // it sees this slot given back or this sees it listed.
+  if ((color_gone_[0].load(std::memory_order_seq_cst) & kWaitedOn) == 0) return;
+  TestHook(HookPoint::kReleaseRacingFreezeWillSignal, this);
+  MutexLock lock(&mu_);
+  for (CompletionWaiter* x = completion_waiters_; x != nullptr; x = x->next_) {
+    if (x->any_) x->cv_.Signal();
+  }
+}
 
 Work* WorkqueueCore::PopWaiting(Node& n) {
   MutexLock out(&n.out_mu);
@@ -328,7 +342,7 @@ void WorkqueueCore::ActivateWaiting(int node) {
     TestHook(HookPoint::kActivateWillReserve, this);
     if (!TryReserve(n, node_limit_[node])) return;
     if (frozen_.load(std::memory_order_seq_cst)) {  // Freeze came in between (see Enqueue)
-      Release(n);
+      ReleaseRacingFreeze(n);
       // Thaw stores frozen_ and then reserves: either it sees the released slot or this
       // sees the thaw and goes on.
       if (frozen_.load(std::memory_order_seq_cst)) return;
@@ -385,7 +399,8 @@ WorkqueueCore::CompletionWaiter::CompletionWaiter(WorkqueueCore* core, const Wor
   for (int b = 0; b < kColorBuckets; ++b) {
     if (bucket_ >= 0 && b != bucket_) continue;
     ++core->waiters_on_[b];
-    core->color_gone_[b].fetch_or(kWaitedOn, std::memory_order_acq_rel);
+    // seq_cst: also a Dekker pair with ReleaseRacingFreeze.
+    core->color_gone_[b].fetch_or(kWaitedOn, std::memory_order_seq_cst);
   }
 }
 

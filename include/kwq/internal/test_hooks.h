@@ -93,6 +93,14 @@ enum class HookPoint : uint8_t {
   // Enqueue read the flush color for a new instance and is about to count it in that
   // color's bucket (then it re-reads the color). Subject: the WorkqueueCore. Per item.
   kEnqueueReadColor,
+  // Enqueue or ActivateWaiting took an active slot and then found the workqueue frozen
+  // (a Freeze came in between): it is about to give the slot back (ReleaseRacingFreeze).
+  // Subject: the WorkqueueCore. Rare (only while a Freeze races).
+  kReleaseRacingFreeze,
+  // The same, after giving the slot back, found a waiter listed (a Freeze may wait for
+  // that slot) and is about to take the workqueue's mu_ and signal the waiters for any
+  // instance. Subject: the WorkqueueCore.
+  kReleaseRacingFreezeWillSignal,
   // Queue (GetPromoting: a DelayingQueue's or a ShardedQueue's Get) found nothing ready,
   // ran its promote step for a Get about to sleep (which moves due items and makes sure
   // a timer wakes it by the next ready time), and is about to take the queue's lock to
